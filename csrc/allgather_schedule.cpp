@@ -1,0 +1,111 @@
+#include "allgather_schedule.hpp"
+
+#include <algorithm>
+
+namespace sdma {
+namespace {
+
+// Walks a span list front to back, handing out consecutive byte ranges as lists of contiguous pieces.
+class SpanCursor {
+ public:
+  explicit SpanCursor(const std::vector<ByteSpan>& spans) : spans_(&spans) {}
+
+  std::vector<ByteSpan> take(size_t bytes) {
+    std::vector<ByteSpan> pieces;
+    while (bytes > 0) {
+      const ByteSpan& s = (*spans_)[index_];
+      const size_t n = std::min(bytes, s.bytes - offset_);
+      if (n > 0) {
+        pieces.push_back({s.ptr + offset_, n});
+      }
+      offset_ += n;
+      bytes -= n;
+      if (offset_ == s.bytes) {
+        ++index_;
+        offset_ = 0;
+      }
+    }
+    return pieces;
+  }
+
+ private:
+  const std::vector<ByteSpan>* spans_;
+  size_t index_ = 0;
+  size_t offset_ = 0;
+};
+
+// Copies src pieces into dst pieces of the same total length, skipping ranges that already alias (in-place).
+void copyPieces(Transport& t, Lane lane, const std::vector<ByteSpan>& dst, const std::vector<ByteSpan>& src) {
+  size_t di = 0, si = 0, doff = 0, soff = 0;
+  while (di < dst.size() && si < src.size()) {
+    const size_t n = std::min(dst[di].bytes - doff, src[si].bytes - soff);
+    char* d = dst[di].ptr + doff;
+    const char* s = src[si].ptr + soff;
+    if (n > 0 && d != s) {
+      t.copyLocal(lane, d, s, n);
+    }
+    doff += n;
+    soff += n;
+    if (doff == dst[di].bytes) {
+      ++di;
+      doff = 0;
+    }
+    if (soff == src[si].bytes) {
+      ++si;
+      soff = 0;
+    }
+  }
+}
+
+}  // namespace
+
+size_t chunkCount(const AllgatherPlan& plan, const StagingGeometry& geometry) {
+  return (plan.bytesPerRank + geometry.chunkBytes - 1) / geometry.chunkBytes;
+}
+
+void scheduleAllgather(Transport& t, const AllgatherPlan& plan, uint32_t& chunkSerial) {
+  const StagingGeometry& g = t.geometry();
+  const int me = t.rank();
+  const uint32_t slots = static_cast<uint32_t>(g.slots);
+
+  // Own contribution: a local copy, nothing when the input already is the output's own slot (FSDP2, ZeRO-3).
+  copyPieces(t, Lane::Drain, plan.outputByRank[me], plan.input);
+
+  SpanCursor input(plan.input);
+  std::vector<SpanCursor> outputs;
+  outputs.reserve(plan.outputByRank.size());
+  for (const auto& spans : plan.outputByRank) {
+    outputs.emplace_back(spans);
+  }
+
+  for (size_t offset = 0; offset < plan.bytesPerRank; offset += g.chunkBytes) {
+    const size_t len = std::min(g.chunkBytes, plan.bytesPerRank - offset);
+    const uint32_t serial = ++chunkSerial;
+    const int slot = static_cast<int>(serial & (slots - 1));
+
+    // Push: wait until every peer drained this slot's previous chunk, send, then announce.
+    t.waitPeers(Lane::Push, Flag::Credit, slot, serial - slots);
+    std::vector<ByteSpan> pieces = input.take(len);
+    const char* src = pieces.front().ptr;
+    if (pieces.size() > 1) {
+      // A coalesced chunk spans several tensors: pack it once locally, then push one contiguous copy per peer.
+      char* packed = t.localSegment(slot, me);
+      copyPieces(t, Lane::Push, {{packed, len}}, pieces);
+      src = packed;
+    }
+    t.pushChunkToPeers(Lane::Push, slot, src, len);
+    t.signalPeers(Lane::Push, Flag::Ready, slot, serial);
+
+    // Drain: wait for every peer's chunk, move it to the output, hand the slot back.
+    t.waitPeers(Lane::Drain, Flag::Ready, slot, serial);
+    for (int q = 0; q < g.worldSize; ++q) {
+      std::vector<ByteSpan> dst = outputs[q].take(len);
+      if (q != me) {
+        copyPieces(t, Lane::Drain, dst, {{t.localSegment(slot, q), len}});
+      }
+    }
+    t.signalPeers(Lane::Drain, Flag::Credit, slot, serial);
+  }
+}
+
+}  // namespace sdma

@@ -1,0 +1,94 @@
+// Python bindings: torch_sdma._C.ProcessGroupSDMA, a subclass of torch's c10d Backend type.
+#include <pybind11/chrono.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "process_group_sdma.hpp"
+
+namespace py = pybind11;
+
+namespace {
+
+// Holds a c10::intrusive_ptr like torch's own Backend bindings do, but drops it with the GIL released: the last
+// reference may run a backend destructor that joins threads which themselves need the GIL.
+template <typename T>
+class GilFreeIntrusiveHolder {
+ public:
+  GilFreeIntrusiveHolder() = default;
+  explicit GilFreeIntrusiveHolder(T* p) : ptr_(c10::intrusive_ptr<T>::unsafe_reclaim_from_nonowning(p)) {}
+  explicit GilFreeIntrusiveHolder(c10::intrusive_ptr<T> p) : ptr_(std::move(p)) {}
+  GilFreeIntrusiveHolder(const GilFreeIntrusiveHolder&) = default;
+  ~GilFreeIntrusiveHolder() {
+    if (ptr_ && PyGILState_Check()) {
+      py::gil_scoped_release release;
+      ptr_.reset();
+    }
+  }
+  T& operator*() const noexcept {
+    return *ptr_;
+  }
+  T* operator->() const noexcept {
+    return ptr_.get();
+  }
+  T* get() const noexcept {
+    return ptr_.get();
+  }
+
+ private:
+  c10::intrusive_ptr<T> ptr_;
+};
+
+// The inner backends arrive as torch's own Python objects; their reference count lives in the object.
+c10::intrusive_ptr<c10d::Backend> adopt(c10d::Backend* backend) {
+  return backend ? c10::intrusive_ptr<c10d::Backend>::unsafe_reclaim_from_nonowning(backend) : nullptr;
+}
+
+}  // namespace
+
+PYBIND11_DECLARE_HOLDER_TYPE(T, GilFreeIntrusiveHolder<T>, true)
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "torch_sdma: an all-gather over DMA engines as a torch.distributed backend";
+  py::object backendBase = py::module::import("torch._C._distributed_c10d").attr("Backend");
+
+  py::class_<sdma::ProcessGroupSDMA, GilFreeIntrusiveHolder<sdma::ProcessGroupSDMA>>(
+      m, "ProcessGroupSDMA", backendBase, py::dynamic_attr())
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                       std::chrono::milliseconds timeout, c10d::Backend* innerCpu, c10d::Backend* innerCuda,
+                       bool disable, int64_t stagingBytes, int64_t minBytes, std::string cudaUnavailable,
+                       std::string groupName) {
+             sdma::SdmaConfig config;
+             config.disable = disable;
+             config.stagingBytes = stagingBytes;
+             config.minBytes = minBytes;
+             config.cudaUnavailable = std::move(cudaUnavailable);
+             return GilFreeIntrusiveHolder<sdma::ProcessGroupSDMA>(c10::make_intrusive<sdma::ProcessGroupSDMA>(
+                 store, rank, size, timeout, adopt(innerCpu), adopt(innerCuda), std::move(config),
+                 std::move(groupName)));
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("inner_cpu"),
+           py::arg("inner_cuda"), py::arg("disable"), py::arg("staging_bytes"), py::arg("min_bytes"),
+           py::arg("cuda_unavailable"), py::arg("group_name"))
+      .def("_sdma_stats",
+           [](const sdma::ProcessGroupSDMA& self) {
+             py::dict out;
+             for (const auto& [path, v] : self.stats()) {
+               py::dict entry;
+               entry["calls"] = v.first;
+               entry["bytes"] = v.second;
+               out[py::str(path)] = entry;
+             }
+             return out;
+           })
+      .def("_sdma_reset_stats", &sdma::ProcessGroupSDMA::resetStats)
+      .def("_sdma_path",
+           [](const sdma::ProcessGroupSDMA& self, const std::string& device) {
+             return self.pathFor(device == "cuda" ? c10::DeviceType::CUDA : c10::DeviceType::CPU);
+           })
+      .def("_sdma_creation_verdict",
+           [](const sdma::ProcessGroupSDMA& self, const std::string& device) {
+             return self.creationVerdict(device == "cuda" ? c10::DeviceType::CUDA : c10::DeviceType::CPU);
+           })
+      .def("_sdma_staging_bytes", &sdma::ProcessGroupSDMA::stagingBytesInUse);
+}

@@ -1,0 +1,181 @@
+#include "copy_engine_transport.hpp"
+
+#include <unistd.h>
+
+#include <c10/util/Exception.h>
+
+#include <cstring>
+#include <sstream>
+
+#include "peer_rendezvous.hpp"
+
+namespace sdma {
+namespace {
+
+constexpr size_t kFlagAreaAlign = 4096;
+
+std::vector<std::string> splitFields(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, sep)) {
+    out.push_back(item);
+  }
+  return out;
+}
+
+// Why this rank cannot push into every peer's memory, or "".
+std::string reachabilityProblem(const std::vector<std::string>& infos, int rank, int device) {
+  const auto mine = splitFields(infos[rank], '|');
+  for (size_t q = 0; q < infos.size(); ++q) {
+    if (static_cast<int>(q) == rank) {
+      continue;
+    }
+    const auto peer = splitFields(infos[q], '|');
+    if (peer.size() != 3 || peer[0] != mine[0]) {
+      return "group rank " + std::to_string(q) + " is on another host";
+    }
+    const int peerDevice = gpu::deviceByPciBusId(peer[2]);
+    if (peerDevice < 0) {
+      return "the GPU of group rank " + std::to_string(q) + " (" + peer[2] +
+             ") is not visible in this process (CUDA_VISIBLE_DEVICES)";
+    }
+    if (!gpu::canAccessPeer(device, peerDevice)) {
+      return "no P2P access from GPU " + mine[2] + " to GPU " + peer[2];
+    }
+  }
+  return gpu::streamMemOpsUnavailableReason();
+}
+
+}  // namespace
+
+std::string CopyEngineTransport::checkGroupReachable(c10d::Store& store, const std::string& key, int rank,
+                                                     int size, int device, std::vector<std::string>* infos) {
+  const std::string me = hostIdentity() + "|" + std::to_string(getpid()) + "|" + gpu::pciBusId(device);
+  const auto all = exchangeWithGroup(store, key + "/info", rank, size, me);
+  if (infos) {
+    *infos = all;
+  }
+  return agreeOnPath(store, key + "/verdict", rank, size, reachabilityProblem(all, rank, device));
+}
+
+std::unique_ptr<CopyEngineTransport> CopyEngineTransport::connect(c10d::Store& store, int rank, int size,
+                                                                  int device, const StagingGeometry& geometry,
+                                                                  std::string* whyNot) {
+  std::vector<std::string> infos;
+  const std::string reason = checkGroupReachable(store, "ce/connect", rank, size, device, &infos);
+  if (!reason.empty()) {
+    *whyNot = reason;
+    return nullptr;
+  }
+
+  std::unique_ptr<CopyEngineTransport> t(new CopyEngineTransport(rank, size, device, geometry));
+  const gpu::IpcHandle own = gpu::exportIpc(t->base_);
+  const auto handles =
+      exchangeWithGroup(store, "ce/ipc", rank, size, std::string(own.bytes, gpu::kIpcHandleBytes));
+  for (int q = 0; q < size; ++q) {
+    t->peerPids_[q] = std::stoi(splitFields(infos[q], '|')[1]);
+    if (q == rank) {
+      t->peerBase_[q] = t->base_;
+      continue;
+    }
+    gpu::IpcHandle h;
+    memcpy(h.bytes, handles[q].data(), gpu::kIpcHandleBytes);
+    t->peerBase_[q] = static_cast<char*>(gpu::importIpc(h));
+  }
+
+  // Precomputed per (flag, slot), so the per-call path does no address arithmetic beyond indexing.
+  const int slots = geometry.slots;
+  t->waitWords_.assign(2 * slots, {});
+  t->signalWords_.assign(2 * slots, {});
+  for (Flag f : {Flag::Ready, Flag::Credit}) {
+    for (int slot = 0; slot < slots; ++slot) {
+      const int key = static_cast<int>(f) * slots + slot;
+      for (int peer : t->pushOrder_) {
+        auto* localFlags = reinterpret_cast<uint32_t*>(t->base_);
+        auto* peerFlags = reinterpret_cast<uint32_t*>(t->peerBase_[peer]);
+        t->waitWords_[key].push_back(localFlags + t->flagIndex(f, peer, slot));
+        t->signalWords_[key].push_back(peerFlags + t->flagIndex(f, rank, slot));
+      }
+    }
+  }
+  return t;
+}
+
+CopyEngineTransport::CopyEngineTransport(int rank, int size, int device, const StagingGeometry& geometry)
+    : rank_(rank), size_(size), device_(device), geometry_(geometry), peerBase_(size, nullptr), peerPids_(size, 0) {
+  for (int k = 1; k < size; ++k) {
+    pushOrder_.push_back((rank + k) % size);
+  }
+  // READY and CREDIT words for every (source, slot), then one source word per (slot, lane) for the 4-byte
+  // flag copies. A source word is rewritten only by the same slot's next chunk, which cannot start before
+  // every peer acknowledged the previous one, so an in-flight flag copy never reads a newer value.
+  const size_t words = 2 * static_cast<size_t>(size) * geometry.slots + 2 * static_cast<size_t>(geometry.slots);
+  flagBytes_ = (words * sizeof(uint32_t) + kFlagAreaAlign - 1) / kFlagAreaAlign * kFlagAreaAlign;
+  base_ = static_cast<char*>(gpu::mallocDevice(flagBytes_ + geometry.bytes()));
+  gpu::memsetDeviceSync(base_, 0, flagBytes_);
+  service_ = gpu::createStream();
+}
+
+CopyEngineTransport::~CopyEngineTransport() {
+  for (int q = 0; q < size_; ++q) {
+    if (q != rank_) {
+      gpu::closeIpc(peerBase_[q]);
+    }
+  }
+  gpu::destroyStream(service_);
+  gpu::freeDevice(base_);
+}
+
+size_t CopyEngineTransport::flagIndex(Flag flag, int src, int slot) const {
+  return (static_cast<size_t>(flag) * size_ + src) * geometry_.slots + slot;
+}
+
+uint32_t* CopyEngineTransport::sourceWord(int slot, Lane lane) const {
+  auto* words = reinterpret_cast<uint32_t*>(base_) + 2 * static_cast<size_t>(size_) * geometry_.slots;
+  return words + 2 * slot + static_cast<int>(lane);
+}
+
+char* CopyEngineTransport::localSegment(int slot, int srcRank) {
+  return base_ + flagBytes_ + geometry_.segmentOffset(slot, srcRank);
+}
+
+void CopyEngineTransport::copyLocal(Lane lane, void* dst, const void* src, size_t bytes) {
+  gpu::copyAsync(dst, src, bytes, stream(lane));
+}
+
+void CopyEngineTransport::pushChunkToPeers(Lane lane, int slot, const void* src, size_t bytes) {
+  const size_t offset = flagBytes_ + geometry_.segmentOffset(slot, rank_);
+  for (int peer : pushOrder_) {
+    gpu::copyAsync(peerBase_[peer] + offset, src, bytes, stream(lane));
+  }
+}
+
+void CopyEngineTransport::signalPeers(Lane lane, Flag flag, int slot, uint32_t value) {
+  uint32_t* word = sourceWord(slot, lane);
+  gpu::writeFlag(stream(lane), word, value);
+  for (uint32_t* dst : signalWords_[static_cast<int>(flag) * geometry_.slots + slot]) {
+    gpu::copyAsync(dst, word, sizeof(uint32_t), stream(lane));
+  }
+}
+
+void CopyEngineTransport::waitPeers(Lane lane, Flag flag, int slot, uint32_t value) {
+  const auto& words = waitWords_[static_cast<int>(flag) * geometry_.slots + slot];
+  gpu::waitFlags(stream(lane), words.data(), static_cast<int>(words.size()), value);
+}
+
+std::vector<uint32_t> CopyEngineTransport::readReadyFlags() {
+  std::vector<uint32_t> out(static_cast<size_t>(size_) * geometry_.slots);
+  gpu::copyToHostAsync(out.data(), base_ + flagIndex(Flag::Ready, 0, 0) * sizeof(uint32_t),
+                       out.size() * sizeof(uint32_t), service_);
+  gpu::syncStream(service_);
+  return out;
+}
+
+void CopyEngineTransport::releaseWaiters(uint32_t serial) {
+  std::vector<uint32_t> values(2 * static_cast<size_t>(size_) * geometry_.slots, serial);
+  gpu::copyFromHostAsync(base_, values.data(), values.size() * sizeof(uint32_t), service_);
+  gpu::syncStream(service_);
+}
+
+}  // namespace sdma

@@ -1,0 +1,219 @@
+#include "cuda_allgather_runner.hpp"
+
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/Logging.h>
+
+#include <sstream>
+
+#include "peer_rendezvous.hpp"
+
+namespace sdma {
+namespace {
+
+constexpr auto kPollInterval = std::chrono::milliseconds(5);
+// Before a collective has been pending this long, peers are not checked for liveness (it costs syscalls).
+constexpr auto kLivenessCheckAfter = std::chrono::milliseconds(1000);
+
+std::string rankList(const std::vector<int>& ranks) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    os << (i ? ", " : "") << ranks[i];
+  }
+  os << "]";
+  return os.str();
+}
+
+bool reached(uint32_t flag, uint32_t serial) {
+  return static_cast<int32_t>(flag - serial) >= 0;
+}
+
+}  // namespace
+
+CudaAllgatherRunner::CudaAllgatherRunner(std::unique_ptr<CopyEngineTransport> transport, int device)
+    : transport_(std::move(transport)), device_(device) {
+  c10::cuda::CUDAGuard guard(device_);
+  pushStream_ = gpu::createStream();
+  drainStream_ = gpu::createStream();
+  callerReady_ = gpu::createEvent();
+  pushDone_ = gpu::createEvent();
+  watchdog_ = std::thread([this] { watchdogLoop(); });
+}
+
+CudaAllgatherRunner::~CudaAllgatherRunner() {
+  drainOnShutdown();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  watchdog_.join();
+  c10::cuda::CUDAGuard guard(device_);
+  gpu::destroyEvent(callerReady_);
+  gpu::destroyEvent(pushDone_);
+  gpu::destroyStream(pushStream_);
+  gpu::destroyStream(drainStream_);
+}
+
+c10::intrusive_ptr<WorkSDMA> CudaAllgatherRunner::run(const AllgatherPlan& plan, bool asyncOp,
+                                                      const CollectiveInfo& info, std::vector<at::Tensor> outputs,
+                                                      std::vector<at::Tensor> keepAlive) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TORCH_CHECK(brokenReason_.empty(), "torch_sdma: ", info.description,
+                " refused: an earlier collective on this group failed: ", brokenReason_);
+  }
+  c10::cuda::CUDAGuard guard(device_);
+  gpu::Stream caller = c10::cuda::getCurrentCUDAStream(device_).stream();
+  const bool pipelined = chunkCount(plan, transport_->geometry()) > 1;
+
+  // One chunk needs no second lane: everything on one stream, the fewest calls. Several chunks: pushes run on
+  // their own stream so that the next chunk's push overlaps this chunk's drain.
+  gpu::Stream drain = asyncOp ? drainStream_ : caller;
+  gpu::Stream push = pipelined ? pushStream_ : drain;
+  if (drain != caller || push != caller) {
+    gpu::recordEvent(callerReady_, caller);
+    if (drain != caller) {
+      gpu::streamWaitEvent(drain, callerReady_);
+    }
+    if (push != caller && push != drain) {
+      gpu::streamWaitEvent(push, callerReady_);
+    }
+  }
+  transport_->bindLanes(push, drain);
+  const uint32_t first = serial_ + 1;
+  scheduleAllgather(*transport_, plan, serial_);
+  enqueuedSerial_.store(serial_, std::memory_order_release);
+  if (push != drain) {
+    gpu::recordEvent(pushDone_, push);
+    gpu::streamWaitEvent(drain, pushDone_);
+  }
+  gpu::Event end = gpu::createEvent();
+  gpu::recordEvent(end, drain);
+
+  auto work = c10::make_intrusive<WorkSDMA>(
+      transport_->rank(), info.opType, info.seq, info.description, at::Device(at::kCUDA, device_),
+      std::move(outputs),
+      // A synchronous call ran on the caller's stream, which orders the allocator for us; an async one may
+      // outlive the caller's references, so it keeps the tensors until the copies are done.
+      asyncOp ? std::move(keepAlive) : std::vector<at::Tensor>{},
+      std::chrono::steady_clock::now() + info.timeout);
+  work->setEndEvent(end, drain);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    inFlight_.push_back({work, first, serial_, std::chrono::steady_clock::now()});
+  }
+  wake_.notify_one();
+  return work;
+}
+
+void CudaAllgatherRunner::watchdogLoop() {
+  c10::cuda::CUDAGuard guard(device_);
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stop_) {
+    if (inFlight_.empty()) {
+      wake_.wait(lock, [this] { return stop_ || !inFlight_.empty(); });
+      continue;
+    }
+    InFlight oldest = inFlight_.front();
+    lock.unlock();
+    const bool done = oldest.work->pollGpuDone();
+    std::string failure;
+    if (!done) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now > oldest.work->deadline()) {
+        failure = "timed out";
+      } else if (now - oldest.enqueuedAt > kLivenessCheckAfter) {
+        const auto& pids = transport_->peerPids();
+        for (size_t q = 0; q < pids.size(); ++q) {
+          if (static_cast<int>(q) != transport_->rank() && !processAlive(pids[q])) {
+            failure = "failed: group rank " + std::to_string(q) + " (pid " + std::to_string(pids[q]) + ") exited";
+            break;
+          }
+        }
+      }
+    }
+    if (done) {
+      oldest.work->complete(nullptr);
+      lock.lock();
+      inFlight_.pop_front();
+      continue;
+    }
+    if (!failure.empty()) {
+      failInFlight(oldest, failure);
+      lock.lock();
+      continue;
+    }
+    lock.lock();
+    wake_.wait_for(lock, kPollInterval);
+  }
+}
+
+void CudaAllgatherRunner::failInFlight(const InFlight& stuck, const std::string& cause) {
+  const auto ready = transport_->readReadyFlags();
+  const int slots = transport_->geometry().slots;
+  std::vector<int> neverArrived, stalled;
+  if (stuck.lastSerial != stuck.firstSerial - 1) {
+    for (int q = 0; q < transport_->geometry().worldSize; ++q) {
+      if (q == transport_->rank()) {
+        continue;
+      }
+      const uint32_t firstFlag = ready[q * slots + (stuck.firstSerial & (slots - 1))];
+      const uint32_t lastFlag = ready[q * slots + (stuck.lastSerial & (slots - 1))];
+      if (!reached(firstFlag, stuck.firstSerial)) {
+        neverArrived.push_back(q);
+      } else if (!reached(lastFlag, stuck.lastSerial)) {
+        stalled.push_back(q);
+      }
+    }
+  }
+  std::ostringstream why;
+  why << stuck.work->description() << " " << cause << " after "
+      << std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - stuck.enqueuedAt)
+             .count()
+      << " ms; peers that never reached it: " << rankList(neverArrived)
+      << "; peers that stalled inside it: " << rankList(stalled)
+      << ". Its GPU streams were released; this group cannot run further all-gathers.";
+  const std::string reason = why.str();
+  LOG(ERROR) << "torch_sdma: " << reason;
+
+  // Let every stream stuck on a flag run out, then wait for the copies to stop touching user memory before
+  // the works (and the tensors they keep) are let go.
+  transport_->releaseWaiters(enqueuedSerial_.load(std::memory_order_acquire));
+  std::deque<InFlight> failed;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    brokenReason_ = reason;
+    failed.swap(inFlight_);
+  }
+  const auto exc = std::make_exception_ptr(C10_BUILD_ERROR(DistBackendError, "torch_sdma: " + reason));
+  for (auto& f : failed) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!f.work->pollGpuDone() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(kPollInterval);
+    }
+    f.work->complete(exc);
+  }
+}
+
+void CudaAllgatherRunner::drainOnShutdown() {
+  // Staging memory is freed after this: no copy may still target it, nor be stuck waiting on a gone peer.
+  while (true) {
+    InFlight oldest;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (inFlight_.empty()) {
+        return;
+      }
+      oldest = inFlight_.front();
+    }
+    if (std::chrono::steady_clock::now() > oldest.work->deadline()) {
+      failInFlight(oldest, "was still pending when the group was destroyed");
+      return;
+    }
+    std::this_thread::sleep_for(kPollInterval);
+  }
+}
+
+}  // namespace sdma

@@ -1,0 +1,61 @@
+// The only file that names the GPU vendor's runtime. Everything above it speaks of streams, events, copies,
+// flag writes and flag waits; the HIP build translates this layer (hipMemcpyAsync with
+// hipMemcpyDeviceToDeviceNoCU, hipStreamWaitValue32, hipIpc*), nothing else.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace sdma {
+namespace gpu {
+
+using Stream = void*;  // cudaStream_t / hipStream_t
+using Event = void*;   // cudaEvent_t / hipEvent_t
+
+constexpr size_t kIpcHandleBytes = 64;
+struct IpcHandle {
+  char bytes[kIpcHandleBytes];
+};
+
+// Throws c10::Error with the runtime's message when a call fails.
+void setDevice(int device);
+int currentDevice();
+std::string pciBusId(int device);
+// Device ordinal in this process for a PCI bus id, or -1 when that GPU is not visible here.
+int deviceByPciBusId(const std::string& busId);
+bool canAccessPeer(int device, int peerDevice);
+
+void* mallocDevice(size_t bytes);
+void freeDevice(void* ptr);
+void memsetDeviceSync(void* ptr, int value, size_t bytes);
+
+IpcHandle exportIpc(void* base);
+void* importIpc(const IpcHandle& handle);
+void closeIpc(void* ptr);
+
+// A copy that runs on a DMA engine: device-to-device, local or into a peer's mapped memory.
+void copyAsync(void* dst, const void* src, size_t bytes, Stream stream);
+void copyToHostAsync(void* dst, const void* src, size_t bytes, Stream stream);
+void copyFromHostAsync(void* dst, const void* src, size_t bytes, Stream stream);
+
+// Stream memory operations: no kernel, no SM. The write is fenced after prior work on the stream.
+void writeFlag(Stream stream, uint32_t* flag, uint32_t value);
+// Blocks the stream until every flag satisfies (int32_t)(*flag - value) >= 0 (a cyclic compare, so serials
+// may wrap). One driver call for all flags.
+void waitFlags(Stream stream, uint32_t* const* flags, int count, uint32_t value);
+// "" when the driver offers the stream memory operations above, else why not.
+std::string streamMemOpsUnavailableReason();
+
+Stream createStream();
+void destroyStream(Stream stream);
+void syncStream(Stream stream);
+
+Event createEvent();
+void destroyEvent(Event event);
+void recordEvent(Event event, Stream stream);
+bool eventDone(Event event);  // never blocks
+void streamWaitEvent(Stream stream, Event event);
+
+}  // namespace gpu
+}  // namespace sdma

@@ -1,0 +1,233 @@
+// CUDA implementation of gpu_api.hpp. Links only the CUDA runtime (shipped with torch); driver entry points
+// (stream memory operations) are resolved at run time so that the module imports on machines with no driver.
+#include "gpu_api.hpp"
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <c10/util/Exception.h>
+
+#include <cstring>
+
+#include <mutex>
+#include <vector>
+
+namespace sdma {
+namespace gpu {
+namespace {
+
+void check(cudaError_t err, const char* what) {
+  TORCH_CHECK(err == cudaSuccess, "torch_sdma: ", what, " failed: ", cudaGetErrorString(err));
+}
+
+void checkDriver(CUresult res, const char* what) {
+  TORCH_CHECK(res == CUDA_SUCCESS, "torch_sdma: ", what, " failed with CUresult ", static_cast<int>(res));
+}
+
+using BatchMemOpFn = CUresult (*)(CUstream, unsigned int, CUstreamBatchMemOpParams*, unsigned int);
+using WriteValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+
+struct DriverEntryPoints {
+  BatchMemOpFn batchMemOp = nullptr;
+  WriteValue32Fn writeValue32 = nullptr;
+};
+
+// Version 12000 binds the _v2 memop entry points; the unversioned symbol can bind v1, which older drivers
+// refuse with "operation not supported".
+const DriverEntryPoints& driver() {
+  static DriverEntryPoints entry;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    cudaDriverEntryPointQueryResult q;
+    void* fn = nullptr;
+    check(cudaGetDriverEntryPointByVersion("cuStreamBatchMemOp", &fn, 12000, cudaEnableDefault, &q),
+          "resolving cuStreamBatchMemOp");
+    TORCH_CHECK(q == cudaDriverEntryPointSuccess && fn, "torch_sdma: the driver lacks cuStreamBatchMemOp");
+    entry.batchMemOp = reinterpret_cast<BatchMemOpFn>(fn);
+    fn = nullptr;
+    check(cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &fn, 12000, cudaEnableDefault, &q),
+          "resolving cuStreamWriteValue32");
+    TORCH_CHECK(q == cudaDriverEntryPointSuccess && fn, "torch_sdma: the driver lacks cuStreamWriteValue32");
+    entry.writeValue32 = reinterpret_cast<WriteValue32Fn>(fn);
+  });
+  return entry;
+}
+
+cudaStream_t raw(Stream s) {
+  return static_cast<cudaStream_t>(s);
+}
+
+}  // namespace
+
+void setDevice(int device) {
+  check(cudaSetDevice(device), "cudaSetDevice");
+}
+
+int currentDevice() {
+  int d = 0;
+  check(cudaGetDevice(&d), "cudaGetDevice");
+  return d;
+}
+
+std::string pciBusId(int device) {
+  char buf[64] = {0};
+  check(cudaDeviceGetPCIBusId(buf, sizeof(buf), device), "cudaDeviceGetPCIBusId");
+  return std::string(buf);
+}
+
+int deviceByPciBusId(const std::string& busId) {
+  int d = -1;
+  if (cudaDeviceGetByPCIBusId(&d, busId.c_str()) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  return d;
+}
+
+bool canAccessPeer(int device, int peerDevice) {
+  if (device == peerDevice) {
+    return true;
+  }
+  int can = 0;
+  check(cudaDeviceCanAccessPeer(&can, device, peerDevice), "cudaDeviceCanAccessPeer");
+  return can != 0;
+}
+
+void* mallocDevice(size_t bytes) {
+  void* p = nullptr;
+  check(cudaMalloc(&p, bytes), "cudaMalloc of the staging buffer");
+  return p;
+}
+
+void freeDevice(void* ptr) {
+  if (ptr) {
+    (void)cudaFree(ptr);
+  }
+}
+
+void memsetDeviceSync(void* ptr, int value, size_t bytes) {
+  check(cudaMemset(ptr, value, bytes), "cudaMemset");
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
+
+IpcHandle exportIpc(void* base) {
+  static_assert(sizeof(cudaIpcMemHandle_t) <= kIpcHandleBytes, "IPC handle size");
+  cudaIpcMemHandle_t h;
+  check(cudaIpcGetMemHandle(&h, base), "cudaIpcGetMemHandle");
+  IpcHandle out{};
+  memcpy(out.bytes, &h, sizeof(h));
+  return out;
+}
+
+void* importIpc(const IpcHandle& handle) {
+  cudaIpcMemHandle_t h;
+  memcpy(&h, handle.bytes, sizeof(h));
+  void* p = nullptr;
+  check(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
+  return p;
+}
+
+void closeIpc(void* ptr) {
+  if (ptr) {
+    (void)cudaIpcCloseMemHandle(ptr);
+  }
+}
+
+void copyAsync(void* dst, const void* src, size_t bytes, Stream stream) {
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, raw(stream)), "cudaMemcpyAsync");
+}
+
+void copyToHostAsync(void* dst, const void* src, size_t bytes, Stream stream) {
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, raw(stream)), "cudaMemcpyAsync D2H");
+}
+
+void copyFromHostAsync(void* dst, const void* src, size_t bytes, Stream stream) {
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, raw(stream)), "cudaMemcpyAsync H2D");
+}
+
+void writeFlag(Stream stream, uint32_t* flag, uint32_t value) {
+  checkDriver(driver().writeValue32(static_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(flag), value,
+                                    CU_STREAM_WRITE_VALUE_DEFAULT),
+              "cuStreamWriteValue32");
+}
+
+void waitFlags(Stream stream, uint32_t* const* flags, int count, uint32_t value) {
+  if (count <= 0) {
+    return;
+  }
+  // Small fixed array: a collective waits on at most (group size - 1) flags per step.
+  constexpr int kInline = 16;
+  CUstreamBatchMemOpParams inlineOps[kInline];
+  std::vector<CUstreamBatchMemOpParams> heapOps;
+  CUstreamBatchMemOpParams* ops = inlineOps;
+  if (count > kInline) {
+    heapOps.resize(count);
+    ops = heapOps.data();
+  }
+  for (int i = 0; i < count; ++i) {
+    memset(&ops[i], 0, sizeof(ops[i]));
+    ops[i].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+    ops[i].waitValue.address = reinterpret_cast<CUdeviceptr>(flags[i]);
+    ops[i].waitValue.value = value;
+    ops[i].waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+  }
+  checkDriver(driver().batchMemOp(static_cast<CUstream>(stream), count, ops, 0), "cuStreamBatchMemOp(wait)");
+}
+
+std::string streamMemOpsUnavailableReason() {
+  try {
+    driver();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
+}
+
+Stream createStream() {
+  cudaStream_t s;
+  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  return s;
+}
+
+void destroyStream(Stream stream) {
+  if (stream) {
+    (void)cudaStreamDestroy(raw(stream));
+  }
+}
+
+void syncStream(Stream stream) {
+  check(cudaStreamSynchronize(raw(stream)), "cudaStreamSynchronize");
+}
+
+Event createEvent() {
+  cudaEvent_t e;
+  check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+  return e;
+}
+
+void destroyEvent(Event event) {
+  if (event) {
+    (void)cudaEventDestroy(static_cast<cudaEvent_t>(event));
+  }
+}
+
+void recordEvent(Event event, Stream stream) {
+  check(cudaEventRecord(static_cast<cudaEvent_t>(event), raw(stream)), "cudaEventRecord");
+}
+
+bool eventDone(Event event) {
+  cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(event));
+  if (err == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  check(err, "cudaEventQuery");
+  return true;
+}
+
+void streamWaitEvent(Stream stream, Event event) {
+  check(cudaStreamWaitEvent(raw(stream), static_cast<cudaEvent_t>(event), 0), "cudaStreamWaitEvent");
+}
+
+}  // namespace gpu
+}  // namespace sdma

@@ -1,0 +1,268 @@
+#include "host_shm_transport.hpp"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <c10/util/Exception.h>
+
+#include <cerrno>
+#include <cstring>
+#include <sstream>
+#include <thread>
+
+#include "peer_rendezvous.hpp"
+
+namespace sdma {
+namespace {
+
+constexpr size_t kFlagAreaAlign = 4096;
+
+std::string randomSegmentName() {
+  unsigned char bytes[16];
+  size_t got = 0;
+  while (got < sizeof(bytes)) {
+    const ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
+    TORCH_CHECK(n > 0 || errno == EINTR, "torch_sdma: getrandom failed: ", strerror(errno));
+    if (n > 0) {
+      got += static_cast<size_t>(n);
+    }
+  }
+  std::ostringstream os;
+  os << "/torch_sdma.";
+  for (unsigned char b : bytes) {
+    static const char* hex = "0123456789abcdef";
+    os << hex[b >> 4] << hex[b & 15];
+  }
+  return os.str();
+}
+
+// Maps `name`, creating it (exclusively, 0600, with its memory reserved so a full /dev/shm fails here rather
+// than with SIGBUS later) when `create`. Returns null with *error set on failure.
+char* mapSegment(const std::string& name, size_t bytes, bool create, std::string* error) {
+  const int fd = create ? shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, S_IRUSR | S_IWUSR)
+                        : shm_open(name.c_str(), O_RDWR, 0);
+  if (fd < 0) {
+    *error = std::string("shm_open(") + name + ") failed: " + strerror(errno);
+    return nullptr;
+  }
+  if (create) {
+    const int rc = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+    if (rc != 0) {
+      *error = std::string("reserving ") + std::to_string(bytes) + " bytes of shared memory failed: " + strerror(rc);
+      close(fd);
+      shm_unlink(name.c_str());
+      return nullptr;
+    }
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int mmapErrno = errno;
+  close(fd);  // the mapping keeps the memory; no descriptor outlives this call
+  if (p == MAP_FAILED) {
+    *error = std::string("mmap of shared memory failed: ") + strerror(mmapErrno);
+    if (create) {
+      shm_unlink(name.c_str());
+    }
+    return nullptr;
+  }
+  return static_cast<char*>(p);
+}
+
+bool reached(uint32_t flag, uint32_t serial) {
+  return static_cast<int32_t>(flag - serial) >= 0;
+}
+
+}  // namespace
+
+std::string HostShmTransport::checkSameHost(c10d::Store& store, const std::string& key, int rank, int size,
+                                            std::vector<std::string>* infos) {
+  const std::string me = hostIdentity() + "|" + std::to_string(getpid());
+  const auto all = exchangeWithGroup(store, key + "/info", rank, size, me);
+  if (infos) {
+    *infos = all;
+  }
+  const std::string myHost = me.substr(0, me.rfind('|'));
+  std::string problem;
+  for (int q = 0; q < size && problem.empty(); ++q) {
+    if (all[q].substr(0, all[q].rfind('|')) != myHost) {
+      problem = "group rank " + std::to_string(q) + " is on another host";
+    }
+  }
+  return agreeOnPath(store, key + "/verdict", rank, size, problem);
+}
+
+std::unique_ptr<HostShmTransport> HostShmTransport::connect(c10d::Store& store, int rank, int size,
+                                                            const StagingGeometry& geometry, std::string* whyNot) {
+  std::vector<std::string> infos;
+  std::string reason = checkSameHost(store, "shm/connect", rank, size, &infos);
+  if (!reason.empty()) {
+    *whyNot = reason;
+    return nullptr;
+  }
+
+  std::unique_ptr<HostShmTransport> t(new HostShmTransport(rank, size, geometry));
+  for (int q = 0; q < size; ++q) {
+    t->pids_[q] = std::stoi(infos[q].substr(infos[q].rfind('|') + 1));
+  }
+  const std::string myName = randomSegmentName();
+  std::string error;
+  t->base_[rank] = mapSegment(myName, t->segmentBytes_, /*create=*/true, &error);
+  reason = agreeOnPath(store, "shm/created", rank, size, error);
+  if (!reason.empty()) {
+    if (t->base_[rank]) {
+      shm_unlink(myName.c_str());
+    }
+    *whyNot = reason;
+    return nullptr;  // the destructor unmaps what was mapped
+  }
+  const auto names = exchangeWithGroup(store, "shm/name", rank, size, myName);
+  for (int q = 0; q < size && error.empty(); ++q) {
+    if (q != rank) {
+      t->base_[q] = mapSegment(names[q], t->segmentBytes_, /*create=*/false, &error);
+    }
+  }
+  reason = agreeOnPath(store, "shm/mapped", rank, size, error);
+  // Everyone has now mapped everything (or given up): no name is needed any more. Every member unlinks every
+  // name, so a creator that dies right here still leaves nothing behind.
+  for (const auto& name : names) {
+    shm_unlink(name.c_str());
+  }
+  if (!reason.empty()) {
+    *whyNot = reason;
+    return nullptr;
+  }
+  return t;
+}
+
+HostShmTransport::HostShmTransport(int rank, int size, const StagingGeometry& geometry)
+    : rank_(rank), size_(size), geometry_(geometry), base_(size, nullptr), pids_(size, 0) {
+  const size_t words = 2 * static_cast<size_t>(size) * geometry.slots;
+  flagBytes_ = (words * sizeof(uint32_t) + kFlagAreaAlign - 1) / kFlagAreaAlign * kFlagAreaAlign;
+  segmentBytes_ = flagBytes_ + geometry.bytes();
+}
+
+HostShmTransport::~HostShmTransport() {
+  for (char* p : base_) {
+    if (p) {
+      munmap(p, segmentBytes_);
+    }
+  }
+}
+
+uint32_t* HostShmTransport::flagWord(int owner, Flag flag, int src, int slot) const {
+  const size_t index = (static_cast<size_t>(flag) * size_ + src) * geometry_.slots + slot;
+  return reinterpret_cast<uint32_t*>(base_[owner]) + index;
+}
+
+char* HostShmTransport::localSegment(int slot, int srcRank) {
+  return base_[rank_] + flagBytes_ + geometry_.segmentOffset(slot, srcRank);
+}
+
+void HostShmTransport::copyLocal(Lane, void* dst, const void* src, size_t bytes) {
+  recorded_.push_back({Op::Kind::Copy, static_cast<char*>(dst), static_cast<const char*>(src), bytes, Flag::Ready, 0, 0});
+}
+
+void HostShmTransport::pushChunkToPeers(Lane, int slot, const void* src, size_t bytes) {
+  const size_t offset = flagBytes_ + geometry_.segmentOffset(slot, rank_);
+  for (int k = 1; k < size_; ++k) {
+    const int peer = (rank_ + k) % size_;
+    recorded_.push_back(
+        {Op::Kind::Copy, base_[peer] + offset, static_cast<const char*>(src), bytes, Flag::Ready, 0, 0});
+  }
+}
+
+void HostShmTransport::signalPeers(Lane, Flag flag, int slot, uint32_t value) {
+  recorded_.push_back({Op::Kind::Signal, nullptr, nullptr, 0, flag, slot, value});
+}
+
+void HostShmTransport::waitPeers(Lane, Flag flag, int slot, uint32_t value) {
+  recorded_.push_back({Op::Kind::Wait, nullptr, nullptr, 0, flag, slot, value});
+}
+
+std::vector<HostShmTransport::Op> HostShmTransport::takeRecorded() {
+  std::vector<Op> out;
+  out.swap(recorded_);
+  return out;
+}
+
+void HostShmTransport::execute(const std::vector<Op>& ops, std::chrono::steady_clock::time_point deadline,
+                               const std::string& description) {
+  for (const Op& op : ops) {
+    switch (op.kind) {
+      case Op::Kind::Copy:
+        memcpy(op.dst, op.src, op.bytes);
+        break;
+      case Op::Kind::Signal:
+        // Release: the peer that sees the new value also sees every byte copied before it.
+        for (int k = 1; k < size_; ++k) {
+          const int peer = (rank_ + k) % size_;
+          __atomic_store_n(flagWord(peer, op.flag, rank_, op.slot), op.value, __ATOMIC_RELEASE);
+        }
+        break;
+      case Op::Kind::Wait:
+        waitFor(op, deadline, description);
+        break;
+    }
+  }
+}
+
+void HostShmTransport::waitFor(const Op& op, std::chrono::steady_clock::time_point deadline,
+                               const std::string& description) {
+  const auto start = std::chrono::steady_clock::now();
+  auto nextLivenessCheck = start + std::chrono::milliseconds(10);
+  for (uint64_t spin = 0;; ++spin) {
+    std::vector<int> pending;
+    for (int q = 0; q < size_; ++q) {
+      if (q != rank_ && !reached(__atomic_load_n(flagWord(rank_, op.flag, q, op.slot), __ATOMIC_ACQUIRE), op.value)) {
+        pending.push_back(q);
+      }
+    }
+    if (pending.empty()) {
+      return;
+    }
+    if (spin < 256) {
+      continue;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= nextLivenessCheck) {
+      nextLivenessCheck = now + std::chrono::milliseconds(10);
+      for (int q : pending) {
+        if (!processAlive(pids_[q])) {
+          TORCH_CHECK_WITH(DistBackendError, false, "torch_sdma: ", description, " failed: group rank ", q,
+                           " (pid ", pids_[q], ") exited while this rank was waiting for it");
+        }
+      }
+      if (now >= deadline) {
+        std::ostringstream os;
+        for (size_t i = 0; i < pending.size(); ++i) {
+          os << (i ? ", " : "") << pending[i];
+        }
+        TORCH_CHECK_WITH(DistBackendError, false, "torch_sdma: ", description, " timed out after ",
+                         std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count(),
+                         " ms waiting for group ranks [", os.str(), "], which never reached it");
+      }
+    }
+    // Yield first (peers are usually a few microseconds away), then sleep so idle waiters leave the cores to
+    // the processes that have work.
+    if (now - start < std::chrono::milliseconds(2)) {
+      sched_yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+}
+
+void HostShmTransport::releaseWaiters(uint32_t serial) {
+  for (int f = 0; f < 2; ++f) {
+    for (int q = 0; q < size_; ++q) {
+      for (int slot = 0; slot < geometry_.slots; ++slot) {
+        __atomic_store_n(flagWord(rank_, static_cast<Flag>(f), q, slot), serial, __ATOMIC_RELEASE);
+      }
+    }
+  }
+}
+
+}  // namespace sdma

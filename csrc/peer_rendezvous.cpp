@@ -1,0 +1,50 @@
+#include "peer_rendezvous.hpp"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <fstream>
+
+namespace sdma {
+
+std::vector<std::string> exchangeWithGroup(c10d::Store& store, const std::string& key, int rank, int size,
+                                           const std::string& mine) {
+  store.set(key + "/" + std::to_string(rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+  std::vector<std::string> all(size);
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) {
+      all[r] = mine;
+      continue;
+    }
+    auto v = store.get(key + "/" + std::to_string(r));
+    all[r].assign(v.begin(), v.end());
+  }
+  return all;
+}
+
+std::string agreeOnPath(c10d::Store& store, const std::string& key, int rank, int size,
+                        const std::string& myReason) {
+  auto reasons = exchangeWithGroup(store, key, rank, size, myReason);
+  for (int r = 0; r < size; ++r) {
+    if (!reasons[r].empty()) {
+      return reasons[r] + " (on group rank " + std::to_string(r) + ")";
+    }
+  }
+  return "";
+}
+
+std::string hostIdentity() {
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  std::string boot;
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::getline(f, boot);
+  return std::string(host) + "/" + boot;
+}
+
+bool processAlive(int pid) {
+  return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM);
+}
+
+}  // namespace sdma

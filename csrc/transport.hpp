@@ -1,0 +1,54 @@
+// The small interface the all-gather schedule is written against: copy, push, signal, wait.
+//
+// Every member of a group owns a staging area of `slots` slots; a slot holds one segment per source rank, each
+// `chunkBytes` long. A rank pushes chunk data into segment (slot, myRank) of every peer and then signals READY;
+// the peer drains the segment into the user's output and signals CREDIT back, which frees the slot for reuse.
+// Flags live in the memory of the rank that waits on them, so every wait is on local memory. Flag values are
+// per-group chunk serials compared cyclically, so they never need resetting.
+//
+// Operations are issued on one of two lanes. A transport may run the lanes concurrently (the copy-engine
+// transport maps them to two GPU streams so pushes overlap drains) or serially (the host transport has one
+// worker); the schedule is correct either way because it only depends on flags, never on lane timing.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace sdma {
+
+enum class Lane : int { Push = 0, Drain = 1 };
+enum class Flag : int { Ready = 0, Credit = 1 };
+
+struct StagingGeometry {
+  int worldSize = 0;
+  int slots = 0;  // a power of two, so that serial % slots survives wrap-around
+  size_t chunkBytes = 0;
+
+  size_t segmentOffset(int slot, int srcRank) const {
+    return (static_cast<size_t>(slot) * worldSize + srcRank) * chunkBytes;
+  }
+  size_t bytes() const {
+    return static_cast<size_t>(slots) * worldSize * chunkBytes;
+  }
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual int rank() const = 0;
+  virtual const StagingGeometry& geometry() const = 0;
+
+  // Where srcRank's chunk lands in this rank's own staging area.
+  virtual char* localSegment(int slot, int srcRank) = 0;
+
+  virtual void copyLocal(Lane lane, void* dst, const void* src, size_t bytes) = 0;
+  // Into segment (slot, rank()) of every peer.
+  virtual void pushChunkToPeers(Lane lane, int slot, const void* src, size_t bytes) = 0;
+  // Sets flag[rank()][slot] = value in every peer's memory, after the lane's earlier operations completed.
+  virtual void signalPeers(Lane lane, Flag flag, int slot, uint32_t value) = 0;
+  // Holds the lane until flag[peer][slot] >= value (cyclically) for every peer.
+  virtual void waitPeers(Lane lane, Flag flag, int slot, uint32_t value) = 0;
+};
+
+}  // namespace sdma

@@ -1,0 +1,163 @@
+#include "work_sdma.hpp"
+
+#include <thread>
+
+#ifdef TORCH_SDMA_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace sdma {
+
+WorkSDMA::WorkSDMA(int rank, c10d::OpType opType, uint64_t seq, std::string description, at::Device device,
+                   std::vector<at::Tensor> outputs, std::vector<at::Tensor> keepAlive,
+                   std::chrono::steady_clock::time_point deadline)
+    : Work(rank, opType),
+      seq_(seq),
+      description_(std::move(description)),
+      device_(device),
+      outputs_(std::move(outputs)),
+      keepAlive_(std::move(keepAlive)),
+      deadline_(deadline) {
+  if (device_.is_cuda()) {
+    future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                       std::vector<c10::Device>{device_});
+  } else {
+    future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+  }
+}
+
+WorkSDMA::~WorkSDMA() {
+#ifdef TORCH_SDMA_CUDA
+  gpu::destroyEvent(end_);
+#endif
+}
+
+void WorkSDMA::setEndEvent(gpu::Event end, gpu::Stream stream) {
+  end_ = end;
+#ifdef TORCH_SDMA_CUDA
+  // The CUDA-aware future records its own event on the current stream at markCompleted, so make that the
+  // stream the collective ends on: DDP comm hooks then wait for the copies, not for the CPU.
+  c10::cuda::CUDAStreamGuard guard(
+      c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(stream), device_.index()));
+  future_->markCompleted(c10::IValue(outputs_));
+#else
+  (void)stream;
+#endif
+}
+
+bool WorkSDMA::pollGpuDone() {
+#ifdef TORCH_SDMA_CUDA
+  if (!gpuDone_.load(std::memory_order_acquire) && end_ && gpu::eventDone(end_)) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    keepAlive_.clear();
+    gpuDone_.store(true, std::memory_order_release);
+  }
+#endif
+  return gpuDone_.load(std::memory_order_acquire);
+}
+
+void WorkSDMA::complete(std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    keepAlive_.clear();
+  }
+  if (!device_.is_cuda()) {
+    if (error) {
+      future_->setError(error);
+    } else {
+      future_->markCompleted(c10::IValue(outputs_));
+    }
+  }
+  finish(error);
+}
+
+bool WorkSDMA::isCompleted() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (completed_ || exception_) {
+      return true;
+    }
+  }
+  if (device_.is_cuda() && pollGpuDone()) {
+    return true;
+  }
+  return false;
+}
+
+bool WorkSDMA::isSuccess() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return !exception_;
+}
+
+std::exception_ptr WorkSDMA::exception() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return exception_;
+}
+
+std::vector<at::Tensor> WorkSDMA::result() {
+  return outputs_;
+}
+
+void WorkSDMA::rethrowIfFailed() const {
+  std::exception_ptr e;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    e = exception_;
+  }
+  if (e) {
+    std::rethrow_exception(e);
+  }
+}
+
+void WorkSDMA::synchronize() {
+  // CPU work: nothing to order (and Work::wait calls this with mutex_ held).
+  if (!device_.is_cuda()) {
+    return;
+  }
+  rethrowIfFailed();
+#ifdef TORCH_SDMA_CUDA
+  {
+    auto current = c10::cuda::getCurrentCUDAStream(device_.index());
+    gpu::streamWaitEvent(current.stream(), end_);
+    // The caller's stream is now ordered after the copies: memory it frees from here on is reused after them.
+    std::lock_guard<std::mutex> lock(mutex_);
+    keepAlive_.clear();
+  }
+#endif
+}
+
+bool WorkSDMA::wait(std::chrono::milliseconds timeout) {
+  if (!device_.is_cuda()) {
+    return Work::wait(timeout);
+  }
+  if (timeout != kNoTimeout) {
+    // An explicit timeout asks for a CPU-side wait, as with WorkNCCL.
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    while (!isCompleted()) {
+      TORCH_CHECK(std::chrono::steady_clock::now() < until, "torch_sdma: ", description_,
+                  " did not complete within the wait() timeout of ", timeout.count(), " ms");
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+  synchronize();
+  return true;
+}
+
+void WorkSDMA::blockCurrentStream() {
+  if (device_.is_cuda()) {
+    synchronize();
+  } else {
+    Work::wait(kNoTimeout);
+  }
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> WorkSDMA::getFuture() {
+  return future_;
+}
+
+uint64_t WorkSDMA::getSequencenumber() const {
+  return seq_;
+}
+
+}  // namespace sdma

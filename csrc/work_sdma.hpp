@@ -1,0 +1,71 @@
+// The Work handle of an sdma all-gather.
+//
+// GPU: completion is an event recorded after the last copy; wait() makes the caller's current stream wait on it
+// and returns at once (never blocks the CPU), like WorkNCCL. CPU: the host transport's worker completes it;
+// wait() blocks until then, like gloo's work. Either way, tensors the copies touch are held until the copies
+// are known to be finished, so the caching allocator cannot hand their memory out early.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "gpu_api.hpp"
+
+namespace sdma {
+
+class WorkSDMA : public c10d::Work {
+ public:
+  WorkSDMA(int rank, c10d::OpType opType, uint64_t seq, std::string description, at::Device device,
+           std::vector<at::Tensor> outputs, std::vector<at::Tensor> keepAlive,
+           std::chrono::steady_clock::time_point deadline);
+  ~WorkSDMA() override;
+
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  std::vector<at::Tensor> result() override;
+  void synchronize() override;
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  void blockCurrentStream() override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  uint64_t getSequencenumber() const override;
+
+  // GPU side: takes ownership of the event recorded after the collective's last operation, and marks the
+  // future completed with the caller-visible streams ordered after `stream`.
+  void setEndEvent(gpu::Event end, gpu::Stream stream);
+  // GPU side, polled by the watchdog: true once the end event has fired (then the kept tensors are dropped).
+  bool pollGpuDone();
+  // Marks the work finished; `error` null means success. Called by the host worker or the GPU watchdog.
+  void complete(std::exception_ptr error);
+
+  const std::string& description() const {
+    return description_;
+  }
+  std::chrono::steady_clock::time_point deadline() const {
+    return deadline_;
+  }
+  bool isCuda() const {
+    return device_.is_cuda();
+  }
+
+ private:
+  void rethrowIfFailed() const;
+
+  const uint64_t seq_;
+  const std::string description_;
+  const at::Device device_;
+  std::vector<at::Tensor> outputs_;
+  std::vector<at::Tensor> keepAlive_;
+  const std::chrono::steady_clock::time_point deadline_;
+  gpu::Event end_ = nullptr;
+  std::atomic<bool> gpuDone_{false};
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+}  // namespace sdma

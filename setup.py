@@ -1,0 +1,63 @@
+"""Builds torch_sdma._C against the installed torch.
+
+With a CUDA (or ROCm) build of torch and a CUDA toolkit, the copy-engine transport is compiled in
+(TORCH_SDMA_CUDA); otherwise only the shared-memory transport. TORCH_SDMA_BUILD_CUDA=0/1 forces the choice.
+The module never links libcuda: driver entry points are resolved at run time, so it imports without a driver.
+"""
+import os
+
+# torch looks for the toolkit next to the first nvcc on PATH; a wrapper script in /usr/local/bin then points it at
+# /usr/local, which has no CUDA headers. Prefer the conventional install when the caller did not choose.
+if not os.environ.get("CUDA_HOME") and os.path.exists("/usr/local/cuda/include/cuda_runtime.h"):
+    os.environ["CUDA_HOME"] = "/usr/local/cuda"
+
+import torch  # noqa: E402
+from setuptools import find_packages, setup  # noqa: E402
+from torch.utils import cpp_extension  # noqa: E402
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+COMMON = [
+    "bindings.cpp",
+    "process_group_sdma.cpp",
+    "allgather_inputs.cpp",
+    "allgather_schedule.cpp",
+    "work_sdma.cpp",
+    "peer_rendezvous.cpp",
+    "host_shm_transport.cpp",
+    "host_allgather_runner.cpp",
+]
+GPU = ["gpu_api_cuda.cpp", "copy_engine_transport.cpp", "cuda_allgather_runner.cpp"]
+
+
+def want_cuda():
+    forced = os.environ.get("TORCH_SDMA_BUILD_CUDA")
+    if forced is not None:
+        return forced == "1"
+    return (torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None) or torch.version.hip is not None
+
+
+def extension():
+    cuda = want_cuda()
+    sources = [os.path.join("csrc", f) for f in COMMON + (GPU if cuda else [])]
+    cxx = ["-O2", "-Wall", "-Wno-unused-function"]  # the C++ standard is the one torch asks for
+    macros = [("TORCH_SDMA_CUDA", None)] if cuda else []
+    kwargs = dict(
+        name="torch_sdma._C",
+        sources=sources,
+        include_dirs=[os.path.join(ROOT, "csrc")],
+        define_macros=macros,
+        extra_compile_args={"cxx": cxx, "nvcc": ["-O2"]} if cuda else {"cxx": cxx},
+        libraries=["rt"],
+    )
+    return cpp_extension.CUDAExtension(**kwargs) if cuda else cpp_extension.CppExtension(**kwargs)
+
+
+setup(
+    name="torch_sdma",
+    version="0.1.0",
+    description="A torch.distributed backend whose all-gathers move data with DMA engines (no SMs)",
+    packages=find_packages(include=["torch_sdma", "torch_sdma.*"]),
+    ext_modules=[extension()],
+    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
+    python_requires=">=3.10",
+)

@@ -1,0 +1,27 @@
+"""torch_sdma: a torch.distributed backend whose all-gathers move data with DMA engines.
+
+    import torch_sdma
+    torch.distributed.init_process_group("cpu:gloo,cuda:sdma")
+"""
+import torch
+import torch.distributed as dist
+
+from . import _C
+from . import _default_backend
+from ._registration import BACKEND_NAME, create_backend, perform_nocolor_split
+from ._stats import group_path, reset_stats, staging_bytes, stats
+
+__all__ = ["stats", "reset_stats", "group_path", "staging_bytes", "ProcessGroupSDMA"]
+
+ProcessGroupSDMA = _C.ProcessGroupSDMA
+ProcessGroupSDMA.perform_nocolor_split = perform_nocolor_split
+
+
+def _register() -> None:
+    if BACKEND_NAME.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(BACKEND_NAME, create_backend, extended_api=True, devices=["cpu", "cuda"])
+    _default_backend.apply(BACKEND_NAME)
+
+
+_register()

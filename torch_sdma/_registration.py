@@ -1,0 +1,121 @@
+"""The creator torch.distributed calls for every group whose backend string names "sdma"."""
+import logging
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed import PrefixStore
+
+from . import _config
+from . import _C
+
+logger = logging.getLogger("torch_sdma")
+
+BACKEND_NAME = "sdma"
+_DEVICE_PROBE_KEY = "torch_sdma_device_probe"
+
+
+def _first_served_device(store) -> str:
+    """torch hands the creator PrefixStore("<device>/", group store) for the first device the backend serves.
+
+    Devices are registered as ["cpu", "cuda"], so "cpu" means this group's CPU tensors come here (backend string
+    "sdma" or "cpu:sdma") and "cuda" means only CUDA tensors do ("cpu:gloo,cuda:sdma", "cuda:sdma").
+    """
+    try:
+        store.set(_DEVICE_PROBE_KEY, "1")
+        parent = store.underlying_store
+        for device in ("cuda", "cpu"):
+            if parent.check([f"{device}/{_DEVICE_PROBE_KEY}"]):
+                return device
+    except Exception:  # an unusual store: serve both, which is always correct
+        pass
+    return "cpu"
+
+
+def _cuda_unavailable_reason() -> str:
+    if not dist.is_nccl_available():
+        return "this torch build has no NCCL (a CPU-only torch?)"
+    if not torch.cuda.is_available():
+        return "no CUDA device is visible to this process"
+    return ""
+
+
+def _sync_sequence_numbers(backend) -> None:
+    # What torch does for its own gloo and nccl groups; a deprecated no-op from torch 2.14 on.
+    if tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 14):
+        backend._set_sequence_number_for_group()
+
+
+def _inner_gloo(store, opts):
+    gloo = dist.ProcessGroupGloo(PrefixStore("gloo/", store), opts.group_rank, opts.group_size, timeout=opts.timeout)
+    gloo.options.global_ranks_in_group = opts.global_ranks_in_group
+    gloo.options.group_name = opts.group_id
+    _sync_sequence_numbers(gloo)
+    return gloo
+
+
+def _inner_nccl(store, opts, backend_options):
+    if isinstance(backend_options, dist.ProcessGroupNCCL.Options):
+        nccl_opts = backend_options  # Megatron and others pass their own (priority streams, NCCL config)
+    else:
+        nccl_opts = dist.ProcessGroupNCCL.Options()
+        nccl_opts.is_high_priority_stream = False
+    nccl_opts._timeout = opts.timeout
+    nccl_opts.global_ranks_in_group = opts.global_ranks_in_group
+    nccl_opts.group_name = opts.group_id
+    nccl = dist.ProcessGroupNCCL(PrefixStore("nccl/", store), opts.group_rank, opts.group_size, nccl_opts)
+    _sync_sequence_numbers(nccl)
+    return nccl
+
+
+def create_backend(opts, backend_options):
+    cfg = _config.from_env(opts.group_size)
+    store = opts.store
+    inner_cpu = _inner_gloo(store, opts) if _first_served_device(store) == "cpu" else None
+    cuda_unavailable = _cuda_unavailable_reason()
+    inner_cuda = None if cuda_unavailable else _inner_nccl(store, opts, backend_options)
+    pg = _C.ProcessGroupSDMA(
+        store,
+        opts.group_rank,
+        opts.group_size,
+        opts.timeout,
+        inner_cpu,
+        inner_cuda,
+        cfg.disable,
+        cfg.staging_bytes,
+        cfg.min_bytes,
+        cuda_unavailable,
+        str(opts.group_id),
+    )
+    pg._inner_cpu = inner_cpu
+    pg._inner_cuda = inner_cuda
+    if cfg.log and opts.group_rank == 0:
+        _log_group_paths(pg, opts, cfg)
+    return pg
+
+
+def _describe(verdict: str, dma: str) -> str:
+    return dma if verdict == "dma" else f"the inner backend ({verdict[len('inner:'):]})"
+
+
+def _log_group_paths(pg, opts, cfg) -> None:
+    parts = []
+    cuda = pg._sdma_creation_verdict("cuda")
+    if cuda:
+        parts.append("CUDA all-gathers -> " + _describe(cuda, "copy engines"))
+    cpu = pg._sdma_creation_verdict("cpu")
+    if cpu:
+        parts.append("CPU all-gathers -> " + _describe(cpu, "shared memory"))
+    line = (
+        f"torch_sdma: group '{opts.group_id}' ({opts.group_size} ranks): " + "; ".join(parts)
+        + f"; staging {cfg.staging_bytes >> 20} MiB per rank, min {cfg.min_bytes} bytes"
+    )
+    if logger.hasHandlers():
+        logger.info(line)
+    else:
+        print(line, file=sys.stderr, flush=True)
+
+
+def perform_nocolor_split(self, device) -> None:
+    """torch calls this on non-members when a bound default group creates a subgroup. The inner NCCL backends
+    of new groups are created fresh, not split, so there is nothing to take part in."""

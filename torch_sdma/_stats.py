@@ -1,0 +1,48 @@
+"""Which path each collective of a group took: torch_sdma.stats(group)."""
+from typing import Dict, Optional
+
+import torch
+import torch.distributed as dist
+
+
+def _sdma_backends(group: Optional[dist.ProcessGroup]):
+    group = group or dist.distributed_c10d._get_default_group()
+    seen = []
+    for device in ("cuda", "cpu"):
+        try:
+            backend = group._get_backend(torch.device(device))
+        except RuntimeError:
+            continue
+        if hasattr(backend, "_sdma_stats") and all(backend is not b for b in seen):
+            seen.append(backend)
+    return seen
+
+
+def stats(group: Optional[dist.ProcessGroup] = None) -> Dict[str, Dict[str, int]]:
+    """Calls and output bytes per path ("dma", "inner:<reason>", "delegated:<op>") of this process."""
+    out: Dict[str, Dict[str, int]] = {}
+    for backend in _sdma_backends(group):
+        for path, v in backend._sdma_stats().items():
+            acc = out.setdefault(path, {"calls": 0, "bytes": 0})
+            acc["calls"] += v["calls"]
+            acc["bytes"] += v["bytes"]
+    return out
+
+
+def reset_stats(group: Optional[dist.ProcessGroup] = None) -> None:
+    for backend in _sdma_backends(group):
+        backend._sdma_reset_stats()
+
+
+def group_path(group: Optional[dist.ProcessGroup] = None, device: str = "cuda") -> str:
+    """"dma" or "inner:<reason>" for all-gathers of `group` on `device`; "unknown" before the first one."""
+    for backend in _sdma_backends(group):
+        path = backend._sdma_path(device)
+        if path != "unknown" or backend._sdma_creation_verdict(device):
+            return path
+    return "unknown"
+
+
+def staging_bytes(group: Optional[dist.ProcessGroup] = None) -> int:
+    """Staging memory this process holds for `group` (device memory for CUDA, shared memory for CPU)."""
+    return sum(b._sdma_staging_bytes() for b in _sdma_backends(group))
