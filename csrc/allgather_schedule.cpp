@@ -68,9 +68,6 @@ void scheduleAllgather(Transport& t, const AllgatherPlan& plan, uint32_t& chunkS
   const int me = t.rank();
   const uint32_t slots = static_cast<uint32_t>(g.slots);
 
-  // Own contribution: a local copy, nothing when the input already is the output's own slot (FSDP2, ZeRO-3).
-  copyPieces(t, Lane::Drain, plan.outputByRank[me], plan.input);
-
   SpanCursor input(plan.input);
   std::vector<SpanCursor> outputs;
   outputs.reserve(plan.outputByRank.size());
@@ -95,6 +92,12 @@ void scheduleAllgather(Transport& t, const AllgatherPlan& plan, uint32_t& chunkS
     }
     t.pushChunkToPeers(Lane::Push, slot, src, len);
     t.signalPeers(Lane::Push, Flag::Ready, slot, serial);
+
+    if (offset == 0) {
+      // Own contribution, while the first chunk travels: a local copy, or nothing when the input already is
+      // the output's own slot (FSDP2, ZeRO-3).
+      copyPieces(t, Lane::Drain, plan.outputByRank[me], plan.input);
+    }
 
     // Drain: wait for every peer's chunk, move it to the output, hand the slot back.
     t.waitPeers(Lane::Drain, Flag::Ready, slot, serial);

@@ -10,9 +10,18 @@ namespace sdma {
 
 struct CollectiveInfo {
   c10d::OpType opType;
+  const char* op;  // the user-facing name, e.g. "all_gather_into_tensor"
   uint64_t seq;
-  std::string description;  // e.g. "all-gather _allgather_base (seq 12, group '3', rank 0 of 2)"
+  std::string groupName;
+  int rank;
+  int size;
   std::chrono::milliseconds timeout;
+
+  // Built only when a message needs it: formatting it on every call would cost more than a driver call.
+  std::string describe() const {
+    return std::string(op) + " (sequence number " + std::to_string(seq) + " on group '" + groupName + "', rank " +
+           std::to_string(rank) + " of " + std::to_string(size) + ")";
+  }
 };
 
 }  // namespace sdma

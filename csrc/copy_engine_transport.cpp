@@ -107,10 +107,8 @@ CopyEngineTransport::CopyEngineTransport(int rank, int size, int device, const S
   for (int k = 1; k < size; ++k) {
     pushOrder_.push_back((rank + k) % size);
   }
-  // READY and CREDIT words for every (source, slot), then one source word per (slot, lane) for the 4-byte
-  // flag copies. A source word is rewritten only by the same slot's next chunk, which cannot start before
-  // every peer acknowledged the previous one, so an in-flight flag copy never reads a newer value.
-  const size_t words = 2 * static_cast<size_t>(size) * geometry.slots + 2 * static_cast<size_t>(geometry.slots);
+  // READY and CREDIT words for every (source, slot).
+  const size_t words = 2 * static_cast<size_t>(size) * geometry.slots;
   flagBytes_ = (words * sizeof(uint32_t) + kFlagAreaAlign - 1) / kFlagAreaAlign * kFlagAreaAlign;
   base_ = static_cast<char*>(gpu::mallocDevice(flagBytes_ + geometry.bytes()));
   gpu::memsetDeviceSync(base_, 0, flagBytes_);
@@ -131,37 +129,62 @@ size_t CopyEngineTransport::flagIndex(Flag flag, int src, int slot) const {
   return (static_cast<size_t>(flag) * size_ + src) * geometry_.slots + slot;
 }
 
-uint32_t* CopyEngineTransport::sourceWord(int slot, Lane lane) const {
-  auto* words = reinterpret_cast<uint32_t*>(base_) + 2 * static_cast<size_t>(size_) * geometry_.slots;
-  return words + 2 * slot + static_cast<int>(lane);
-}
-
 char* CopyEngineTransport::localSegment(int slot, int srcRank) {
   return base_ + flagBytes_ + geometry_.segmentOffset(slot, srcRank);
 }
 
+void CopyEngineTransport::bindLanes(gpu::Stream push, gpu::Stream drain) {
+  flush();
+  lanes_[0] = push;
+  lanes_[1] = drain;
+}
+
+std::vector<gpu::FlagOp>& CopyEngineTransport::pendingFor(Lane lane) {
+  // Lanes that share a stream share one list, so their flag operations reach the stream in program order.
+  return pendingFlags_[lanes_[0] == lanes_[1] ? 0 : static_cast<int>(lane)];
+}
+
+gpu::Stream CopyEngineTransport::flushed(Lane lane) {
+  auto& pending = pendingFor(lane);
+  gpu::Stream s = lanes_[static_cast<int>(lane)];
+  if (!pending.empty()) {
+    gpu::flagOps(s, pending.data(), static_cast<int>(pending.size()));
+    pending.clear();
+  }
+  return s;
+}
+
+void CopyEngineTransport::flush() {
+  flushed(Lane::Push);
+  flushed(Lane::Drain);
+}
+
 void CopyEngineTransport::copyLocal(Lane lane, void* dst, const void* src, size_t bytes) {
-  gpu::copyAsync(dst, src, bytes, stream(lane));
+  gpu::copyAsync(dst, src, bytes, flushed(lane));
 }
 
 void CopyEngineTransport::pushChunkToPeers(Lane lane, int slot, const void* src, size_t bytes) {
   const size_t offset = flagBytes_ + geometry_.segmentOffset(slot, rank_);
+  gpu::Stream s = flushed(lane);
   for (int peer : pushOrder_) {
-    gpu::copyAsync(peerBase_[peer] + offset, src, bytes, stream(lane));
+    gpu::copyAsync(peerBase_[peer] + offset, src, bytes, s);
   }
 }
 
 void CopyEngineTransport::signalPeers(Lane lane, Flag flag, int slot, uint32_t value) {
-  uint32_t* word = sourceWord(slot, lane);
-  gpu::writeFlag(stream(lane), word, value);
+  // A direct write into the peer's flag word: the stream runs it only after the lane's earlier copies are done,
+  // with a memory barrier, so the peer that sees the value also sees the data.
+  auto& pending = pendingFor(lane);
   for (uint32_t* dst : signalWords_[static_cast<int>(flag) * geometry_.slots + slot]) {
-    gpu::copyAsync(dst, word, sizeof(uint32_t), stream(lane));
+    pending.push_back({true, dst, value});
   }
 }
 
 void CopyEngineTransport::waitPeers(Lane lane, Flag flag, int slot, uint32_t value) {
-  const auto& words = waitWords_[static_cast<int>(flag) * geometry_.slots + slot];
-  gpu::waitFlags(stream(lane), words.data(), static_cast<int>(words.size()), value);
+  auto& pending = pendingFor(lane);
+  for (uint32_t* word : waitWords_[static_cast<int>(flag) * geometry_.slots + slot]) {
+    pending.push_back({false, word, value});
+  }
 }
 
 std::vector<uint32_t> CopyEngineTransport::readReadyFlags() {

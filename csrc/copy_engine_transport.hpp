@@ -1,6 +1,9 @@
 // Transport over GPU copy engines: staging areas in device memory, mapped into every member once per group via
-// CUDA IPC; data moves with cudaMemcpyAsync (a DMA engine, no SM); flags are 4-byte copies into the peer's flag
-// words, waited on with stream memory operations on local memory.
+// CUDA IPC; data moves with cudaMemcpyAsync (a DMA engine, no SM); flags are stream memory operations: a write
+// into the peer's flag word, a wait on local memory.
+//
+// Enqueue cost is the per-call cost users see, so flag operations are not issued one by one: a lane collects
+// them and hands them to the driver as one batch right before its next copy (or at flush()).
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -39,10 +42,9 @@ class CopyEngineTransport : public Transport {
   void waitPeers(Lane lane, Flag flag, int slot, uint32_t value) override;
 
   // The streams the next collective's lanes run on (they may be the same stream).
-  void bindLanes(gpu::Stream push, gpu::Stream drain) {
-    lanes_[0] = push;
-    lanes_[1] = drain;
-  }
+  void bindLanes(gpu::Stream push, gpu::Stream drain);
+  // Issues the flag operations still collected on either lane; call after scheduling a collective.
+  void flush();
 
   // For the watchdog, on a private stream: the READY flags peers wrote here, flags[src][slot].
   std::vector<uint32_t> readReadyFlags();
@@ -55,10 +57,9 @@ class CopyEngineTransport : public Transport {
  private:
   CopyEngineTransport(int rank, int size, int device, const StagingGeometry& geometry);
   size_t flagIndex(Flag flag, int src, int slot) const;
-  uint32_t* sourceWord(int slot, Lane lane) const;
-  gpu::Stream stream(Lane lane) const {
-    return lanes_[static_cast<int>(lane)];
-  }
+  // The lane's stream, with its collected flag operations issued first.
+  gpu::Stream flushed(Lane lane);
+  std::vector<gpu::FlagOp>& pendingFor(Lane lane);
 
   const int rank_;
   const int size_;
@@ -73,6 +74,7 @@ class CopyEngineTransport : public Transport {
   std::vector<std::vector<uint32_t*>> waitWords_;
   std::vector<std::vector<uint32_t*>> signalWords_;
   gpu::Stream lanes_[2] = {nullptr, nullptr};
+  std::vector<gpu::FlagOp> pendingFlags_[2];
   gpu::Stream service_ = nullptr;
 };
 

@@ -61,7 +61,7 @@ c10::intrusive_ptr<WorkSDMA> CudaAllgatherRunner::run(const AllgatherPlan& plan,
                                                       std::vector<at::Tensor> keepAlive) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    TORCH_CHECK(brokenReason_.empty(), "torch_sdma: ", info.description,
+    TORCH_CHECK(brokenReason_.empty(), "torch_sdma: ", info.describe(),
                 " refused: an earlier collective on this group failed: ", brokenReason_);
   }
   c10::cuda::CUDAGuard guard(device_);
@@ -84,6 +84,7 @@ c10::intrusive_ptr<WorkSDMA> CudaAllgatherRunner::run(const AllgatherPlan& plan,
   transport_->bindLanes(push, drain);
   const uint32_t first = serial_ + 1;
   scheduleAllgather(*transport_, plan, serial_);
+  transport_->flush();
   enqueuedSerial_.store(serial_, std::memory_order_release);
   if (push != drain) {
     gpu::recordEvent(pushDone_, push);
@@ -93,13 +94,11 @@ c10::intrusive_ptr<WorkSDMA> CudaAllgatherRunner::run(const AllgatherPlan& plan,
   gpu::recordEvent(end, drain);
 
   auto work = c10::make_intrusive<WorkSDMA>(
-      transport_->rank(), info.opType, info.seq, info.description, at::Device(at::kCUDA, device_),
-      std::move(outputs),
+      info, at::Device(at::kCUDA, device_), std::move(outputs),
       // A synchronous call ran on the caller's stream, which orders the allocator for us; an async one may
       // outlive the caller's references, so it keeps the tensors until the copies are done.
-      asyncOp ? std::move(keepAlive) : std::vector<at::Tensor>{},
-      std::chrono::steady_clock::now() + info.timeout);
-  work->setEndEvent(end, drain);
+      asyncOp ? std::move(keepAlive) : std::vector<at::Tensor>{});
+  work->setEndEvent(end);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     inFlight_.push_back({work, first, serial_, std::chrono::steady_clock::now()});

@@ -39,11 +39,16 @@ void copyAsync(void* dst, const void* src, size_t bytes, Stream stream);
 void copyToHostAsync(void* dst, const void* src, size_t bytes, Stream stream);
 void copyFromHostAsync(void* dst, const void* src, size_t bytes, Stream stream);
 
-// Stream memory operations: no kernel, no SM. The write is fenced after prior work on the stream.
-void writeFlag(Stream stream, uint32_t* flag, uint32_t value);
-// Blocks the stream until every flag satisfies (int32_t)(*flag - value) >= 0 (a cyclic compare, so serials
-// may wrap). One driver call for all flags.
-void waitFlags(Stream stream, uint32_t* const* flags, int count, uint32_t value);
+// Stream memory operations: no kernel, no SM. A FlagOp either writes `value` to `flag` (after all prior work on
+// the stream, with a memory barrier; the flag may be in a peer's memory) or holds the stream until
+// (int32_t)(*flag - value) >= 0, a cyclic compare so serials may wrap. The ops run in array order, in one
+// driver call.
+struct FlagOp {
+  bool write;
+  uint32_t* flag;
+  uint32_t value;
+};
+void flagOps(Stream stream, const FlagOp* ops, int count);
 // "" when the driver offers the stream memory operations above, else why not.
 std::string streamMemOpsUnavailableReason();
 

@@ -25,11 +25,8 @@ void checkDriver(CUresult res, const char* what) {
 }
 
 using BatchMemOpFn = CUresult (*)(CUstream, unsigned int, CUstreamBatchMemOpParams*, unsigned int);
-using WriteValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
-
 struct DriverEntryPoints {
   BatchMemOpFn batchMemOp = nullptr;
-  WriteValue32Fn writeValue32 = nullptr;
 };
 
 // Version 12000 binds the _v2 memop entry points; the unversioned symbol can bind v1, which older drivers
@@ -44,11 +41,6 @@ const DriverEntryPoints& driver() {
           "resolving cuStreamBatchMemOp");
     TORCH_CHECK(q == cudaDriverEntryPointSuccess && fn, "torch_sdma: the driver lacks cuStreamBatchMemOp");
     entry.batchMemOp = reinterpret_cast<BatchMemOpFn>(fn);
-    fn = nullptr;
-    check(cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &fn, 12000, cudaEnableDefault, &q),
-          "resolving cuStreamWriteValue32");
-    TORCH_CHECK(q == cudaDriverEntryPointSuccess && fn, "torch_sdma: the driver lacks cuStreamWriteValue32");
-    entry.writeValue32 = reinterpret_cast<WriteValue32Fn>(fn);
   });
   return entry;
 }
@@ -145,33 +137,33 @@ void copyFromHostAsync(void* dst, const void* src, size_t bytes, Stream stream) 
   check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, raw(stream)), "cudaMemcpyAsync H2D");
 }
 
-void writeFlag(Stream stream, uint32_t* flag, uint32_t value) {
-  checkDriver(driver().writeValue32(static_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(flag), value,
-                                    CU_STREAM_WRITE_VALUE_DEFAULT),
-              "cuStreamWriteValue32");
-}
-
-void waitFlags(Stream stream, uint32_t* const* flags, int count, uint32_t value) {
+void flagOps(Stream stream, const FlagOp* ops, int count) {
   if (count <= 0) {
     return;
   }
-  // Small fixed array: a collective waits on at most (group size - 1) flags per step.
-  constexpr int kInline = 16;
-  CUstreamBatchMemOpParams inlineOps[kInline];
-  std::vector<CUstreamBatchMemOpParams> heapOps;
-  CUstreamBatchMemOpParams* ops = inlineOps;
+  constexpr int kInline = 32;
+  CUstreamBatchMemOpParams inlineParams[kInline];
+  std::vector<CUstreamBatchMemOpParams> heapParams;
+  CUstreamBatchMemOpParams* params = inlineParams;
   if (count > kInline) {
-    heapOps.resize(count);
-    ops = heapOps.data();
+    heapParams.resize(count);
+    params = heapParams.data();
   }
   for (int i = 0; i < count; ++i) {
-    memset(&ops[i], 0, sizeof(ops[i]));
-    ops[i].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
-    ops[i].waitValue.address = reinterpret_cast<CUdeviceptr>(flags[i]);
-    ops[i].waitValue.value = value;
-    ops[i].waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+    memset(&params[i], 0, sizeof(params[i]));
+    if (ops[i].write) {
+      params[i].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+      params[i].writeValue.address = reinterpret_cast<CUdeviceptr>(ops[i].flag);
+      params[i].writeValue.value = ops[i].value;
+      params[i].writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+    } else {
+      params[i].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+      params[i].waitValue.address = reinterpret_cast<CUdeviceptr>(ops[i].flag);
+      params[i].waitValue.value = ops[i].value;
+      params[i].waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+    }
   }
-  checkDriver(driver().batchMemOp(static_cast<CUstream>(stream), count, ops, 0), "cuStreamBatchMemOp(wait)");
+  checkDriver(driver().batchMemOp(static_cast<CUstream>(stream), count, params, 0), "cuStreamBatchMemOp");
 }
 
 std::string streamMemOpsUnavailableReason() {

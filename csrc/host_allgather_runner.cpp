@@ -23,13 +23,11 @@ c10::intrusive_ptr<WorkSDMA> HostAllgatherRunner::run(const AllgatherPlan& plan,
                                                       std::vector<at::Tensor> keepAlive) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    TORCH_CHECK(brokenReason_.empty(), "torch_sdma: ", info.description,
+    TORCH_CHECK(brokenReason_.empty(), "torch_sdma: ", info.describe(),
                 " refused: an earlier collective on this group failed: ", brokenReason_);
   }
   scheduleAllgather(*transport_, plan, serial_);
-  auto work = c10::make_intrusive<WorkSDMA>(transport_->rank(), info.opType, info.seq, info.description,
-                                            at::Device(at::kCPU), std::move(outputs), std::move(keepAlive),
-                                            std::chrono::steady_clock::now() + info.timeout);
+  auto work = c10::make_intrusive<WorkSDMA>(info, at::Device(at::kCPU), std::move(outputs), std::move(keepAlive));
   {
     std::lock_guard<std::mutex> lock(mutex_);
     queue_.push_back({transport_->takeRecorded(), work});

@@ -25,7 +25,9 @@ class CudaAllgatherRunner {};  // a CPU-only build never creates one
 namespace sdma {
 namespace {
 
-constexpr int kSlots = 4;
+// Two slots suffice to keep a push in flight while the peer drains the previous chunk; fewer, larger chunks
+// mean fewer driver calls per byte.
+constexpr int kSlots = 2;
 constexpr size_t kChunkAlign = 4096;
 
 // What endCoalescing returns when a coalescing block issued several works of its own: done when all are.
@@ -278,14 +280,8 @@ void ProcessGroupSDMA::monitoredBarrier(const c10d::BarrierOptions& opts, bool w
 // All-gather.
 
 CollectiveInfo ProcessGroupSDMA::describe(const char* op, c10d::OpType opType, const c10d::AllgatherOptions& opts) {
-  const uint64_t seq = ++seq_;
-  CollectiveInfo info;
-  info.opType = opType;
-  info.seq = seq;
-  info.description = std::string(op) + " (sequence number " + std::to_string(seq) + " on group '" + groupName_ +
-                     "', rank " + std::to_string(getRank()) + " of " + std::to_string(getSize()) + ")";
-  info.timeout = opts.timeout.count() > 0 ? opts.timeout : timeout_;
-  return info;
+  return CollectiveInfo{opType, op, ++seq_, groupName_, getRank(), getSize(),
+                        opts.timeout.count() > 0 ? opts.timeout : timeout_};
 }
 
 std::string ProcessGroupSDMA::dmaRefusal(const at::Device& device, const PlannedAllgather& planned) {

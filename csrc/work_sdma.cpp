@@ -9,20 +9,16 @@
 
 namespace sdma {
 
-WorkSDMA::WorkSDMA(int rank, c10d::OpType opType, uint64_t seq, std::string description, at::Device device,
-                   std::vector<at::Tensor> outputs, std::vector<at::Tensor> keepAlive,
-                   std::chrono::steady_clock::time_point deadline)
-    : Work(rank, opType),
-      seq_(seq),
-      description_(std::move(description)),
+WorkSDMA::WorkSDMA(const CollectiveInfo& info, at::Device device, std::vector<at::Tensor> outputs,
+                   std::vector<at::Tensor> keepAlive)
+    : Work(info.rank, info.opType),
+      info_(info),
       device_(device),
       outputs_(std::move(outputs)),
       keepAlive_(std::move(keepAlive)),
-      deadline_(deadline) {
-  if (device_.is_cuda()) {
-    future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
-                                                       std::vector<c10::Device>{device_});
-  } else {
+      deadline_(std::chrono::steady_clock::now() + info.timeout) {
+  if (!device_.is_cuda()) {
+    // The host worker completes it; on the GPU it is made on demand (most callers never ask for one).
     future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
   }
 }
@@ -33,17 +29,8 @@ WorkSDMA::~WorkSDMA() {
 #endif
 }
 
-void WorkSDMA::setEndEvent(gpu::Event end, gpu::Stream stream) {
+void WorkSDMA::setEndEvent(gpu::Event end) {
   end_ = end;
-#ifdef TORCH_SDMA_CUDA
-  // The CUDA-aware future records its own event on the current stream at markCompleted, so make that the
-  // stream the collective ends on: DDP comm hooks then wait for the copies, not for the CPU.
-  c10::cuda::CUDAStreamGuard guard(
-      c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(stream), device_.index()));
-  future_->markCompleted(c10::IValue(outputs_));
-#else
-  (void)stream;
-#endif
 }
 
 bool WorkSDMA::pollGpuDone() {
@@ -135,7 +122,7 @@ bool WorkSDMA::wait(std::chrono::milliseconds timeout) {
     // An explicit timeout asks for a CPU-side wait, as with WorkNCCL.
     const auto until = std::chrono::steady_clock::now() + timeout;
     while (!isCompleted()) {
-      TORCH_CHECK(std::chrono::steady_clock::now() < until, "torch_sdma: ", description_,
+      TORCH_CHECK(std::chrono::steady_clock::now() < until, "torch_sdma: ", description(),
                   " did not complete within the wait() timeout of ", timeout.count(), " ms");
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
@@ -153,11 +140,24 @@ void WorkSDMA::blockCurrentStream() {
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> WorkSDMA::getFuture() {
+#ifdef TORCH_SDMA_CUDA
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!future_) {
+    // The CUDA-aware future records its event on the current stream at markCompleted: use a stream that waits
+    // for the copies, so DDP comm hooks and then() callbacks are ordered after them without blocking the CPU.
+    auto stream = c10::cuda::getStreamFromPool(false, device_.index());
+    gpu::streamWaitEvent(stream.stream(), end_);
+    c10::cuda::CUDAStreamGuard guard(stream);
+    future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                       std::vector<c10::Device>{device_});
+    future_->markCompleted(c10::IValue(outputs_));
+  }
+#endif
   return future_;
 }
 
 uint64_t WorkSDMA::getSequencenumber() const {
-  return seq_;
+  return info_.seq;
 }
 
 }  // namespace sdma

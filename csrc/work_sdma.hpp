@@ -15,15 +15,15 @@
 #include <string>
 #include <vector>
 
+#include "collective_info.hpp"
 #include "gpu_api.hpp"
 
 namespace sdma {
 
 class WorkSDMA : public c10d::Work {
  public:
-  WorkSDMA(int rank, c10d::OpType opType, uint64_t seq, std::string description, at::Device device,
-           std::vector<at::Tensor> outputs, std::vector<at::Tensor> keepAlive,
-           std::chrono::steady_clock::time_point deadline);
+  WorkSDMA(const CollectiveInfo& info, at::Device device, std::vector<at::Tensor> outputs,
+           std::vector<at::Tensor> keepAlive);
   ~WorkSDMA() override;
 
   bool isCompleted() override;
@@ -36,16 +36,15 @@ class WorkSDMA : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   uint64_t getSequencenumber() const override;
 
-  // GPU side: takes ownership of the event recorded after the collective's last operation, and marks the
-  // future completed with the caller-visible streams ordered after `stream`.
-  void setEndEvent(gpu::Event end, gpu::Stream stream);
+  // GPU side: takes ownership of the event recorded after the collective's last operation.
+  void setEndEvent(gpu::Event end);
   // GPU side, polled by the watchdog: true once the end event has fired (then the kept tensors are dropped).
   bool pollGpuDone();
   // Marks the work finished; `error` null means success. Called by the host worker or the GPU watchdog.
   void complete(std::exception_ptr error);
 
-  const std::string& description() const {
-    return description_;
+  std::string description() const {
+    return info_.describe();
   }
   std::chrono::steady_clock::time_point deadline() const {
     return deadline_;
@@ -57,8 +56,7 @@ class WorkSDMA : public c10d::Work {
  private:
   void rethrowIfFailed() const;
 
-  const uint64_t seq_;
-  const std::string description_;
+  const CollectiveInfo info_;
   const at::Device device_;
   std::vector<at::Tensor> outputs_;
   std::vector<at::Tensor> keepAlive_;

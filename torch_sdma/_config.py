@@ -4,7 +4,7 @@ import re
 from dataclasses import dataclass
 
 _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-_SLOTS = 4  # staging slots; must match csrc (kSlots)
+_SLOTS = 2  # staging slots; must match csrc (kSlots)
 _MIN_CHUNK = 4096
 
 

@@ -1,0 +1,52 @@
+# Two entry points that work on a fresh machine:
+#   make test   installs what is missing, builds the extension, runs the test suite
+#   make bench  the all-gather benchmark (sdma against the inner backend) over every local GPU, or 2 CPU ranks
+#
+# An interpreter that already has torch is used as is (the GPU machines). Otherwise a venv is made with the
+# CUDA-13 build of torch $(TORCH_VERSION), so that the GPU code is compiled even where no GPU is.
+
+PYTHON        ?= python3
+VENV          ?= .venv
+TORCH_VERSION ?= 2.14.1
+PY            := $(shell $(PYTHON) -c "import torch" >/dev/null 2>&1 && echo $(PYTHON) || echo $(VENV)/bin/python)
+JOBS          ?= $(shell nproc)
+PYTEST_ARGS   ?=
+export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
+# Never let a test or benchmark touch NVLink multicast (it can take a shared host's GPUs out of service).
+export NCCL_NVLS_ENABLE := 0
+export TORCH_SYMM_MEM_DISABLE_MULTICAST := 1
+export NVSHMEM_DISABLE_NVLS := 1
+
+.PHONY: all deps build test test-torch213 bench clean
+
+all: build
+
+deps:
+	@if [ "$(PY)" = "$(VENV)/bin/python" ]; then \
+	  [ -x $(VENV)/bin/python ] || $(PYTHON) -m venv $(VENV); \
+	  $(PY) -c "import torch" >/dev/null 2>&1 || $(PY) -m pip install -q "torch==$(TORCH_VERSION)"; \
+	fi
+	@$(PY) -c "import pytest, ninja, numpy" >/dev/null 2>&1 || $(PY) -m pip install -q pytest ninja numpy
+
+build: deps
+	MAX_JOBS=$(JOBS) $(PY) setup.py -q build_ext --inplace
+
+test: build
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+# torch 2.9-2.13 need the default-backend workaround: check it on the CPU build of 2.13 too.
+VENV213 ?= .venv213
+test-torch213:
+	[ -x $(VENV213)/bin/python ] || $(PYTHON) -m venv $(VENV213)
+	$(VENV213)/bin/python -c "import torch" >/dev/null 2>&1 || $(VENV213)/bin/python -m pip install -q "torch==2.13.0" pytest ninja numpy
+	rm -rf build/torch213 && MAX_JOBS=$(JOBS) $(VENV213)/bin/python setup.py -q build_ext --build-lib build/torch213 --build-temp build/torch213-tmp
+	cp -r torch_sdma/*.py build/torch213/torch_sdma/
+	PYTHONPATH=$(CURDIR)/build/torch213 $(VENV213)/bin/pytest tests/test_registration.py $(PYTEST_ARGS)
+
+NGPU  = $(shell $(PY) -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+NPROC = $(if $(filter 0,$(NGPU)),2,$(NGPU))
+bench: build
+	$(PY) -m torch.distributed.run --standalone --nproc_per_node $(NPROC) examples/bench_allgather.py --out-dir results
+
+clean:
+	rm -rf build torch_sdma/*.so results

@@ -1,0 +1,442 @@
+"""All-gather benchmark: torch_sdma against the backend it would otherwise delegate to, in the same run.
+
+GPU mode (one process per GPU):   torchrun --nproc_per_node <number of GPUs> examples/bench_allgather.py
+CPU mode (no GPU, CPU tensors):   torchrun --nproc_per_node 2 examples/bench_allgather.py
+
+GPU mode compares sdma (copy engines) with NCCL on CUDA tensors: a size sweep of all_gather_into_tensor, the
+slowdown each inflicts on bf16 GEMMs running beside it, and the CPU cost of enqueueing one call. CPU mode compares
+sdma (POSIX shared memory) with gloo on CPU tensors. Both backends are timed alternately in one process, so the
+figures share the machine's state at the time; compare them inside one run only.
+
+Writes to --out-dir: allgather_<mode>_w<world>.{csv,json,png} (the PNG only where matplotlib imports).
+"""
+import argparse
+import csv
+import importlib.metadata
+import json
+import os
+import platform
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import torch_sdma
+
+KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
+DEFAULT_SIZES = [4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, 1 * MIB, 4 * MIB, 8 * MIB, 16 * MIB, 64 * MIB,
+                 256 * MIB, 1 * GIB]
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "uint8": torch.uint8}
+# Bytes moved per backend per round: a size runs max(min_iters, budget // size) calls, at most max_iters. It keeps
+# small sizes far above timer resolution and the large ones short (1 GiB on H200s: ~2 ms a call).
+ITER_BUDGET = {"gpu": 4 * GIB, "cpu": 512 * MIB}
+
+
+def parse_bytes(text):
+    """'4K', '16M', '1G' or a plain number of bytes."""
+    units = {"K": KIB, "M": MIB, "G": GIB}
+    text = text.strip().upper().removesuffix("IB").removesuffix("B")
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+def human_bytes(n):
+    for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
+        if n >= size and n % size == 0:
+            return f"{n // size} {unit}"
+    return f"{n} B"
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mode", choices=["auto", "gpu", "cpu"], default="auto",
+                   help="gpu: CUDA tensors vs NCCL; cpu: CPU tensors vs gloo; auto: gpu if a GPU is visible")
+    p.add_argument("--sizes", type=lambda s: [parse_bytes(x) for x in s.split(",")],
+                   help="comma-separated output sizes (e.g. 4K,1M,1G); default: 4 KiB to 1 GiB")
+    p.add_argument("--max-bytes", type=parse_bytes,
+                   help="drop sizes above this (default: 1G on GPU, 256M on CPU)")
+    p.add_argument("--dtype", choices=list(DTYPES), help="default: bf16 on GPU, fp32 on CPU")
+    p.add_argument("--rounds", type=int, default=7, help="timed rounds per size and backend (median is reported)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed calls per size and backend")
+    p.add_argument("--max-iters", type=int, default=200, help="most calls in one timed round")
+    p.add_argument("--min-iters", type=int, default=3, help="fewest calls in one timed round")
+    p.add_argument("--skip-gemm", action="store_true", help="GPU: skip the GEMM-overlap measurement")
+    p.add_argument("--gemm-size", type=int, default=8192, help="GPU: M=N=K of the bf16 GEMMs")
+    p.add_argument("--gemm-count", type=int, default=30, help="GPU: GEMMs per overlap iteration")
+    p.add_argument("--overlap-gathers", type=int, default=12, help="GPU: all-gathers beside the GEMMs")
+    p.add_argument("--overlap-bytes", type=parse_bytes, default=256 * MIB,
+                   help="GPU: output size of each all-gather beside the GEMMs")
+    p.add_argument("--skip-enqueue", action="store_true", help="GPU: skip the CPU enqueue-cost measurement")
+    p.add_argument("--enqueue-iters", type=int, default=200, help="GPU: timed calls per backend for enqueue cost")
+    p.add_argument("--enqueue-bytes", type=parse_bytes, default=8 * MIB, help="GPU: output size for enqueue cost")
+    p.add_argument("--out-dir", type=Path, default=Path("results"))
+    return p.parse_args()
+
+
+class Bench:
+    """State shared by the measurements: rank, device, the two groups and how to time on this device."""
+
+    def __init__(self, args):
+        self.args = args
+        self.rank = int(os.environ["RANK"])
+        self.world = int(os.environ["WORLD_SIZE"])
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        mode = args.mode
+        if mode == "auto":
+            mode = "gpu" if torch.cuda.is_available() and torch.cuda.device_count() > 0 else "cpu"
+        self.mode = mode
+        if mode == "gpu":
+            torch.cuda.set_device(local_rank)
+            self.device = torch.device("cuda", local_rank)
+            # sdma serves CUDA tensors of the default group; the baseline is a plain NCCL group over the same ranks.
+            dist.init_process_group("cpu:gloo,cuda:sdma")
+            self.base_name = "nccl"
+        else:
+            self.device = torch.device("cpu")
+            dist.init_process_group("cpu:sdma")
+            self.base_name = "gloo"
+        self.base_group = dist.new_group(backend=self.base_name)
+        self.dtype = DTYPES[args.dtype or ("bf16" if mode == "gpu" else "fp32")]
+        max_bytes = args.max_bytes or (GIB if mode == "gpu" else 256 * MIB)
+        self.sizes = [s for s in (args.sizes or DEFAULT_SIZES) if s <= max_bytes]
+
+    def log(self, *a):
+        if self.rank == 0:
+            print(*a, flush=True)
+
+    def sync(self):
+        """Quiesce: local device work done, then all ranks line up (the default group's barrier runs on the CPU)."""
+        if self.mode == "gpu":
+            torch.cuda.synchronize()
+        dist.barrier()
+
+    def groups(self):
+        """(name, group) of both backends; sdma is the default group."""
+        return [("sdma", None), (self.base_name, self.base_group)]
+
+    def time_calls(self, fn, iters):
+        """Seconds per call of `fn` (which blocks or enqueues on the current stream), averaged over iters."""
+        if self.mode == "gpu":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3 / iters
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        return (time.perf_counter() - t0) / iters
+
+
+def sdma_path(before, after):
+    """Which all-gather path(s) sdma's counters moved on between two torch_sdma.stats() snapshots."""
+    moved = [k for k, v in after.items()
+             if (k == "dma" or k.startswith("inner:")) and v["calls"] > before.get(k, {}).get("calls", 0)]
+    return "+".join(sorted(moved)) or "none"
+
+
+def sweep(b):
+    """all_gather_into_tensor over the size list; both backends per round, alternating which one goes first."""
+    a = b.args
+    elem = torch.tensor([], dtype=b.dtype).element_size()
+    rows = []
+    for size in b.sizes:
+        out_numel = max(1, size // elem // b.world) * b.world  # whole elements, the same count from each rank
+        out_bytes = out_numel * elem
+        in_numel = out_numel // b.world
+        gen = torch.Generator().manual_seed(1000 + b.rank)
+        if b.dtype.is_floating_point:
+            inp = torch.randn(in_numel, generator=gen).to(b.dtype)
+        else:
+            inp = torch.randint(0, 256, (in_numel,), generator=gen, dtype=b.dtype)
+        inp = inp.to(b.device)
+        outs = {name: torch.empty(out_numel, dtype=b.dtype, device=b.device) for name, _ in b.groups()}
+        # Bit-exact check against the baseline on fresh data before anything is timed.
+        for name, group in b.groups():
+            outs[name].fill_(0)
+            dist.all_gather_into_tensor(outs[name], inp, group=group)
+        match = torch.equal(outs["sdma"], outs[b.base_name])
+        iters = max(a.min_iters, min(a.max_iters, ITER_BUDGET[b.mode] // out_bytes))
+        per_round = {name: [] for name, _ in b.groups()}
+        stats_before = torch_sdma.stats()
+        for name, group in b.groups():
+            for _ in range(a.warmup):
+                dist.all_gather_into_tensor(outs[name], inp, group=group)
+        for r in range(a.rounds):
+            order = b.groups() if r % 2 == 0 else b.groups()[::-1]
+            for name, group in order:
+                b.sync()
+                t = b.time_calls(lambda o=outs[name], g=group: dist.all_gather_into_tensor(o, inp, group=g), iters)
+                per_round[name].append(t)
+        b.sync()
+        path = sdma_path(stats_before, torch_sdma.stats())
+        # Each rank timed its own calls; a call is done when the slowest rank is, so report the slowest rank.
+        med = {}
+        for name in per_round:
+            t = torch.tensor([statistics.median(per_round[name])], dtype=torch.float64)
+            gathered = [torch.zeros_like(t) for _ in range(b.world)]
+            dist.all_gather(gathered, t)  # CPU tensors: the default group's CPU backend
+            med[name] = max(x.item() for x in gathered)
+        all_match = torch.tensor([int(match)])
+        dist.all_reduce(all_match, op=dist.ReduceOp.MIN)
+        row = {"bytes": out_bytes, "size": human_bytes(out_bytes), "dtype": str(b.dtype).removeprefix("torch."),
+               "iters": iters, "rounds": a.rounds, "sdma_path": path, "match": bool(all_match.item())}
+        for name in per_round:
+            t = med[name]
+            row[f"{name}_us"] = t * 1e6
+            row[f"{name}_algbw_GBps"] = out_bytes / t / 1e9
+            row[f"{name}_busbw_GBps"] = out_bytes * (b.world - 1) / b.world / t / 1e9
+            row[f"{name}_rounds_us"] = [x * 1e6 for x in per_round[name]]
+        row["ratio_busbw"] = row["sdma_busbw_GBps"] / row[f"{b.base_name}_busbw_GBps"]
+        rows.append(row)
+        b.log(f"  {row['size']:>8}: sdma {row['sdma_us']:10.1f} us ({path}), "
+              f"{b.base_name} {row[f'{b.base_name}_us']:10.1f} us, ratio {row['ratio_busbw']:.2f}, match {match}")
+    return rows
+
+
+def gemm_overlap(b):
+    """GEMM slowdown caused by all-gathers running beside it, as in shared/probes/memops_ag.py (gemm_time_with).
+
+    The GEMMs run on the current (compute) stream; the all-gathers are enqueued async from a side stream, as
+    FSDP/ZeRO prefetching does, and waited on at the end. Reported per configuration: GEMM time (start to end of
+    the GEMMs on the compute stream) and total time (until both the GEMMs and the all-gathers are done).
+    """
+    a = b.args
+    m = a.gemm_size
+    gen = torch.Generator().manual_seed(7)
+    A = torch.randn(m, m, generator=gen).to(device=b.device, dtype=torch.bfloat16)
+    B = torch.randn(m, m, generator=gen).to(device=b.device, dtype=torch.bfloat16)
+    C = torch.empty(m, m, dtype=torch.bfloat16, device=b.device)
+    n_out = a.overlap_bytes // 2 // b.world * b.world
+    inp = torch.randn(n_out // b.world, generator=gen).to(device=b.device, dtype=torch.bfloat16)
+    out = torch.empty(n_out, dtype=torch.bfloat16, device=b.device)
+    side = torch.cuda.Stream()
+    groups = dict(b.groups())
+
+    def once(kind, with_gemm=True):
+        b.sync()
+        cur = torch.cuda.current_stream()
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+        ev[0].record()
+        works = []
+        if kind != "alone":
+            side.wait_stream(cur)
+            with torch.cuda.stream(side):
+                works = [dist.all_gather_into_tensor(out, inp, group=groups[kind], async_op=True)
+                         for _ in range(a.overlap_gathers)]
+        if with_gemm:
+            for _ in range(a.gemm_count):
+                torch.mm(A, B, out=C)
+        ev[1].record()
+        for w in works:
+            w.wait()
+        ev[2].record()
+        torch.cuda.synchronize()
+        return ev[0].elapsed_time(ev[1]), ev[0].elapsed_time(ev[2])
+
+    def measure(kind, with_gemm=True, iters=3):
+        once(kind, with_gemm)  # warm-up
+        runs = [once(kind, with_gemm) for _ in range(iters)]
+        return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+
+    stats_before = torch_sdma.stats()
+    alone_before = measure("alone")
+    res = {name: measure(name) for name in ("sdma", b.base_name)}
+    gathers_alone = {name: measure(name, with_gemm=False)[1] for name in ("sdma", b.base_name)}
+    alone_after = measure("alone")
+    path = sdma_path(stats_before, torch_sdma.stats())
+    base = (alone_before[0] + alone_after[0]) / 2
+    result = {"gemm_size": m, "gemm_count": a.gemm_count, "gathers": a.overlap_gathers,
+              "gather_bytes": n_out * 2, "gemm_alone_before_ms": alone_before[0],
+              "gemm_alone_after_ms": alone_after[0], "sdma_path": path}
+    for name, (g, total) in res.items():
+        result[f"gemm_beside_{name}_ms"] = g
+        result[f"gemm_slowdown_{name}_pct"] = 100 * (g / base - 1)
+        result[f"total_with_{name}_ms"] = total
+        result[f"gathers_alone_{name}_ms"] = gathers_alone[name]
+    # The ranks' figures differ slightly; rank 0's are reported (the probe did the same).
+    return result
+
+
+def enqueue_cost(b):
+    """CPU time of one async all_gather_into_tensor call, per backend; batches alternate between backends and each
+    batch is waited on and synchronized so that no queue fills up and throttles the calls being timed."""
+    a = b.args
+    n_out = a.enqueue_bytes // 2 // b.world * b.world
+    inp = torch.randn(n_out // b.world, device=b.device).to(torch.bfloat16)
+    out = torch.empty(n_out, dtype=torch.bfloat16, device=b.device)
+    batch = 20
+    samples = {name: [] for name, _ in b.groups()}
+
+    def run_batch(group, record):
+        works = []
+        for _ in range(batch):
+            t0 = time.perf_counter_ns()
+            w = dist.all_gather_into_tensor(out, inp, group=group, async_op=True)
+            t1 = time.perf_counter_ns()
+            works.append(w)
+            if record is not None:
+                record.append((t1 - t0) / 1e3)
+        for w in works:
+            w.wait()
+        b.sync()
+
+    for _, group in b.groups():
+        run_batch(group, None)  # warm-up
+    for i in range(max(1, a.enqueue_iters // batch)):
+        order = b.groups() if i % 2 == 0 else b.groups()[::-1]
+        for name, group in order:
+            run_batch(group, samples[name])
+    return {"output_bytes": n_out * 2,
+            "backends": {name: {"calls": len(s), "median_us": statistics.median(s), "mean_us": statistics.fmean(s),
+                                "p90_us": sorted(s)[int(0.9 * (len(s) - 1))]} for name, s in samples.items()}}
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def sdma_version():
+    try:
+        return importlib.metadata.version("torch_sdma")
+    except importlib.metadata.PackageNotFoundError:  # used from a source tree without being installed
+        return None
+
+
+def machine_info(b):
+    info = {"hostname": socket.gethostname(), "platform": platform.platform(), "python": platform.python_version(),
+            "torch": torch.__version__, "torch_sdma": sdma_version(),
+            "cpu": cpu_model(), "cpu_count": os.cpu_count(),
+            "world_size": b.world, "mode": b.mode}
+    if b.mode == "gpu":
+        info |= {"gpu": torch.cuda.get_device_name(b.device), "gpu_count": torch.cuda.device_count(),
+                 "cuda": torch.version.cuda, "nccl": ".".join(map(str, torch.cuda.nccl.version()))}
+    info["env"] = {k: v for k, v in os.environ.items()
+                   if k.startswith(("TORCH_SDMA_", "NCCL_", "TORCH_NCCL_", "TORCH_SYMM_MEM_", "NVSHMEM_",
+                                    "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"))}
+    return info
+
+
+def fmt_bw(x):
+    """GB/s with enough digits to tell small sizes apart (0.012) without cluttering large ones (315.2)."""
+    return f"{x:.1f}" if x >= 10 else f"{x:.3g}"
+
+
+def markdown_table(b, rows):
+    base = b.base_name
+    head = (f"| output | sdma us | {base} us | sdma algbw | {base} algbw | sdma busbw | {base} busbw "
+            f"| ratio (busbw) | sdma path | match |")
+    lines = [head, "|" + "---|" * 10]
+    for r in rows:
+        bws = " | ".join(fmt_bw(r[f"{name}_{kind}_GBps"]) for kind in ("algbw", "busbw") for name in ("sdma", base))
+        lines.append(f"| {r['size']} | {r['sdma_us']:.1f} | {r[f'{base}_us']:.1f} | {bws} "
+                     f"| {r['ratio_busbw']:.2f} | {r['sdma_path']} | {'yes' if r['match'] else 'NO'} |")
+    return "\n".join(lines)
+
+
+def plot(b, rows, path, title):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        b.log(f"matplotlib is not installed: no plot ({path} not written)")
+        return None
+    # Log-log: the sweep spans five orders of magnitude in size and three in bandwidth.
+    fig, (ax, ax_ratio) = plt.subplots(2, 1, figsize=(8, 7), sharex=True, height_ratios=[3, 1])
+    x = [r["bytes"] for r in rows]
+    for name, style in (("sdma", "o-"), (b.base_name, "s--")):
+        ax.plot(x, [r[f"{name}_busbw_GBps"] for r in rows], style, label=name)
+    ax.set_yscale("log")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    ax_ratio.plot(x, [r["ratio_busbw"] for r in rows], "o-", color="black")
+    ax_ratio.axhline(1.0, color="gray", lw=0.8)
+    ax_ratio.set_ylabel(f"sdma / {b.base_name}")
+    ax_ratio.grid(True, alpha=0.3)
+    ax_ratio.set_xscale("log", base=2)
+    ax_ratio.set_xticks(x, [r["size"] for r in rows], rotation=45, ha="right")
+    ax_ratio.set_xlabel("all-gather output size")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return str(path)
+
+
+def main():
+    args = parse_args()
+    b = Bench(args)
+    info = machine_info(b)
+    where = f"{info['gpu']} x{b.world}" if b.mode == "gpu" else f"{info['cpu']}, {b.world} processes"
+    b.log(f"# all-gather: sdma vs {b.base_name}, {b.mode} mode, {where}, torch {torch.__version__}")
+    rows = sweep(b)
+    overlap = enqueue = None
+    if b.mode == "gpu" and not args.skip_gemm:
+        b.log("# GEMM overlap")
+        overlap = gemm_overlap(b)
+    if b.mode == "gpu" and not args.skip_enqueue:
+        b.log("# CPU enqueue cost")
+        enqueue = enqueue_cost(b)
+    b.sync()
+    if b.rank == 0:
+        tag = f"{b.mode}_w{b.world}"
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        table = markdown_table(b, rows)
+        print(f"\n## all_gather_into_tensor, {where}, "
+              f"{rows[0]['dtype'] if rows else ''}; busbw = out*(w-1)/w/t, GB/s\n\n{table}\n")
+        if overlap:
+            base_ms = (overlap["gemm_alone_before_ms"] + overlap["gemm_alone_after_ms"]) / 2
+            print(f"## GEMM overlap: {overlap['gemm_count']} bf16 {overlap['gemm_size']}^3 GEMMs beside "
+                  f"{overlap['gathers']} all-gathers of {human_bytes(overlap['gather_bytes'])}\n")
+            print("| configuration | GEMM ms | GEMM slowdown | total ms | all-gathers alone ms |")
+            print("|---|---|---|---|---|")
+            print(f"| GEMMs alone | {base_ms:.2f} (before {overlap['gemm_alone_before_ms']:.2f}, after "
+                  f"{overlap['gemm_alone_after_ms']:.2f}) | | | |")
+            for name in ("sdma", b.base_name):
+                print(f"| beside {name} | {overlap[f'gemm_beside_{name}_ms']:.2f} "
+                      f"| {overlap[f'gemm_slowdown_{name}_pct']:+.1f}% | {overlap[f'total_with_{name}_ms']:.2f} "
+                      f"| {overlap[f'gathers_alone_{name}_ms']:.2f} |")
+            print(f"\nsdma path during the overlap runs: {overlap['sdma_path']}\n")
+        if enqueue:
+            print(f"## CPU cost of enqueueing one async all_gather_into_tensor "
+                  f"({human_bytes(enqueue['output_bytes'])} output)\n")
+            print("| backend | calls | median us | mean us | p90 us |\n|---|---|---|---|---|")
+            for name in ("sdma", b.base_name):
+                e = enqueue["backends"][name]
+                print(f"| {name} | {e['calls']} | {e['median_us']:.1f} | {e['mean_us']:.1f} | {e['p90_us']:.1f} |")
+            print()
+        csv_path = args.out_dir / f"allgather_{tag}.csv"
+        with open(csv_path, "w", newline="") as f:
+            fields = [k for k in rows[0] if not k.endswith("_rounds_us")] if rows else []
+            w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+            w.writeheader()
+            w.writerows(rows)
+        png = plot(b, rows, args.out_dir / f"allgather_{tag}.png",
+                   f"all_gather_into_tensor busbw, {where}") if rows else None
+        json_path = args.out_dir / f"allgather_{tag}.json"
+        json_path.write_text(json.dumps({
+            "command": " ".join(sys.orig_argv), "argv": sys.argv, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "machine": info, "baseline": b.base_name, "sweep": rows, "gemm_overlap": overlap,
+            "enqueue_cost": enqueue, "markdown": table}, indent=2))
+        print("wrote", ", ".join(str(p) for p in (csv_path, json_path, png) if p))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

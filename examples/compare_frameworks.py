@@ -1,0 +1,135 @@
+"""Runs each framework example twice, with NCCL and with torch_sdma, one after the other, and compares them.
+
+    python examples/compare_frameworks.py                       # FSDP2, DeepSpeed ZeRO-3, Megatron, ~1B model
+    python examples/compare_frameworks.py --frameworks fsdp2 -- --steps 20 --layers 4 --dim 256
+
+Arguments after `--` go to every training script unchanged (model size, steps, batch...). A framework whose package
+is not installed is reported as skipped (examples/install_framework_wheels.sh installs DeepSpeed and megatron-core
+offline). Writes <out-dir>/frameworks_w<nproc>.{md,json} and each run's own JSON beside them.
+"""
+import argparse
+import importlib.util
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import lm_harness
+
+EXAMPLES = Path(__file__).resolve().parent
+FRAMEWORKS = {  # name: (script, module it needs)
+    "fsdp2": ("fsdp2_train.py", "torch"),
+    "zero3": ("deepspeed_zero3.py", "deepspeed"),
+    "megatron": ("megatron_distopt.py", "megatron.core"),
+}
+BACKENDS = ("nccl", "sdma")
+# NVLink multicast (NVLS) stays off in every launched process: on the shared GPU hosts a program using it can take
+# the GPUs out of service. Forced, not defaulted, so that no inherited value turns it back on.
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(script, backend, out_json, nproc, script_args=(), timeout=1800):
+    """One torchrun of examples/<script> on a fresh local port; returns the CompletedProcess (output captured)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(nproc),
+           "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+           str(EXAMPLES / script), "--backend", backend, "--out", str(out_json), *script_args]
+    env = os.environ | SAFE_ENV | {"PYTHONUNBUFFERED": "1"}
+    return subprocess.run(cmd, env=env, cwd=EXAMPLES.parent, capture_output=True, text=True, timeout=timeout)
+
+
+def compare(nccl, sdma):
+    """Summary of two run reports (the dicts lm_harness.report wrote) of one framework."""
+    first_diff = next((i for i, (a, b) in enumerate(zip(nccl["losses"], sdma["losses"])) if a != b), None)
+    identical = first_diff is None and len(nccl["losses"]) == len(sdma["losses"])
+    return {
+        "losses_identical": identical, "first_differing_step": first_diff, "steps": len(nccl["losses"]),
+        "final_loss": {"nccl": nccl["losses"][-1], "sdma": sdma["losses"][-1]},
+        "mean_step_ms": {b: r["mean_step_time_s"] * 1e3 for b, r in (("nccl", nccl), ("sdma", sdma))},
+        "median_step_ms": {b: statistics.median(r["step_times_s"][lm_harness.STARTUP_STEPS:] or r["step_times_s"])
+                           * 1e3 for b, r in (("nccl", nccl), ("sdma", sdma))},
+        "tokens_per_s": {"nccl": nccl["tokens_per_s"], "sdma": sdma["tokens_per_s"]},
+        "speedup": nccl["mean_step_time_s"] / sdma["mean_step_time_s"],
+        "peak_memory_gib": {"nccl": nccl["peak_memory_bytes"] / 2**30, "sdma": sdma["peak_memory_bytes"] / 2**30},
+        "dma_share": sdma["sdma"]["dma_share"], "allgather_calls": sdma["sdma"]["allgather_calls"],
+        "sdma_stats": sdma["sdma"]["stats"],
+    }
+
+
+def markdown(results, nproc):
+    lines = [f"Each framework trained twice on {nproc} GPUs, NCCL then sdma; step times exclude the first "
+             f"{lm_harness.STARTUP_STEPS} steps.", "",
+             "| framework | losses bit-identical | steps | step ms nccl | step ms sdma | sdma speedup | tok/s nccl "
+             "| tok/s sdma | peak GiB nccl | peak GiB sdma | all-gathers on dma |",
+             "|" + "---|" * 11]
+    for name, r in results.items():
+        if "skipped" in r or "failed" in r:
+            lines.append(f"| {name} | {r.get('skipped') or r.get('failed')} |" + " |" * 9)
+            continue
+        same = "yes" if r["losses_identical"] else f"NO (from step {r['first_differing_step']})"
+        lines.append(
+            f"| {name} | {same} | {r['steps']} | {r['mean_step_ms']['nccl']:.1f} | {r['mean_step_ms']['sdma']:.1f} "
+            f"| {r['speedup']:.3f}x | {r['tokens_per_s']['nccl']:.0f} | {r['tokens_per_s']['sdma']:.0f} "
+            f"| {r['peak_memory_gib']['nccl']:.2f} | {r['peak_memory_gib']['sdma']:.2f} "
+            f"| {r['dma_share']:.1%} of {r['allgather_calls']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--frameworks", default=",".join(FRAMEWORKS), help="comma-separated subset of: "
+                   + ", ".join(FRAMEWORKS))
+    p.add_argument("--nproc", type=int, help="processes (GPUs); default: all visible GPUs")
+    p.add_argument("--out-dir", type=Path, default=Path("results"))
+    p.add_argument("--timeout", type=int, default=1800, help="seconds per training run")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="after --: arguments for every training script")
+    args = p.parse_args()
+    script_args = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
+    if args.nproc is None:
+        import torch
+        args.nproc = torch.cuda.device_count()
+    if args.nproc < 1:
+        sys.exit("no GPU visible: the framework examples train on CUDA devices")
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for name in args.frameworks.split(","):
+        script, module = FRAMEWORKS[name]
+        if importlib.util.find_spec(module.split(".")[0]) is None or importlib.util.find_spec(module) is None:
+            results[name] = {"skipped": f"skipped: {module} not installed"}
+            print(f"{name}: {module} is not installed, skipped", flush=True)
+            continue
+        reports = {}
+        for backend in BACKENDS:
+            out_json = args.out_dir / f"{name}_{backend}_w{args.nproc}.json"
+            print(f"{name}/{backend}: running {script} ...", flush=True)
+            proc = launch(script, backend, out_json, args.nproc, script_args, args.timeout)
+            (args.out_dir / f"{name}_{backend}_w{args.nproc}.log").write_text(proc.stdout + proc.stderr)
+            if proc.returncode != 0:
+                print(proc.stdout[-3000:] + proc.stderr[-6000:], flush=True)
+                results[name] = {"failed": f"FAILED ({backend}, exit {proc.returncode})"}
+                break
+            reports[backend] = json.loads(out_json.read_text())
+            print(proc.stdout.strip().splitlines()[-1], flush=True)
+        if len(reports) == len(BACKENDS):
+            results[name] = compare(reports["nccl"], reports["sdma"])
+    table = markdown(results, args.nproc)
+    print("\n" + table)
+    (args.out_dir / f"frameworks_w{args.nproc}.md").write_text(table)
+    (args.out_dir / f"frameworks_w{args.nproc}.json").write_text(json.dumps(
+        {"command": " ".join(sys.orig_argv), "script_args": script_args, "nproc": args.nproc, "results": results},
+        indent=2))
+    # Non-zero when a comparison did not hold, so that scripts can rely on the exit status.
+    bad = [n for n, r in results.items() if "failed" in r or ("losses_identical" in r and not r["losses_identical"])]
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
