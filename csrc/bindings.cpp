@@ -56,19 +56,20 @@ PYBIND11_MODULE(_C, m) {
       m, "ProcessGroupSDMA", backendBase, py::dynamic_attr())
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                        std::chrono::milliseconds timeout, c10d::Backend* innerCpu, c10d::Backend* innerCuda,
-                       bool disable, int64_t stagingBytes, int64_t minBytes, std::string cudaUnavailable,
+                       bool disable, int64_t stagingBytes, int64_t minBytes, int slots, std::string cudaUnavailable,
                        std::string groupName) {
              sdma::SdmaConfig config;
              config.disable = disable;
              config.stagingBytes = stagingBytes;
              config.minBytes = minBytes;
+             config.slots = slots;
              config.cudaUnavailable = std::move(cudaUnavailable);
              return GilFreeIntrusiveHolder<sdma::ProcessGroupSDMA>(c10::make_intrusive<sdma::ProcessGroupSDMA>(
                  store, rank, size, timeout, adopt(innerCpu), adopt(innerCuda), std::move(config),
                  std::move(groupName)));
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("inner_cpu"),
-           py::arg("inner_cuda"), py::arg("disable"), py::arg("staging_bytes"), py::arg("min_bytes"),
+           py::arg("inner_cuda"), py::arg("disable"), py::arg("staging_bytes"), py::arg("min_bytes"), py::arg("slots"),
            py::arg("cuda_unavailable"), py::arg("group_name"))
       .def("_sdma_stats",
            [](const sdma::ProcessGroupSDMA& self) {

@@ -25,9 +25,6 @@ class CudaAllgatherRunner {};  // a CPU-only build never creates one
 namespace sdma {
 namespace {
 
-// Two slots suffice to keep a push in flight while the peer drains the previous chunk; fewer, larger chunks
-// mean fewer driver calls per byte.
-constexpr int kSlots = 2;
 constexpr size_t kChunkAlign = 4096;
 
 // What endCoalescing returns when a coalescing block issued several works of its own: done when all are.
@@ -132,8 +129,8 @@ c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupSDMA::getBackendOptions()
 StagingGeometry ProcessGroupSDMA::geometry() const {
   StagingGeometry g;
   g.worldSize = getSize();
-  g.slots = kSlots;
-  const size_t perSegment = static_cast<size_t>(config_.stagingBytes) / (kSlots * static_cast<size_t>(getSize()));
+  g.slots = config_.slots;
+  const size_t perSegment = static_cast<size_t>(config_.stagingBytes) / (g.slots * static_cast<size_t>(getSize()));
   g.chunkBytes = std::max(kChunkAlign, perSegment / kChunkAlign * kChunkAlign);
   return g;
 }

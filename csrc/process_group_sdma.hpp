@@ -26,6 +26,7 @@ struct SdmaConfig {
   bool disable = false;      // TORCH_SDMA_DISABLE
   int64_t stagingBytes = 0;  // TORCH_SDMA_STAGING_BYTES
   int64_t minBytes = 0;      // TORCH_SDMA_MIN_BYTES
+  int slots = 2;             // TORCH_SDMA_SLOTS: staging slots, a power of two
   std::string cudaUnavailable;  // why CUDA collectives cannot run in this process ("" when they can)
 };
 

@@ -4,7 +4,6 @@ import re
 from dataclasses import dataclass
 
 _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-_SLOTS = 2  # staging slots; must match csrc (kSlots)
 _MIN_CHUNK = 4096
 
 
@@ -13,6 +12,7 @@ class Config:
     disable: bool
     staging_bytes: int
     min_bytes: int
+    slots: int
     log: bool
 
 
@@ -43,12 +43,15 @@ def from_env(group_size: int) -> Config:
         disable=_parse_bool("TORCH_SDMA_DISABLE", False),
         staging_bytes=_parse_bytes("TORCH_SDMA_STAGING_BYTES", 64 << 20),
         min_bytes=_parse_bytes("TORCH_SDMA_MIN_BYTES", 0),
+        slots=_parse_bytes("TORCH_SDMA_SLOTS", 2),
         log=_parse_bool("TORCH_SDMA_LOG", True),
     )
-    floor = _SLOTS * max(group_size, 1) * _MIN_CHUNK
+    if cfg.slots < 2 or cfg.slots & (cfg.slots - 1):
+        raise ValueError(f"TORCH_SDMA_SLOTS={cfg.slots} must be a power of two, at least 2")
+    floor = cfg.slots * max(group_size, 1) * _MIN_CHUNK
     if cfg.staging_bytes < floor:
         raise ValueError(
             f"TORCH_SDMA_STAGING_BYTES={cfg.staging_bytes} is too small for a group of {group_size}: "
-            f"it needs at least {floor} bytes ({_SLOTS} slots x {group_size} ranks x {_MIN_CHUNK} bytes)"
+            f"it needs at least {floor} bytes ({cfg.slots} slots x {group_size} ranks x {_MIN_CHUNK} bytes)"
         )
     return cfg

@@ -84,6 +84,7 @@ def create_backend(opts, backend_options):
         cfg.disable,
         cfg.staging_bytes,
         cfg.min_bytes,
+        cfg.slots,
         cuda_unavailable,
         str(opts.group_id),
     )
