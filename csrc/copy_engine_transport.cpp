@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
 
 #include <cstring>
 #include <sstream>
@@ -70,18 +71,12 @@ std::unique_ptr<CopyEngineTransport> CopyEngineTransport::connect(c10d::Store& s
   }
 
   std::unique_ptr<CopyEngineTransport> t(new CopyEngineTransport(rank, size, device, geometry));
-  const gpu::IpcHandle own = gpu::exportIpc(t->base_);
-  const auto handles =
-      exchangeWithGroup(store, "ce/ipc", rank, size, std::string(own.bytes, gpu::kIpcHandleBytes));
   for (int q = 0; q < size; ++q) {
     t->peerPids_[q] = std::stoi(splitFields(infos[q], '|')[1]);
-    if (q == rank) {
-      t->peerBase_[q] = t->base_;
-      continue;
-    }
-    gpu::IpcHandle h;
-    memcpy(h.bytes, handles[q].data(), gpu::kIpcHandleBytes);
-    t->peerBase_[q] = static_cast<char*>(gpu::importIpc(h));
+  }
+  const size_t bytes = t->flagBytes_ + geometry.bytes();
+  if (!t->mapWithVmm(store, bytes)) {
+    t->mapWithLegacyIpc(store, bytes);
   }
 
   // Precomputed per (flag, slot), so the per-call path does no address arithmetic beyond indexing.
@@ -110,19 +105,85 @@ CopyEngineTransport::CopyEngineTransport(int rank, int size, int device, const S
   // READY and CREDIT words for every (source, slot).
   const size_t words = 2 * static_cast<size_t>(size) * geometry.slots;
   flagBytes_ = (words * sizeof(uint32_t) + kFlagAreaAlign - 1) / kFlagAreaAlign * kFlagAreaAlign;
-  base_ = static_cast<char*>(gpu::mallocDevice(flagBytes_ + geometry.bytes()));
-  gpu::memsetDeviceSync(base_, 0, flagBytes_);
   service_ = gpu::createStream();
 }
 
-CopyEngineTransport::~CopyEngineTransport() {
-  for (int q = 0; q < size_; ++q) {
-    if (q != rank_) {
-      gpu::closeIpc(peerBase_[q]);
+bool CopyEngineTransport::mapWithVmm(c10d::Store& store, size_t bytes) {
+  std::vector<gpu::SharedAllocation> maps(size_);
+  std::string error = gpu::allocateShareable(device_, bytes, &maps[rank_]);
+  if (error.empty()) {
+    gpu::memsetDeviceSync(maps[rank_].ptr, 0, flagBytes_);
+  }
+  auto releaseAll = [&] {
+    for (auto& m : maps) {
+      gpu::freeShareable(&m);
+    }
+  };
+  if (!agreeOnPath(store, "ce/vmm/allocated", rank_, size_, error).empty()) {
+    releaseAll();
+    return false;
+  }
+  const auto fds = exchangeWithGroup(store, "ce/vmm/fd", rank_, size_, std::to_string(maps[rank_].fd));
+  for (int q = 0; q < size_ && error.empty(); ++q) {
+    if (q == rank_) {
+      continue;
+    }
+    const int fd = duplicateDescriptorOf(peerPids_[q], std::stoi(fds[q]), &error);
+    if (fd >= 0) {
+      error = gpu::importShareable(device_, fd, bytes, &maps[q]);
     }
   }
+  const bool everyoneMapped = agreeOnPath(store, "ce/vmm/imported", rank_, size_, error).empty();
+  // Every peer holds its own reference now (or gave up): the exported descriptor is no longer needed.
+  close(maps[rank_].fd);
+  maps[rank_].fd = -1;
+  if (!everyoneMapped) {
+    LOG(WARNING) << "torch_sdma: mapping staging memory as VMM failed (" << error
+                 << "); falling back to legacy CUDA IPC, which pushes more slowly";
+    releaseAll();
+    return false;
+  }
+  vmm_ = true;
+  vmmMappings_ = std::move(maps);
+  for (int q = 0; q < size_; ++q) {
+    peerBase_[q] = static_cast<char*>(vmmMappings_[q].ptr);
+  }
+  base_ = peerBase_[rank_];
+  return true;
+}
+
+bool CopyEngineTransport::mapWithLegacyIpc(c10d::Store& store, size_t bytes) {
+  base_ = static_cast<char*>(gpu::mallocDevice(bytes));
+  gpu::memsetDeviceSync(base_, 0, flagBytes_);
+  const gpu::IpcHandle own = gpu::exportIpc(base_);
+  const auto handles =
+      exchangeWithGroup(store, "ce/ipc", rank_, size_, std::string(own.bytes, gpu::kIpcHandleBytes));
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_) {
+      peerBase_[q] = base_;
+      continue;
+    }
+    gpu::IpcHandle h;
+    memcpy(h.bytes, handles[q].data(), gpu::kIpcHandleBytes);
+    peerBase_[q] = static_cast<char*>(gpu::importIpc(h));
+  }
+  return true;
+}
+
+CopyEngineTransport::~CopyEngineTransport() {
+  if (vmm_) {
+    for (auto& m : vmmMappings_) {
+      gpu::freeShareable(&m);
+    }
+  } else {
+    for (int q = 0; q < size_; ++q) {
+      if (q != rank_) {
+        gpu::closeIpc(peerBase_[q]);
+      }
+    }
+    gpu::freeDevice(base_);
+  }
   gpu::destroyStream(service_);
-  gpu::freeDevice(base_);
 }
 
 size_t CopyEngineTransport::flagIndex(Flag flag, int src, int slot) const {

@@ -1,5 +1,5 @@
-// Transport over GPU copy engines: staging areas in device memory, mapped into every member once per group via
-// CUDA IPC; data moves with cudaMemcpyAsync (a DMA engine, no SM); flags are stream memory operations: a write
+// Transport over GPU copy engines: staging areas in device memory, mapped into every member once per group (VMM
+// memory shared as file descriptors; legacy CUDA IPC where that is refused); data moves with cudaMemcpyAsync (a DMA engine, no SM); flags are stream memory operations: a write
 // into the peer's flag word, a wait on local memory.
 //
 // Enqueue cost is the per-call cost users see, so flag operations are not issued one by one: a lane collects
@@ -56,6 +56,9 @@ class CopyEngineTransport : public Transport {
 
  private:
   CopyEngineTransport(int rank, int size, int device, const StagingGeometry& geometry);
+  // Collective. Each returns false, having released what it took, when some member could not do it.
+  bool mapWithVmm(c10d::Store& store, size_t bytes);
+  bool mapWithLegacyIpc(c10d::Store& store, size_t bytes);
   size_t flagIndex(Flag flag, int src, int slot) const;
   // The lane's stream, with its collected flag operations issued first.
   gpu::Stream flushed(Lane lane);
@@ -68,6 +71,8 @@ class CopyEngineTransport : public Transport {
   size_t flagBytes_ = 0;
   char* base_ = nullptr;  // own allocation: flags, then staging
   std::vector<char*> peerBase_;
+  bool vmm_ = false;
+  std::vector<gpu::SharedAllocation> vmmMappings_;  // [rank_] is our own allocation
   std::vector<int> peerPids_;
   std::vector<int> pushOrder_;  // (rank + k) % size, so that peers are not all hit by the same sender at once
   // Per (flag, slot): this rank's flag words to wait on, and the peers' words to signal.

@@ -9,6 +9,8 @@
 
 #include <cstring>
 
+#include <unistd.h>
+
 #include <mutex>
 #include <vector>
 
@@ -27,7 +29,26 @@ void checkDriver(CUresult res, const char* what) {
 using BatchMemOpFn = CUresult (*)(CUstream, unsigned int, CUstreamBatchMemOpParams*, unsigned int);
 struct DriverEntryPoints {
   BatchMemOpFn batchMemOp = nullptr;
+  decltype(&cuMemCreate) memCreate = nullptr;
+  decltype(&cuMemGetAllocationGranularity) memGranularity = nullptr;
+  decltype(&cuMemAddressReserve) memReserve = nullptr;
+  decltype(&cuMemMap) memMap = nullptr;
+  decltype(&cuMemSetAccess) memSetAccess = nullptr;
+  decltype(&cuMemExportToShareableHandle) memExport = nullptr;
+  decltype(&cuMemImportFromShareableHandle) memImport = nullptr;
+  decltype(&cuMemUnmap) memUnmap = nullptr;
+  decltype(&cuMemAddressFree) memAddressFree = nullptr;
+  decltype(&cuMemRelease) memRelease = nullptr;
 };
+
+template <typename Fn>
+void resolve(const char* name, Fn* fn) {
+  cudaDriverEntryPointQueryResult q;
+  void* p = nullptr;
+  check(cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &q), name);
+  TORCH_CHECK(q == cudaDriverEntryPointSuccess && p, "torch_sdma: the driver lacks ", name);
+  *fn = reinterpret_cast<Fn>(p);
+}
 
 // Version 12000 binds the _v2 memop entry points; the unversioned symbol can bind v1, which older drivers
 // refuse with "operation not supported".
@@ -35,12 +56,17 @@ const DriverEntryPoints& driver() {
   static DriverEntryPoints entry;
   static std::once_flag once;
   std::call_once(once, [] {
-    cudaDriverEntryPointQueryResult q;
-    void* fn = nullptr;
-    check(cudaGetDriverEntryPointByVersion("cuStreamBatchMemOp", &fn, 12000, cudaEnableDefault, &q),
-          "resolving cuStreamBatchMemOp");
-    TORCH_CHECK(q == cudaDriverEntryPointSuccess && fn, "torch_sdma: the driver lacks cuStreamBatchMemOp");
-    entry.batchMemOp = reinterpret_cast<BatchMemOpFn>(fn);
+    resolve("cuStreamBatchMemOp", &entry.batchMemOp);
+    resolve("cuMemCreate", &entry.memCreate);
+    resolve("cuMemGetAllocationGranularity", &entry.memGranularity);
+    resolve("cuMemAddressReserve", &entry.memReserve);
+    resolve("cuMemMap", &entry.memMap);
+    resolve("cuMemSetAccess", &entry.memSetAccess);
+    resolve("cuMemExportToShareableHandle", &entry.memExport);
+    resolve("cuMemImportFromShareableHandle", &entry.memImport);
+    resolve("cuMemUnmap", &entry.memUnmap);
+    resolve("cuMemAddressFree", &entry.memAddressFree);
+    resolve("cuMemRelease", &entry.memRelease);
   });
   return entry;
 }
@@ -100,6 +126,125 @@ void freeDevice(void* ptr) {
 void memsetDeviceSync(void* ptr, int value, size_t bytes) {
   check(cudaMemset(ptr, value, bytes), "cudaMemset");
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
+
+namespace {
+
+CUmemAllocationProp shareableProp(int device) {
+  CUmemAllocationProp prop;
+  memset(&prop, 0, sizeof(prop));
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return prop;
+}
+
+std::string driverError(const char* what, CUresult r) {
+  return std::string(what) + " failed with CUresult " + std::to_string(static_cast<int>(r));
+}
+
+// Reserves address space for `handle`, maps it and lets `device` read and write it.
+std::string mapForDevice(int device, size_t bytes, SharedAllocation* a) {
+  const auto& d = driver();
+  CUdeviceptr ptr = 0;
+  CUresult r = d.memReserve(&ptr, bytes, 0, 0, 0);
+  if (r != CUDA_SUCCESS) {
+    return driverError("cuMemAddressReserve", r);
+  }
+  r = d.memMap(ptr, bytes, 0, a->handle, 0);
+  if (r != CUDA_SUCCESS) {
+    d.memAddressFree(ptr, bytes);
+    return driverError("cuMemMap", r);
+  }
+  CUmemAccessDesc access;
+  memset(&access, 0, sizeof(access));
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = device;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  r = d.memSetAccess(ptr, bytes, &access, 1);
+  if (r != CUDA_SUCCESS) {
+    d.memUnmap(ptr, bytes);
+    d.memAddressFree(ptr, bytes);
+    return driverError("cuMemSetAccess", r);
+  }
+  a->ptr = reinterpret_cast<void*>(ptr);
+  a->bytes = bytes;
+  return "";
+}
+
+}  // namespace
+
+std::string allocateShareable(int device, size_t bytes, SharedAllocation* out) {
+  const std::string unavailable = streamMemOpsUnavailableReason();
+  if (!unavailable.empty()) {
+    return unavailable;
+  }
+  const auto& d = driver();
+  CUmemAllocationProp prop = shareableProp(device);
+  size_t granularity = 0;
+  CUresult r = d.memGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+  if (r != CUDA_SUCCESS) {
+    return driverError("cuMemGetAllocationGranularity", r);
+  }
+  bytes = (bytes + granularity - 1) / granularity * granularity;
+  SharedAllocation a;
+  r = d.memCreate(&a.handle, bytes, &prop, 0);
+  if (r != CUDA_SUCCESS) {
+    return driverError("cuMemCreate", r);
+  }
+  std::string err = mapForDevice(device, bytes, &a);
+  if (err.empty()) {
+    r = d.memExport(&a.fd, a.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    if (r != CUDA_SUCCESS) {
+      err = driverError("cuMemExportToShareableHandle", r);
+    }
+  }
+  if (!err.empty()) {
+    freeShareable(&a);
+    return err;
+  }
+  *out = a;
+  return "";
+}
+
+std::string importShareable(int device, int fd, size_t bytes, SharedAllocation* out) {
+  const auto& d = driver();
+  SharedAllocation a;
+  CUresult r = d.memImport(&a.handle, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
+                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  close(fd);  // the handle now holds the memory
+  if (r != CUDA_SUCCESS) {
+    return driverError("cuMemImportFromShareableHandle", r);
+  }
+  CUmemAllocationProp prop = shareableProp(device);
+  size_t granularity = 0;
+  d.memGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+  if (granularity) {
+    bytes = (bytes + granularity - 1) / granularity * granularity;
+  }
+  std::string err = mapForDevice(device, bytes, &a);
+  if (!err.empty()) {
+    d.memRelease(a.handle);
+    return err;
+  }
+  *out = a;
+  return "";
+}
+
+void freeShareable(SharedAllocation* a) {
+  const auto& d = driver();
+  if (a->ptr) {
+    d.memUnmap(reinterpret_cast<CUdeviceptr>(a->ptr), a->bytes);
+    d.memAddressFree(reinterpret_cast<CUdeviceptr>(a->ptr), a->bytes);
+  }
+  if (a->handle) {
+    d.memRelease(a->handle);
+  }
+  if (a->fd >= 0) {
+    close(a->fd);
+  }
+  *a = SharedAllocation{};
 }
 
 IpcHandle exportIpc(void* base) {

@@ -1,9 +1,11 @@
 #include "peer_rendezvous.hpp"
 
 #include <signal.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <fstream>
 
 namespace sdma {
@@ -41,6 +43,28 @@ std::string hostIdentity() {
   std::ifstream f("/proc/sys/kernel/random/boot_id");
   std::getline(f, boot);
   return std::string(host) + "/" + boot;
+}
+
+int duplicateDescriptorOf(int pid, int fd, std::string* error) {
+#if defined(SYS_pidfd_open) && defined(SYS_pidfd_getfd)
+  const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  if (pidfd < 0) {
+    *error = std::string("pidfd_open failed: ") + strerror(errno);
+    return -1;
+  }
+  const int copy = static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, fd, 0));
+  const int err = errno;
+  close(pidfd);
+  if (copy < 0) {
+    *error = std::string("pidfd_getfd failed: ") + strerror(err);
+  }
+  return copy;
+#else
+  (void)pid;
+  (void)fd;
+  *error = "this kernel's headers have no pidfd_getfd";
+  return -1;
+#endif
 }
 
 bool processAlive(int pid) {

@@ -20,6 +20,10 @@ std::string agreeOnPath(c10d::Store& store, const std::string& key, int rank, in
 // hostname and kernel boot id: equal only for processes on one machine.
 std::string hostIdentity();
 
+// A copy, in this process, of descriptor `fd` of process `pid` (pidfd_getfd; needs ptrace rights over it, which a
+// process of the same user normally has). -1 with *error set when that is refused.
+int duplicateDescriptorOf(int pid, int fd, std::string* error);
+
 // True if `pid` is alive and visible from this process (same pid namespace).
 bool processAlive(int pid);
 
