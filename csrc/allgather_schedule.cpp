@@ -59,14 +59,26 @@ void copyPieces(Transport& t, Lane lane, const std::vector<ByteSpan>& dst, const
 
 }  // namespace
 
+size_t chunkBytesFor(const AllgatherPlan& plan, const StagingGeometry& geometry) {
+  // A message split into a few chunks overlaps its pushes with the peers' drains; many small chunks cost a
+  // flag round trip each. So: about kTargetChunks chunks, none below kMinPipelinedChunk, none above a segment.
+  constexpr size_t kTargetChunks = 4;
+  constexpr size_t kMinPipelinedChunk = 4 << 20;
+  constexpr size_t kAlign = 4096;
+  const size_t quarter = (plan.bytesPerRank / kTargetChunks + kAlign - 1) / kAlign * kAlign;
+  return std::min(geometry.chunkBytes, std::max(quarter, kMinPipelinedChunk));
+}
+
 size_t chunkCount(const AllgatherPlan& plan, const StagingGeometry& geometry) {
-  return (plan.bytesPerRank + geometry.chunkBytes - 1) / geometry.chunkBytes;
+  const size_t chunk = chunkBytesFor(plan, geometry);
+  return (plan.bytesPerRank + chunk - 1) / chunk;
 }
 
 void scheduleAllgather(Transport& t, const AllgatherPlan& plan, uint32_t& chunkSerial) {
   const StagingGeometry& g = t.geometry();
   const int me = t.rank();
   const uint32_t slots = static_cast<uint32_t>(g.slots);
+  const size_t chunkBytes = chunkBytesFor(plan, g);
 
   SpanCursor input(plan.input);
   std::vector<SpanCursor> outputs;
@@ -75,8 +87,8 @@ void scheduleAllgather(Transport& t, const AllgatherPlan& plan, uint32_t& chunkS
     outputs.emplace_back(spans);
   }
 
-  for (size_t offset = 0; offset < plan.bytesPerRank; offset += g.chunkBytes) {
-    const size_t len = std::min(g.chunkBytes, plan.bytesPerRank - offset);
+  for (size_t offset = 0; offset < plan.bytesPerRank; offset += chunkBytes) {
+    const size_t len = std::min(chunkBytes, plan.bytesPerRank - offset);
     const uint32_t serial = ++chunkSerial;
     const int slot = static_cast<int>(serial & (slots - 1));
 

@@ -22,6 +22,8 @@ struct AllgatherPlan {
   std::vector<std::vector<ByteSpan>> outputByRank;
 };
 
+// Every member derives the same chunking from the message size alone, so chunk serials agree across ranks.
+size_t chunkBytesFor(const AllgatherPlan& plan, const StagingGeometry& geometry);
 size_t chunkCount(const AllgatherPlan& plan, const StagingGeometry& geometry);
 
 // Enqueues the whole collective on `transport` and advances the group's chunk serial by chunkCount().

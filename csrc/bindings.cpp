@@ -56,12 +56,15 @@ PYBIND11_MODULE(_C, m) {
       m, "ProcessGroupSDMA", backendBase, py::dynamic_attr())
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                        std::chrono::milliseconds timeout, c10d::Backend* innerCpu, c10d::Backend* innerCuda,
-                       bool disable, int64_t stagingBytes, int64_t minBytes, int slots, std::string cudaUnavailable,
+                       bool disable, int64_t stagingBytesCuda, int64_t stagingBytesCpu, int64_t minBytesCuda,
+                       int64_t minBytesCpu, int slots, std::string cudaUnavailable,
                        std::string groupName) {
              sdma::SdmaConfig config;
              config.disable = disable;
-             config.stagingBytes = stagingBytes;
-             config.minBytes = minBytes;
+             config.stagingBytesCuda = stagingBytesCuda;
+             config.stagingBytesCpu = stagingBytesCpu;
+             config.minBytesCuda = minBytesCuda;
+             config.minBytesCpu = minBytesCpu;
              config.slots = slots;
              config.cudaUnavailable = std::move(cudaUnavailable);
              return GilFreeIntrusiveHolder<sdma::ProcessGroupSDMA>(c10::make_intrusive<sdma::ProcessGroupSDMA>(
@@ -69,7 +72,8 @@ PYBIND11_MODULE(_C, m) {
                  std::move(groupName)));
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("inner_cpu"),
-           py::arg("inner_cuda"), py::arg("disable"), py::arg("staging_bytes"), py::arg("min_bytes"), py::arg("slots"),
+           py::arg("inner_cuda"), py::arg("disable"), py::arg("staging_bytes_cuda"),
+           py::arg("staging_bytes_cpu"), py::arg("min_bytes_cuda"), py::arg("min_bytes_cpu"), py::arg("slots"),
            py::arg("cuda_unavailable"), py::arg("group_name"))
       .def("_sdma_stats",
            [](const sdma::ProcessGroupSDMA& self) {

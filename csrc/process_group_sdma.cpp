@@ -126,11 +126,12 @@ c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupSDMA::getBackendOptions()
   return opts;
 }
 
-StagingGeometry ProcessGroupSDMA::geometry() const {
+StagingGeometry ProcessGroupSDMA::geometry(const at::Device& device) const {
   StagingGeometry g;
   g.worldSize = getSize();
   g.slots = config_.slots;
-  const size_t perSegment = static_cast<size_t>(config_.stagingBytes) / (g.slots * static_cast<size_t>(getSize()));
+  const int64_t staging = device.is_cuda() ? config_.stagingBytesCuda : config_.stagingBytesCpu;
+  const size_t perSegment = static_cast<size_t>(staging) / (g.slots * static_cast<size_t>(getSize()));
   g.chunkBytes = std::max(kChunkAlign, perSegment / kChunkAlign * kChunkAlign);
   return g;
 }
@@ -288,7 +289,7 @@ std::string ProcessGroupSDMA::dmaRefusal(const at::Device& device, const Planned
   if (config_.disable) {
     return "TORCH_SDMA_DISABLE=1";
   }
-  if (static_cast<int64_t>(planned.outputBytes) < config_.minBytes) {
+  if (static_cast<int64_t>(planned.outputBytes) < (device.is_cuda() ? config_.minBytesCuda : config_.minBytesCpu)) {
     return "below TORCH_SDMA_MIN_BYTES";
   }
   if (device.is_cuda()) {
@@ -302,7 +303,7 @@ std::string ProcessGroupSDMA::dmaRefusal(const at::Device& device, const Planned
       c10::cuda::CUDAGuard guard(device.index());
       std::string why;
       auto store = c10::make_intrusive<c10d::PrefixStore>("sdma/", store_);
-      auto transport = CopyEngineTransport::connect(*store, getRank(), getSize(), device.index(), geometry(), &why);
+      auto transport = CopyEngineTransport::connect(*store, getRank(), getSize(), device.index(), geometry(device), &why);
       if (transport) {
         cudaRunner_ = std::make_unique<CudaAllgatherRunner>(std::move(transport), device.index());
         cudaDevice_ = device.index();
@@ -327,7 +328,7 @@ std::string ProcessGroupSDMA::dmaRefusal(const at::Device& device, const Planned
   if (hostPath_ == "unknown") {
     std::string why;
     auto store = c10::make_intrusive<c10d::PrefixStore>("sdma/", store_);
-    auto transport = HostShmTransport::connect(*store, getRank(), getSize(), geometry(), &why);
+    auto transport = HostShmTransport::connect(*store, getRank(), getSize(), geometry(device), &why);
     if (transport) {
       hostRunner_ = std::make_unique<HostAllgatherRunner>(std::move(transport));
       hostPath_ = "dma";

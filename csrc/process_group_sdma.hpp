@@ -24,8 +24,10 @@ class HostAllgatherRunner;
 
 struct SdmaConfig {
   bool disable = false;      // TORCH_SDMA_DISABLE
-  int64_t stagingBytes = 0;  // TORCH_SDMA_STAGING_BYTES
-  int64_t minBytes = 0;      // TORCH_SDMA_MIN_BYTES
+  int64_t stagingBytesCuda = 0;  // TORCH_SDMA_STAGING_BYTES
+  int64_t stagingBytesCpu = 0;
+  int64_t minBytesCuda = 0;  // TORCH_SDMA_MIN_BYTES
+  int64_t minBytesCpu = 0;
   int slots = 2;             // TORCH_SDMA_SLOTS: staging slots, a power of two
   std::string cudaUnavailable;  // why CUDA collectives cannot run in this process ("" when they can)
 };
@@ -136,7 +138,7 @@ class ProcessGroupSDMA : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> runDma(const char* op, c10d::OpType opType, const at::Device& device,
                                         PlannedAllgather& planned, const c10d::AllgatherOptions& opts);
   CollectiveInfo describe(const char* op, c10d::OpType opType, const c10d::AllgatherOptions& opts);
-  StagingGeometry geometry() const;
+  StagingGeometry geometry(const at::Device& device) const;
   void recordPath(const std::string& path, int64_t bytes);
   c10::intrusive_ptr<c10d::Work> trackCoalesced(c10::intrusive_ptr<c10d::Work> work);
 

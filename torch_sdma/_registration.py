@@ -82,8 +82,10 @@ def create_backend(opts, backend_options):
         inner_cpu,
         inner_cuda,
         cfg.disable,
-        cfg.staging_bytes,
-        cfg.min_bytes,
+        cfg.staging_bytes["cuda"],
+        cfg.staging_bytes["cpu"],
+        cfg.min_bytes["cuda"],
+        cfg.min_bytes["cpu"],
         cfg.slots,
         cuda_unavailable,
         str(opts.group_id),
@@ -109,7 +111,8 @@ def _log_group_paths(pg, opts, cfg) -> None:
         parts.append("CPU all-gathers -> " + _describe(cpu, "shared memory"))
     line = (
         f"torch_sdma: group '{opts.group_id}' ({opts.group_size} ranks): " + "; ".join(parts)
-        + f"; staging {cfg.staging_bytes >> 20} MiB per rank, min {cfg.min_bytes} bytes"
+        + f"; staging {cfg.staging_bytes['cuda'] >> 20} MiB (CUDA) / {cfg.staging_bytes['cpu'] >> 20} MiB (CPU)"
+        + f" per rank, inner backend below {cfg.min_bytes['cuda']} / {cfg.min_bytes['cpu']} bytes"
     )
     if logger.hasHandlers():
         logger.info(line)
