@@ -169,11 +169,13 @@ void ProcessGroupSDMA::countDelegated(const char* op, int64_t bytes) {
   recordPath(std::string("delegated:") + op, bytes);
 }
 
-#define SDMA_DELEGATE(op, tensors, bytes, call) \
-  do {                                         \
-    auto& inner = innerFor(tensors, op);       \
-    countDelegated(op, bytes);                 \
-    return inner->call;                        \
+// Inside a coalescing block NCCL collects its own works; gloo's run at once, so endCoalescing must return them.
+#define SDMA_DELEGATE(op, tensors, bytes, call)          \
+  do {                                                  \
+    auto& inner = innerFor(tensors, op);                \
+    countDelegated(op, bytes);                          \
+    auto work = inner->call;                            \
+    return inner == innerCuda_ ? work : trackCoalesced(work); \
   } while (0)
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::broadcast(std::vector<at::Tensor>& tensors,
@@ -358,8 +360,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::runDma(const char* op, c10d::Op
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::trackCoalesced(c10::intrusive_ptr<c10d::Work> work) {
-  if (coalescing_) {
-    coalescedDmaWorks_.push_back(work);
+  if (coalescing_ && work) {
+    coalescedWorks_.push_back(work);
   }
   return work;
 }
@@ -417,7 +419,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allgather_coalesced(
 
 void ProcessGroupSDMA::startCoalescing() {
   coalescing_ = true;
-  coalescedDmaWorks_.clear();
+  coalescedWorks_.clear();
   if (innerCuda_) {
     innerCuda_->startCoalescing();
   }
@@ -425,7 +427,7 @@ void ProcessGroupSDMA::startCoalescing() {
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::endCoalescing() {
   std::vector<c10::intrusive_ptr<c10d::Work>> parts;
-  parts.swap(coalescedDmaWorks_);
+  parts.swap(coalescedWorks_);
   coalescing_ = false;
   if (innerCuda_) {
     if (auto innerWork = innerCuda_->endCoalescing()) {

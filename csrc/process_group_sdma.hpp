@@ -160,7 +160,7 @@ class ProcessGroupSDMA : public c10d::Backend {
   std::string hostPath_ = "unknown";
 
   bool coalescing_ = false;
-  std::vector<c10::intrusive_ptr<c10d::Work>> coalescedDmaWorks_;
+  std::vector<c10::intrusive_ptr<c10d::Work>> coalescedWorks_;  // ours and gloo's, for endCoalescing
 
   std::map<std::string, c10::intrusive_ptr<c10d::Backend>> splits_;
 
