@@ -541,6 +541,9 @@ void ProcessGroupSDMA::resetStats() {
 }
 
 std::string ProcessGroupSDMA::pathFor(c10::DeviceType device) const {
+  if (config_.disable) {
+    return "inner:TORCH_SDMA_DISABLE=1";
+  }
   return device == c10::DeviceType::CUDA ? cudaPath_ : hostPath_;
 }
 

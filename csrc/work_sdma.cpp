@@ -33,11 +33,20 @@ void WorkSDMA::setEndEvent(gpu::Event end) {
   end_ = end;
 }
 
+void WorkSDMA::releaseKeptTensors() {
+  // Dropped outside mutex_: freeing a tensor may need the GIL, which a Python caller of this work can hold
+  // while it waits for mutex_.
+  std::vector<at::Tensor> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    dropped.swap(keepAlive_);
+  }
+}
+
 bool WorkSDMA::pollGpuDone() {
 #ifdef TORCH_SDMA_CUDA
   if (!gpuDone_.load(std::memory_order_acquire) && end_ && gpu::eventDone(end_)) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    keepAlive_.clear();
+    releaseKeptTensors();
     gpuDone_.store(true, std::memory_order_release);
   }
 #endif
@@ -45,10 +54,7 @@ bool WorkSDMA::pollGpuDone() {
 }
 
 void WorkSDMA::complete(std::exception_ptr error) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    keepAlive_.clear();
-  }
+  releaseKeptTensors();
   if (!device_.is_cuda()) {
     if (error) {
       future_->setError(error);
@@ -108,8 +114,7 @@ void WorkSDMA::synchronize() {
     auto current = c10::cuda::getCurrentCUDAStream(device_.index());
     gpu::streamWaitEvent(current.stream(), end_);
     // The caller's stream is now ordered after the copies: memory it frees from here on is reused after them.
-    std::lock_guard<std::mutex> lock(mutex_);
-    keepAlive_.clear();
+    releaseKeptTensors();
   }
 #endif
 }
@@ -141,7 +146,10 @@ void WorkSDMA::blockCurrentStream() {
 
 c10::intrusive_ptr<c10::ivalue::Future> WorkSDMA::getFuture() {
 #ifdef TORCH_SDMA_CUDA
-  std::lock_guard<std::mutex> lock(mutex_);
+  if (!device_.is_cuda()) {
+    return future_;
+  }
+  std::lock_guard<std::mutex> lock(futureMutex_);
   if (!future_) {
     // The CUDA-aware future records its event on the current stream at markCompleted: use a stream that waits
     // for the copies, so DDP comm hooks and then() callbacks are ordered after them without blocking the CPU.

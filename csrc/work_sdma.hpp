@@ -55,6 +55,7 @@ class WorkSDMA : public c10d::Work {
 
  private:
   void rethrowIfFailed() const;
+  void releaseKeptTensors();
 
   const CollectiveInfo info_;
   const at::Device device_;
@@ -63,6 +64,7 @@ class WorkSDMA : public c10d::Work {
   const std::chrono::steady_clock::time_point deadline_;
   gpu::Event end_ = nullptr;
   std::atomic<bool> gpuDone_{false};
+  std::mutex futureMutex_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 

@@ -25,7 +25,8 @@ def _first_served_device(store) -> str:
         store.set(_DEVICE_PROBE_KEY, "1")
         parent = store.underlying_store
         for device in ("cuda", "cpu"):
-            if parent.check([f"{device}/{_DEVICE_PROBE_KEY}"]):
+            # PrefixStore joins prefix and key with "/", and torch's prefix already ends in one.
+            if any(parent.check([f"{device}{sep}{_DEVICE_PROBE_KEY}"]) for sep in ("//", "/")):
                 return device
     except Exception:  # an unusual store: serve both, which is always correct
         pass
@@ -106,6 +107,8 @@ def _log_group_paths(pg, opts, cfg) -> None:
     cuda = pg._sdma_creation_verdict("cuda")
     if cuda:
         parts.append("CUDA all-gathers -> " + _describe(cuda, "copy engines"))
+    if not cuda and pg._inner_cpu is None:
+        parts.append("CUDA collectives unavailable in this process: " + _cuda_unavailable_reason())
     cpu = pg._sdma_creation_verdict("cpu")
     if cpu:
         parts.append("CPU all-gathers -> " + _describe(cpu, "shared memory"))
