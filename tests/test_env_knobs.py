@@ -1,0 +1,123 @@
+"""TORCH_SDMA_* knobs (docs/api.md), read when a group is created: a bad value is a ValueError naming the
+variable; TORCH_SDMA_DISABLE and TORCH_SDMA_MIN_BYTES route all-gathers to the inner backend and say so in
+torch_sdma.stats / group_path; results stay bit-exact either way."""
+import os
+
+import torch
+import torch.distributed as dist
+
+from collective_checks import AG, stats_calls
+from mp_harness import run_group
+
+CPU = torch.device("cpu")
+
+BAD = [
+    ("TORCH_SDMA_STAGING_BYTES", "abc"),
+    ("TORCH_SDMA_STAGING_BYTES", "12Q"),
+    ("TORCH_SDMA_STAGING_BYTES", "-1"),
+    ("TORCH_SDMA_DISABLE", "maybe"),
+    ("TORCH_SDMA_MIN_BYTES", "lots"),
+    ("TORCH_SDMA_LOG", "loud"),
+]
+
+
+def knobs_body(ctx):
+    import torch_sdma
+
+    W = ctx.world
+    ref = dist.new_group(backend="gloo")
+    cases = []
+
+    for var, val in BAD:
+
+        def bad(var=var, val=val):
+            os.environ[var] = val
+            try:
+                try:
+                    dist.new_group()
+                except ValueError as e:
+                    assert var in str(e), f"ValueError does not name {var}: {e}"
+                else:
+                    raise AssertionError(f"{var}={val!r}: new_group() succeeded")
+            finally:
+                os.environ.pop(var, None)
+            # the next group is fine
+            g = dist.new_group()
+            AG(g, ref, CPU, f"afterbad{var}{val}").into_tensor("x", (100,), torch.float32)
+
+        cases.append((f"bad_value[{var}={val}]", bad))
+
+    for val in ("65536", "64K", "1M", "64k", "128KiB"):
+
+        def good(val=val):
+            os.environ["TORCH_SDMA_STAGING_BYTES"] = val
+            try:
+                g = dist.new_group()
+            finally:
+                os.environ.pop("TORCH_SDMA_STAGING_BYTES", None)
+            ag = AG(g, ref, CPU, f"good{val}")
+            ag.into_tensor("x", (300001,), torch.uint8)
+            ag.into_tensor("y", (17,), torch.float32, inplace=True)
+
+        cases.append((f"good_staging_value[{val}]", good))
+
+    def disabled():
+        os.environ["TORCH_SDMA_DISABLE"] = "1"
+        try:
+            g = dist.new_group()
+        finally:
+            os.environ.pop("TORCH_SDMA_DISABLE", None)
+        ag = AG(g, ref, CPU, "dis")
+        torch_sdma.reset_stats(g)
+        ag.into_tensor("a", (1000,), torch.float32)
+        ag.as_list("b", (10,), torch.int64)
+        ag.coalesced_cm("c", [((5,), torch.float32), ((7,), torch.float32)])
+        ag.into_tensor("d", (4096,), torch.uint8, inplace=True)
+        s = torch_sdma.stats(g)
+        assert "dma" not in s, f"TORCH_SDMA_DISABLE=1 but all-gathers took the dma path: {s}"
+        key = "inner:TORCH_SDMA_DISABLE=1"
+        assert key in s and s[key]["calls"] >= 4, s
+        assert torch_sdma.group_path(g, device="cpu") == key, torch_sdma.group_path(g, device="cpu")
+
+    cases.append(("TORCH_SDMA_DISABLE=1", disabled))
+
+    def min_bytes():
+        os.environ["TORCH_SDMA_MIN_BYTES"] = "4K"
+        try:
+            g = dist.new_group()
+        finally:
+            os.environ.pop("TORCH_SDMA_MIN_BYTES", None)
+        ag = AG(g, ref, CPU, "minb")
+        torch_sdma.reset_stats(g)
+        small = 4096 // W - 1  # output bytes just below the threshold
+        ag.into_tensor("small", (small,), torch.uint8)
+        s = torch_sdma.stats(g)
+        key = "inner:below TORCH_SDMA_MIN_BYTES"
+        assert s.get(key, {}).get("calls") == 1 and "dma" not in s, s
+        assert s[key]["bytes"] == W * small, s
+        ag.into_tensor("big", (4096,), torch.uint8)  # W * 4096 output bytes: above
+        s = torch_sdma.stats(g)
+        assert s.get("dma", {}).get("calls") == 1, s
+        assert s["dma"]["bytes"] == W * 4096, s
+        ag.into_tensor("exact", (4096 // W + (1 if 4096 % W else 0),), torch.uint8)  # >= threshold: dma
+        s = torch_sdma.stats(g)
+        assert s.get("dma", {}).get("calls") == 2, f"an all-gather of >= TORCH_SDMA_MIN_BYTES did not take dma: {s}"
+
+    cases.append(("TORCH_SDMA_MIN_BYTES=4K", min_bytes))
+
+    def path_unknown_then_dma():
+        g = dist.new_group()
+        p0 = torch_sdma.group_path(g, device="cpu")
+        assert p0 in ("unknown", "dma"), p0
+        AG(g, ref, CPU, "pth").into_tensor("x", (10,), torch.float32)
+        assert torch_sdma.group_path(g, device="cpu") == "dma", torch_sdma.group_path(g, device="cpu")
+        assert stats_calls(torch_sdma.stats(g), lambda k: k == "dma")[0] == 1, torch_sdma.stats(g)
+
+    cases.append(("group_path", path_unknown_then_dma))
+    return ctx.run_cases(cases)
+
+
+def test_env_knobs():
+    res = run_group(knobs_body, 2, "sdma", timeout=180, pg_timeout_s=20,
+                    env={"TORCH_SDMA_STAGING_BYTES": None, "TORCH_SDMA_DISABLE": None, "TORCH_SDMA_MIN_BYTES": None})
+    res.check()
