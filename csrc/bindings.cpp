@@ -10,6 +10,14 @@ namespace py = pybind11;
 
 namespace {
 
+bool interpreterFinalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
 // Holds a c10::intrusive_ptr like torch's own Backend bindings do, but drops it with the GIL released: the last
 // reference may run a backend destructor that joins threads which themselves need the GIL.
 template <typename T>
@@ -20,7 +28,9 @@ class GilFreeIntrusiveHolder {
   explicit GilFreeIntrusiveHolder(c10::intrusive_ptr<T> p) : ptr_(std::move(p)) {}
   GilFreeIntrusiveHolder(const GilFreeIntrusiveHolder&) = default;
   ~GilFreeIntrusiveHolder() {
-    if (ptr_ && PyGILState_Check()) {
+    // Not while the interpreter shuts down: re-taking the GIL then ends the thread by a forced unwind, which
+    // this (noexcept) destructor turns into std::terminate.
+    if (ptr_ && PyGILState_Check() && !interpreterFinalizing()) {
       py::gil_scoped_release release;
       ptr_.reset();
     }
