@@ -219,6 +219,8 @@ def _child_main(rank, world, fn, kwargs, init, env, run_dir, store_port, pg_time
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
     # the harness sends SIGUSR1 before it SIGKILLs a rank that hangs: every thread's Python stack goes to the log
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    # and a crash (SIGSEGV, SIGABRT) leaves every thread's Python stack in the log too
+    faulthandler.enable(file=sys.stderr, all_threads=True)
     for k, v in (env or {}).items():
         if v is None:
             os.environ.pop(k, None)
