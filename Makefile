@@ -5,6 +5,8 @@
 # An interpreter that already has torch is used as is (the GPU machines). Otherwise a venv is made with the
 # CUDA-13 build of torch $(TORCH_VERSION), so that the GPU code is compiled even where no GPU is.
 
+SHELL         := /bin/bash
+.SHELLFLAGS   := -o pipefail -c
 PYTHON        ?= python3
 VENV          ?= .venv
 TORCH_VERSION ?= 2.14.1
@@ -17,7 +19,7 @@ export NCCL_NVLS_ENABLE := 0
 export TORCH_SYMM_MEM_DISABLE_MULTICAST := 1
 export NVSHMEM_DISABLE_NVLS := 1
 
-.PHONY: all deps build test test-torch213 bench clean
+.PHONY: all deps build test test-torch213 bench gpu-tests gpu-frameworks clean
 
 all: build
 
@@ -47,6 +49,19 @@ NGPU  = $(shell $(PY) -c "import torch; print(torch.cuda.device_count())" 2>/dev
 NPROC = $(if $(filter 0,$(NGPU)),2,$(NGPU))
 bench: build
 	$(PY) -m torch.distributed.run --standalone --nproc_per_node $(NPROC) examples/bench_allgather.py --out-dir results
+
+# On a GPU machine, in two steps that each fit a 10-minute window; logs go to $(LOGS).
+LOGS ?= results
+gpu-tests: build
+	mkdir -p $(LOGS)
+	$(PY) -m pytest tests/test_allgather_cuda.py tests/test_delegation_cuda.py -v -rA --durations=20 2>&1 | tee $(LOGS)/gpu_tests.log
+	$(PY) -m torch.distributed.run --standalone --nproc_per_node $(NPROC) examples/bench_allgather.py --out-dir $(LOGS) 2>&1 | tee $(LOGS)/bench.log
+
+gpu-frameworks: build
+	mkdir -p $(LOGS)
+	bash examples/install_framework_wheels.sh
+	$(PY) examples/compare_frameworks.py --frameworks fsdp2,zero3,megatron --out-dir $(LOGS) 2>&1 | tee $(LOGS)/frameworks.log
+	$(PY) -m pytest tests/test_frameworks_gpu.py -v -rA 2>&1 | tee $(LOGS)/frameworks_tests.log
 
 clean:
 	rm -rf build torch_sdma/*.so results
