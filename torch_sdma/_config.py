@@ -43,6 +43,15 @@ def _parse_bytes(name: str, default: int) -> int:
     return int(m.group(1)) * _SUFFIX[m.group(2).upper()]
 
 
+def _parse_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    if not raw.strip().isdigit():
+        raise ValueError(f"{name}={raw!r} is not a whole number")
+    return int(raw)
+
+
 def _per_device(name: str, defaults: dict) -> dict:
     if os.environ.get(name, "").strip() == "":
         return dict(defaults)
@@ -55,7 +64,7 @@ def from_env(group_size: int) -> Config:
         disable=_parse_bool("TORCH_SDMA_DISABLE", False),
         staging_bytes=_per_device("TORCH_SDMA_STAGING_BYTES", DEFAULT_STAGING_BYTES),
         min_bytes=_per_device("TORCH_SDMA_MIN_BYTES", DEFAULT_MIN_BYTES),
-        slots=_parse_bytes("TORCH_SDMA_SLOTS", 2),
+        slots=_parse_int("TORCH_SDMA_SLOTS", 2),
         log=_parse_bool("TORCH_SDMA_LOG", True),
     )
     if cfg.slots < 2 or cfg.slots & (cfg.slots - 1):
