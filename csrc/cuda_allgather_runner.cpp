@@ -59,11 +59,11 @@ CudaAllgatherRunner::~CudaAllgatherRunner() {
 c10::intrusive_ptr<WorkSDMA> CudaAllgatherRunner::run(const AllgatherPlan& plan, bool asyncOp,
                                                       const CollectiveInfo& info, std::vector<at::Tensor> outputs,
                                                       std::vector<at::Tensor> keepAlive) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    TORCH_CHECK(brokenReason_.empty(), "torch_sdma: ", info.describe(),
-                " refused: an earlier collective on this group failed: ", brokenReason_);
-  }
+  // Held through the enqueue: once the watchdog has declared the group broken, nothing more is enqueued, so the
+  // serial it releases the streams up to is the last one any stream waits for.
+  std::unique_lock<std::mutex> lock(mutex_);
+  TORCH_CHECK(brokenReason_.empty(), "torch_sdma: ", info.describe(),
+              " refused: an earlier collective on this group failed: ", brokenReason_);
   c10::cuda::CUDAGuard guard(device_);
   gpu::Stream caller = c10::cuda::getCurrentCUDAStream(device_).stream();
   const bool pipelined = chunkCount(plan, transport_->geometry()) > 1;
@@ -99,10 +99,8 @@ c10::intrusive_ptr<WorkSDMA> CudaAllgatherRunner::run(const AllgatherPlan& plan,
       // outlive the caller's references, so it keeps the tensors until the copies are done.
       asyncOp ? std::move(keepAlive) : std::vector<at::Tensor>{});
   work->setEndEvent(end);
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    inFlight_.push_back({work, first, serial_, std::chrono::steady_clock::now()});
-  }
+  inFlight_.push_back({work, first, serial_, std::chrono::steady_clock::now()});
+  lock.unlock();
   wake_.notify_one();
   return work;
 }
@@ -177,15 +175,15 @@ void CudaAllgatherRunner::failInFlight(const InFlight& stuck, const std::string&
   const std::string reason = why.str();
   LOG(ERROR) << "torch_sdma: " << reason;
 
-  // Let every stream stuck on a flag run out, then wait for the copies to stop touching user memory before
-  // the works (and the tensors they keep) are let go.
-  transport_->releaseWaiters(enqueuedSerial_.load(std::memory_order_acquire));
+  // First refuse new collectives, then let every stream stuck on a flag run out, then wait for the copies to
+  // stop touching user memory before the works (and the tensors they keep) are let go.
   std::deque<InFlight> failed;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     brokenReason_ = reason;
     failed.swap(inFlight_);
   }
+  transport_->releaseWaiters(enqueuedSerial_.load(std::memory_order_acquire));
   const auto exc = std::make_exception_ptr(C10_BUILD_ERROR(DistBackendError, "torch_sdma: " + reason));
   for (auto& f : failed) {
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
