@@ -85,7 +85,6 @@ c10::intrusive_ptr<WorkSDMA> CudaAllgatherRunner::run(const AllgatherPlan& plan,
   const uint32_t first = serial_ + 1;
   scheduleAllgather(*transport_, plan, serial_);
   transport_->flush();
-  enqueuedSerial_.store(serial_, std::memory_order_release);
   if (push != drain) {
     gpu::recordEvent(pushDone_, push);
     gpu::streamWaitEvent(drain, pushDone_);
@@ -178,12 +177,14 @@ void CudaAllgatherRunner::failInFlight(const InFlight& stuck, const std::string&
   // First refuse new collectives, then let every stream stuck on a flag run out, then wait for the copies to
   // stop touching user memory before the works (and the tensors they keep) are let go.
   std::deque<InFlight> failed;
+  uint32_t lastEnqueued = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     brokenReason_ = reason;
     failed.swap(inFlight_);
+    lastEnqueued = serial_;
   }
-  transport_->releaseWaiters(enqueuedSerial_.load(std::memory_order_acquire));
+  transport_->releaseWaiters(lastEnqueued);
   const auto exc = std::make_exception_ptr(C10_BUILD_ERROR(DistBackendError, "torch_sdma: " + reason));
   for (auto& f : failed) {
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);

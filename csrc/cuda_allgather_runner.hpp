@@ -3,7 +3,6 @@
 // becomes an error (naming it) within the timeout and the GPU streams stuck on it are released.
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -52,8 +51,7 @@ class CudaAllgatherRunner {
   gpu::Stream drainStream_ = nullptr;
   gpu::Event callerReady_ = nullptr;
   gpu::Event pushDone_ = nullptr;
-  uint32_t serial_ = 0;
-  std::atomic<uint32_t> enqueuedSerial_{0};
+  uint32_t serial_ = 0;  // last chunk serial enqueued; guarded by mutex_
 
   std::mutex mutex_;
   std::condition_variable wake_;

@@ -19,8 +19,6 @@ struct IpcHandle {
 };
 
 // Throws c10::Error with the runtime's message when a call fails.
-void setDevice(int device);
-int currentDevice();
 std::string pciBusId(int device);
 // Device ordinal in this process for a PCI bus id, or -1 when that GPU is not visible here.
 int deviceByPciBusId(const std::string& busId);

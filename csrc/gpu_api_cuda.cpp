@@ -77,16 +77,6 @@ cudaStream_t raw(Stream s) {
 
 }  // namespace
 
-void setDevice(int device) {
-  check(cudaSetDevice(device), "cudaSetDevice");
-}
-
-int currentDevice() {
-  int d = 0;
-  check(cudaGetDevice(&d), "cudaGetDevice");
-  return d;
-}
-
 std::string pciBusId(int device) {
   char buf[64] = {0};
   check(cudaDeviceGetPCIBusId(buf, sizeof(buf), device), "cudaDeviceGetPCIBusId");

@@ -255,14 +255,4 @@ void HostShmTransport::waitFor(const Op& op, std::chrono::steady_clock::time_poi
   }
 }
 
-void HostShmTransport::releaseWaiters(uint32_t serial) {
-  for (int f = 0; f < 2; ++f) {
-    for (int q = 0; q < size_; ++q) {
-      for (int slot = 0; slot < geometry_.slots; ++slot) {
-        __atomic_store_n(flagWord(rank_, static_cast<Flag>(f), q, slot), serial, __ATOMIC_RELEASE);
-      }
-    }
-  }
-}
-
 }  // namespace sdma

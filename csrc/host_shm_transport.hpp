@@ -59,8 +59,6 @@ class HostShmTransport : public Transport {
   // it was waiting for, at `deadline` or as soon as one of those peers' processes is gone.
   void execute(const std::vector<Op>& ops, std::chrono::steady_clock::time_point deadline,
                const std::string& description);
-  // Satisfies every wait on this rank's flags up to `serial` (used when a group is torn down mid-collective).
-  void releaseWaiters(uint32_t serial);
 
  private:
   HostShmTransport(int rank, int size, const StagingGeometry& geometry);

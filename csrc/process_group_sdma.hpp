@@ -121,12 +121,6 @@ class ProcessGroupSDMA : public c10d::Backend {
   // The path predicted when the group was created (for its log line): "dma", "inner:<why>" or "" if the
   // group does not serve that device.
   std::string creationVerdict(c10::DeviceType device) const;
-  c10::intrusive_ptr<c10d::Backend> innerCpu() const {
-    return innerCpu_;
-  }
-  c10::intrusive_ptr<c10d::Backend> innerCuda() const {
-    return innerCuda_;
-  }
   int64_t stagingBytesInUse() const;
 
  private:

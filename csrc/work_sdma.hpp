@@ -49,9 +49,6 @@ class WorkSDMA : public c10d::Work {
   std::chrono::steady_clock::time_point deadline() const {
     return deadline_;
   }
-  bool isCuda() const {
-    return device_.is_cuda();
-  }
 
  private:
   void rethrowIfFailed() const;

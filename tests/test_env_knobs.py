@@ -61,12 +61,16 @@ def knobs_body(ctx):
 
         cases.append((f"good_staging_value[{val}]", good))
 
-    def disabled():
-        os.environ["TORCH_SDMA_DISABLE"] = "1"
+    def group_with(name, value):
+        """A new group created while one knob is set (knobs are read at group creation)."""
+        os.environ[name] = value
         try:
-            g = dist.new_group()
+            return dist.new_group()
         finally:
-            os.environ.pop("TORCH_SDMA_DISABLE", None)
+            os.environ.pop(name, None)
+
+    def disabled():
+        g = group_with("TORCH_SDMA_DISABLE", "1")
         ag = AG(g, ref, CPU, "dis")
         torch_sdma.reset_stats(g)
         ag.into_tensor("a", (1000,), torch.float32)
@@ -82,11 +86,7 @@ def knobs_body(ctx):
     cases.append(("TORCH_SDMA_DISABLE=1", disabled))
 
     def min_bytes():
-        os.environ["TORCH_SDMA_MIN_BYTES"] = "4K"
-        try:
-            g = dist.new_group()
-        finally:
-            os.environ.pop("TORCH_SDMA_MIN_BYTES", None)
+        g = group_with("TORCH_SDMA_MIN_BYTES", "4K")
         ag = AG(g, ref, CPU, "minb")
         torch_sdma.reset_stats(g)
         small = 4096 // W - 1  # output bytes just below the threshold
