@@ -11,6 +11,35 @@ import os
 if not os.environ.get("CUDA_HOME") and os.path.exists("/usr/local/cuda/include/cuda_runtime.h"):
     os.environ["CUDA_HOME"] = "/usr/local/cuda"
 
+
+def _avoid_toolset_compiler():
+    """A gcc-toolset (devtoolset) compiler, the kind torch's own wheels are built with, links part of libstdc++
+    statically (libstdc++_nonshared.a) against the machine's libstdc++.so. On the Ubuntu GPU image (libstdc++
+    6.0.33) an extension built that way crashed in std::ostringstream, i.e. in every formatted error message
+    and in the watchdog's report; the same sources built with the system compiler ran. So where CXX is such a
+    compiler and the system has its own, build with the system's. TORCH_SDMA_KEEP_CXX=1 keeps CXX as it is."""
+    import shutil
+    import subprocess
+
+    cxx = os.environ.get("CXX") or shutil.which("c++") or ""
+    system = ("/usr/bin/c++", "/usr/bin/cc")
+    if os.environ.get("TORCH_SDMA_KEEP_CXX") == "1" or not cxx or not all(os.path.exists(p) for p in system):
+        return
+    if os.path.realpath(cxx) == os.path.realpath(system[0]):
+        return
+    try:
+        nonshared = subprocess.run([cxx, "-print-file-name=libstdc++_nonshared.a"], capture_output=True,
+                                   text=True, timeout=30).stdout.strip()
+        version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return
+    if os.path.isabs(nonshared) and os.path.exists(nonshared) or "Red Hat" in version:
+        print(f"torch_sdma: {cxx} is a gcc-toolset compiler (static libstdc++ parts); building with {system[0]}")
+        os.environ["CXX"], os.environ["CC"] = system
+
+
+_avoid_toolset_compiler()
+
 import torch  # noqa: E402
 from setuptools import find_packages, setup  # noqa: E402
 from torch.utils import cpp_extension  # noqa: E402
