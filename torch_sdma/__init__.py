@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 from . import _C
-from . import _default_backend
+from . import _default_backend, _nccl_split_source
 from ._registration import BACKEND_NAME, create_backend, perform_nocolor_split
 from ._stats import group_path, reset_stats, staging_bytes, stats
 
@@ -22,6 +22,7 @@ def _register() -> None:
         return
     dist.Backend.register_backend(BACKEND_NAME, create_backend, extended_api=True, devices=["cpu", "cuda"])
     _default_backend.apply(BACKEND_NAME)
+    _nccl_split_source.apply()
 
 
 _register()
