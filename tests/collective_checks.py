@@ -452,7 +452,10 @@ def delegation_cases(g, ref, dev, tag, *, cpu_ops=True, sdma_stats=None, extra_o
                     dist.recv(y, prv, group=grp)
                     dist.send(x, nxt, group=grp)
             elif mode == "async":
-                ws = [dist.isend(x, nxt, group=grp), dist.irecv(y, prv, group=grp)]
+                # even ranks send first, odd ranks receive first: unbatched NCCL sends to a peer that is itself
+                # blocked in a send deadlock while the pair's first connection is being set up
+                send, recv = (lambda: dist.isend(x, nxt, group=grp)), (lambda: dist.irecv(y, prv, group=grp))
+                ws = [send(), recv()] if me % 2 == 0 else [recv(), send()]
                 for w in ws:
                     w.wait()
             else:

@@ -520,6 +520,6 @@ def run_group(
         rr.log_tail = _tail(os.path.join(run_dir, f"log.{i}.txt"))
         ranks.append(rr)
     del store
-    if not keep_dir:
+    if not keep_dir and not os.environ.get("MP_HARNESS_KEEP_DIRS"):
         shutil.rmtree(run_dir, ignore_errors=True)
     return GroupResult(world=world, init=init, ranks=ranks, wall_s=wall, timed_out=timed_out, run_dir=run_dir)
