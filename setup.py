@@ -12,12 +12,13 @@ if not os.environ.get("CUDA_HOME") and os.path.exists("/usr/local/cuda/include/c
     os.environ["CUDA_HOME"] = "/usr/local/cuda"
 
 
-def _avoid_toolset_compiler():
-    """A gcc-toolset (devtoolset) compiler, the kind torch's own wheels are built with, links part of libstdc++
-    statically (libstdc++_nonshared.a) against the machine's libstdc++.so. On the Ubuntu GPU image (libstdc++
-    6.0.33) an extension built that way crashed in std::ostringstream, i.e. in every formatted error message
-    and in the watchdog's report; the same sources built with the system compiler ran. So where CXX is such a
-    compiler and the system has its own, build with the system's. TORCH_SDMA_KEEP_CXX=1 keeps CXX as it is."""
+def _prefer_a_compiler_that_finds_libstdcxx():
+    """The GPU image sets CXX to a wrapper script (/opt/gcc/bin/g++) around a relocated g++ whose driver cannot
+    find its own libstdc++.so (-print-file-name answers with the bare name). The extension it linked segfaulted
+    in std::ostringstream on that machine, i.e. in every formatted error message (the all_gather list-length
+    check) and in the watchdog's timeout report; /usr/bin/g++ (the same GCC 13.3) built one that raised the right
+    errors. So where CXX cannot find libstdc++.so and the system compiler can, build with the system compiler.
+    TORCH_SDMA_KEEP_CXX=1 keeps CXX as it is."""
     import shutil
     import subprocess
 
@@ -27,18 +28,21 @@ def _avoid_toolset_compiler():
         return
     if os.path.realpath(cxx) == os.path.realpath(system[0]):
         return
-    try:
-        nonshared = subprocess.run([cxx, "-print-file-name=libstdc++_nonshared.a"], capture_output=True,
-                                   text=True, timeout=30).stdout.strip()
-        version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return
-    if os.path.isabs(nonshared) and os.path.exists(nonshared) or "Red Hat" in version:
-        print(f"torch_sdma: {cxx} is a gcc-toolset compiler (static libstdc++ parts); building with {system[0]}")
+
+    def finds_libstdcxx(compiler):
+        try:
+            out = subprocess.run([compiler, "-print-file-name=libstdc++.so"], capture_output=True, text=True,
+                                 timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return os.path.isabs(out) and os.path.exists(out)
+
+    if finds_libstdcxx(cxx) is False and finds_libstdcxx(system[0]):
+        print(f"torch_sdma: {cxx} cannot find its libstdc++.so; building with {system[0]} instead", flush=True)
         os.environ["CXX"], os.environ["CC"] = system
 
 
-_avoid_toolset_compiler()
+_prefer_a_compiler_that_finds_libstdcxx()
 
 import torch  # noqa: E402
 from setuptools import find_packages, setup  # noqa: E402
