@@ -105,5 +105,9 @@ PYBIND11_MODULE(_C, m) {
            [](const sdma::ProcessGroupSDMA& self, const std::string& device) {
              return self.creationVerdict(device == "cuda" ? c10::DeviceType::CUDA : c10::DeviceType::CPU);
            })
-      .def("_sdma_staging_bytes", &sdma::ProcessGroupSDMA::stagingBytesInUse);
+      .def("_sdma_staging_bytes", &sdma::ProcessGroupSDMA::stagingBytesInUse)
+      // torch <= 2.13's split_group (and so DeviceMesh) deep-copies `parent_backend.options` as the child's options,
+      // as ProcessGroupNCCL binds it. These are the inner NCCL's (gloo's on a CPU-only group): a split then
+      // carries the caller's NCCL settings on to the child's inner NCCL.
+      .def_property_readonly("options", &sdma::ProcessGroupSDMA::getBackendOptions);
 }

@@ -614,7 +614,9 @@ def delegation_cases(g, ref, dev, tag, *, cpu_ops=True, sdma_stats=None, extra_o
         dist.broadcast(ya, ranks[-1], group=ref, async_op=True).wait()
         w = dist.broadcast(yb, ranks[-1], group=g, async_op=True)
         w.wait()
-        assert w.is_completed()
+        if dev.type == "cuda":
+            torch.cuda.current_stream().synchronize()
+        assert w.is_completed(), "is_completed() is False after wait() and a stream synchronize"
         assert_bytes_equal(yb, ya, "async broadcast")
 
     @case("async_get_future")
