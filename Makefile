@@ -54,7 +54,7 @@ bench: build
 LOGS ?= results
 gpu-tests: build
 	mkdir -p $(LOGS)
-	$(PY) -m pytest tests/test_allgather_cuda.py tests/test_delegation_cuda.py -v -rA --durations=20 2>&1 | tee $(LOGS)/gpu_tests.log
+	bash tests/run_gpu_suite.sh $(LOGS) $(PY) 2>&1 | tee $(LOGS)/gpu_tests.log
 	$(PY) -m torch.distributed.run --standalone --nproc_per_node $(NPROC) examples/bench_allgather.py --out-dir $(LOGS) 2>&1 | tee $(LOGS)/bench.log
 
 gpu-frameworks: build

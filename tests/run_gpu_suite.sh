@@ -1,0 +1,29 @@
+#!/bin/bash
+# The GPU tests in four groups at once, each under its own time limit and with its own log, so that one hang
+# costs one group's limit (not the whole window) and a killed pytest still leaves the groups that finished.
+# Usage: tests/run_gpu_suite.sh LOG_DIR [python]. Exit status: 0 only if every group passed.
+set -u
+logs=${1:?log directory}
+py=${2:-python3}
+limit=${GPU_SUITE_GROUP_TIMEOUT_S:-240}
+mkdir -p "$logs"
+A=tests/test_allgather_cuda.py
+D=tests/test_delegation_cuda.py
+names=(allgather failure delegation split_mesh)
+files=("$A" "$A" "$D" "$D")
+exprs=("not peer_never_calls" "peer_never_calls" "every_collective" "split_group or default_backend")
+pids=()
+for i in "${!names[@]}"; do
+  timeout "$limit" "$py" -m pytest "${files[$i]}" -k "${exprs[$i]}" -v -rA --durations=10 \
+    > "$logs/gpu_${names[$i]}.log" 2>&1 &
+  pids+=($!)
+done
+status=0
+for i in "${!names[@]}"; do
+  wait "${pids[$i]}"; rc=$?
+  [ $rc -eq 124 ] && echo "gpu_${names[$i]}: killed after ${limit}s" >> "$logs/gpu_${names[$i]}.log"
+  [ $rc -ne 0 ] && status=1
+  echo "== ${names[$i]} (rc=$rc): $(grep -E '^=+ .* in [0-9.]+s' "$logs/gpu_${names[$i]}.log" | tail -1)"
+  grep -E '^(FAILED|ERROR) ' "$logs/gpu_${names[$i]}.log" || true
+done
+exit $status
