@@ -67,11 +67,13 @@ def killed_mid_collective_body(ctx, n, killer):
     ctx.publish(f"pid{rank}", os.getpid())
     _all_gather("into_tensor", W, n, False, "warm", rank)
     ctx.barrier_store("warm")
+    # The kill is armed once the killer has finished one all-gather of the loop (on a loaded 2-core machine a
+    # fixed delay from the start could land before the survivors finished any).
+    arm = None
     if killer == "self" and rank == VICTIM:
-        threading.Timer(0.25, os.kill, (os.getpid(), signal.SIGKILL)).start()
+        arm = threading.Timer(0.25, os.kill, (os.getpid(), signal.SIGKILL))
     if killer == "rank0" and rank == 0:
-        pid = ctx.fetch(f"pid{VICTIM}")
-        threading.Timer(0.25, os.kill, (pid, signal.SIGKILL)).start()
+        arm = threading.Timer(0.25, os.kill, (ctx.fetch(f"pid{VICTIM}"), signal.SIGKILL))
     x = rand("loop", rank, (n,), torch.float32)
     out = torch.empty(W * n)
     t0 = time.monotonic()
@@ -82,6 +84,8 @@ def killed_mid_collective_body(ctx, n, killer):
         while time.monotonic() - t0 < 60:
             dist.all_gather_into_tensor(out, x)
             k += 1
+            if k == 1 and arm is not None:
+                arm.start()
 
     r = _attempt(loop)
     r["iterations"] = k

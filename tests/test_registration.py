@@ -227,3 +227,23 @@ def _log_body(ctx):
         out[key] = [ln for ln in cap.stderr.splitlines() if "sdma" in ln.lower()]
         dist.destroy_process_group()
     return out
+
+
+def test_backend_options_are_the_inner_backends():
+    """torch <= 2.13's split_group (and DeviceMesh through it) deep-copies `parent_backend.options`: the sdma
+    backend answers with its inner backend's options (NCCL's on a GPU, which copy; gloo's here), carrying the
+    group's timeout and name."""
+    res = run_group(_options_body, 2, init="sdma", timeout=120, pg_timeout_s=37, env={"TORCH_SDMA_LOG": "0"})
+    res.check()
+    for v in res.values():
+        assert v["type"].endswith("Options"), v
+        assert v["timeout_s"] == 37.0, v
+
+
+def _options_body(ctx):
+    import torch
+    import torch.distributed as dist
+
+    b = dist.group.WORLD._get_backend(torch.device("cpu"))
+    o = b.options
+    return {"type": type(o).__name__, "timeout_s": o._timeout.total_seconds(), "group": o.group_name}
