@@ -1076,15 +1076,19 @@ def bad_input_cases(g, dev, tag, ref=None, compare_messages=False):
         # would make it write out of bounds) nor the sizes inside a coalesced all-gather
         compare = compare_messages and (msg is not None if compare is None else compare)
 
+        def raised(grp, async_op):
+            """The exception the call (and its wait) raised on grp, or None."""
+            try:
+                w = call(grp, async_op)
+                if w is not None:
+                    w.wait()
+            except Exception as e:  # noqa: BLE001
+                return e
+            return None
+
         def fn():
             for async_op in (False, True):
-                got = None
-                try:
-                    w = call(g, async_op)
-                    if w is not None:
-                        w.wait()
-                except Exception as e:  # noqa: BLE001
-                    got = e
+                got = raised(g, async_op)
                 if got is None:
                     raise AssertionError(f"no error raised (async_op={async_op})")
                 if exc_type is not None and not isinstance(got, exc_type):
@@ -1092,13 +1096,7 @@ def bad_input_cases(g, dev, tag, ref=None, compare_messages=False):
                 if msg is not None and msg not in str(got):
                     raise AssertionError(f"message {str(got)!r} lacks {msg!r}")
                 if compare and ref is not None:
-                    rexc = None
-                    try:
-                        w = call(ref, async_op)
-                        if w is not None:
-                            w.wait()
-                    except Exception as e:  # noqa: BLE001
-                        rexc = e
+                    rexc = raised(ref, async_op)
                     assert rexc is not None, "the reference accepted this input"
                     assert type(rexc) is type(got), (type(rexc), type(got))
                     l1r = str(rexc).splitlines()[0] if str(rexc) else ""

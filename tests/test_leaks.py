@@ -55,16 +55,12 @@ def shm_maps():
 def segment_modes():
     """st_mode and st_uid of every shared-memory object this process maps or holds open (works after unlink,
     through /proc/self/map_files and /proc/self/fd)."""
+    handles = [(f"/proc/self/map_files/{rng}", path) for rng, path in shm_maps()]
+    handles += [(f"/proc/self/fd/{fd}", path) for fd, path in shm_fds()]
     seen = {}
-    for rng, path in shm_maps():
+    for handle, path in handles:
         try:
-            st = os.stat(f"/proc/self/map_files/{rng}")
-            seen[path] = (stat.S_IMODE(st.st_mode), st.st_uid)
-        except OSError:
-            pass
-    for fd, path in shm_fds():
-        try:
-            st = os.stat(f"/proc/self/fd/{fd}")
+            st = os.stat(handle)
             seen[path] = (stat.S_IMODE(st.st_mode), st.st_uid)
         except OSError:
             pass
