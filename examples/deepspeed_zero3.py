@@ -38,11 +38,7 @@ def ds_config(args):
 
 
 def main():
-    args = h.parse(__doc__, "zero3_result.json")
-    h.make_deterministic()
-    device = h.init_distributed(args.backend)
-    log = h.rank0_logger()
-    cfg = h.model_config(args)
+    args, device, log, cfg = h.start(__doc__, "zero3_result.json")
     # Every rank builds the full model with the same seed; deepspeed.initialize partitions it (ZeRO-3).
     model = h.build_model(cfg, args.seed, device)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config(args))

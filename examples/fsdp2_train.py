@@ -16,11 +16,7 @@ import lm_harness as h
 
 
 def main():
-    args = h.parse(__doc__, "fsdp2_result.json")
-    h.make_deterministic()
-    device = h.init_distributed(args.backend)
-    log = h.rank0_logger()
-    cfg = h.model_config(args)
+    args, device, log, cfg = h.start(__doc__, "fsdp2_result.json")
     world = torch.distributed.get_world_size()
     # An explicit 1-D mesh, so that the group FSDP communicates on is known (its counters are the ones reported).
     mesh = init_device_mesh("cuda", (world,))

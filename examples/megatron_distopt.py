@@ -27,12 +27,8 @@ import lm_harness as h
 
 
 def main():
-    args = h.parse(__doc__, "megatron_result.json")
-    h.make_deterministic()
-    device = h.init_distributed(args.backend)
+    args, device, log, cfg = h.start(__doc__, "megatron_result.json")
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
-    log = h.rank0_logger()
-    cfg = h.model_config(args)
     # Megatron's mixed precision: bf16 parameters in the model, fp32 main weights in the (sharded) optimizer,
     # gradients accumulated and reduce-scattered in fp32.
     model = h.build_model(cfg, args.seed, device).to(torch.bfloat16)
