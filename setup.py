@@ -59,7 +59,7 @@ COMMON = [
     "host_shm_transport.cpp",
     "host_allgather_runner.cpp",
 ]
-GPU = ["gpu_api_cuda.cpp", "copy_engine_transport.cpp", "cuda_allgather_runner.cpp"]
+GPU = ["gpu_api_cuda.cpp", "copy_engine_transport.cpp", "cuda_allgather_runner.cpp", "gpu_completion.cpp"]
 
 
 def want_cuda():

@@ -92,13 +92,14 @@ c10::intrusive_ptr<WorkSDMA> CudaAllgatherRunner::run(const AllgatherPlan& plan,
   gpu::Event end = gpu::createEvent();
   gpu::recordEvent(end, drain);
 
-  auto work = c10::make_intrusive<WorkSDMA>(
-      info, at::Device(at::kCUDA, device_), std::move(outputs),
+  auto completion = std::make_shared<GpuCompletion>(
+      end,
       // A synchronous call ran on the caller's stream, which orders the allocator for us; an async one may
       // outlive the caller's references, so it keeps the tensors until the copies are done.
       asyncOp ? std::move(keepAlive) : std::vector<at::Tensor>{});
-  work->setEndEvent(end);
-  inFlight_.push_back({work, first, serial_, std::chrono::steady_clock::now()});
+  auto work = c10::make_intrusive<WorkSDMA>(info, at::Device(at::kCUDA, device_), std::move(outputs), completion);
+  const auto now = std::chrono::steady_clock::now();
+  inFlight_.push_back({std::move(completion), info, first, serial_, now, now + info.timeout});
   lock.unlock();
   wake_.notify_one();
   return work;
@@ -114,11 +115,11 @@ void CudaAllgatherRunner::watchdogLoop() {
     }
     InFlight oldest = inFlight_.front();
     lock.unlock();
-    const bool done = oldest.work->pollGpuDone();
+    const bool done = oldest.completion->pollDone();
     std::string failure;
     if (!done) {
       const auto now = std::chrono::steady_clock::now();
-      if (now > oldest.work->deadline()) {
+      if (now > oldest.deadline) {
         failure = "timed out";
       } else if (now - oldest.enqueuedAt > kLivenessCheckAfter) {
         const auto& pids = transport_->peerPids();
@@ -131,7 +132,6 @@ void CudaAllgatherRunner::watchdogLoop() {
       }
     }
     if (done) {
-      oldest.work->complete(nullptr);
       lock.lock();
       inFlight_.pop_front();
       continue;
@@ -165,7 +165,7 @@ void CudaAllgatherRunner::failInFlight(const InFlight& stuck, const std::string&
     }
   }
   std::ostringstream why;
-  why << stuck.work->description() << " " << cause << " after "
+  why << stuck.info.describe() << " " << cause << " after "
       << std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - stuck.enqueuedAt)
              .count()
       << " ms; peers that never reached it: " << rankList(neverArrived)
@@ -188,10 +188,10 @@ void CudaAllgatherRunner::failInFlight(const InFlight& stuck, const std::string&
   const auto exc = std::make_exception_ptr(C10_BUILD_ERROR(DistBackendError, "torch_sdma: " + reason));
   for (auto& f : failed) {
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (!f.work->pollGpuDone() && std::chrono::steady_clock::now() < until) {
+    while (!f.completion->pollDone() && std::chrono::steady_clock::now() < until) {
       std::this_thread::sleep_for(kPollInterval);
     }
-    f.work->complete(exc);
+    f.completion->fail(exc);
   }
 }
 
@@ -206,7 +206,7 @@ void CudaAllgatherRunner::drainOnShutdown() {
       }
       oldest = inFlight_.front();
     }
-    if (std::chrono::steady_clock::now() > oldest.work->deadline()) {
+    if (std::chrono::steady_clock::now() > oldest.deadline) {
       failInFlight(oldest, "was still pending when the group was destroyed");
       return;
     }

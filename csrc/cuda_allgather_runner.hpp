@@ -14,6 +14,7 @@
 #include "allgather_schedule.hpp"
 #include "collective_info.hpp"
 #include "copy_engine_transport.hpp"
+#include "gpu_completion.hpp"
 #include "work_sdma.hpp"
 
 namespace sdma {
@@ -33,11 +34,14 @@ class CudaAllgatherRunner {
   }
 
  private:
+  // Never the Work itself: see gpu_completion.hpp.
   struct InFlight {
-    c10::intrusive_ptr<WorkSDMA> work;
+    std::shared_ptr<GpuCompletion> completion;
+    CollectiveInfo info;  // for the failure message
     uint32_t firstSerial;
     uint32_t lastSerial;
     std::chrono::steady_clock::time_point enqueuedAt;
+    std::chrono::steady_clock::time_point deadline;
   };
 
   void watchdogLoop();

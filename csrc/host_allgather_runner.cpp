@@ -27,7 +27,7 @@ c10::intrusive_ptr<WorkSDMA> HostAllgatherRunner::run(const AllgatherPlan& plan,
                 " refused: an earlier collective on this group failed: ", brokenReason_);
   }
   scheduleAllgather(*transport_, plan, serial_);
-  auto work = c10::make_intrusive<WorkSDMA>(info, at::Device(at::kCPU), std::move(outputs), std::move(keepAlive));
+  auto work = c10::make_intrusive<WorkSDMA>(info, std::move(outputs), std::move(keepAlive));
   {
     std::lock_guard<std::mutex> lock(mutex_);
     queue_.push_back({transport_->takeRecorded(), work});

@@ -9,81 +9,61 @@
 
 namespace sdma {
 
+WorkSDMA::WorkSDMA(const CollectiveInfo& info, std::vector<at::Tensor> outputs, std::vector<at::Tensor> keepAlive)
+    : Work(info.rank, info.opType),
+      info_(info),
+      device_(at::kCPU),
+      outputs_(std::move(outputs)),
+      keepAlive_(std::move(keepAlive)),
+      deadline_(std::chrono::steady_clock::now() + info.timeout) {
+  future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+}
+
 WorkSDMA::WorkSDMA(const CollectiveInfo& info, at::Device device, std::vector<at::Tensor> outputs,
-                   std::vector<at::Tensor> keepAlive)
+                   std::shared_ptr<GpuCompletion> gpu)
     : Work(info.rank, info.opType),
       info_(info),
       device_(device),
       outputs_(std::move(outputs)),
-      keepAlive_(std::move(keepAlive)),
-      deadline_(std::chrono::steady_clock::now() + info.timeout) {
-  if (!device_.is_cuda()) {
-    // The host worker completes it; on the GPU it is made on demand (most callers never ask for one).
-    future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
-  }
-}
-
-WorkSDMA::~WorkSDMA() {
-#ifdef TORCH_SDMA_CUDA
-  gpu::destroyEvent(end_);
-#endif
-}
-
-void WorkSDMA::setEndEvent(gpu::Event end) {
-  end_ = end;
+      deadline_(std::chrono::steady_clock::now() + info.timeout),
+      gpu_(std::move(gpu)) {
+  // Its future is made on demand (most callers never ask for one).
 }
 
 void WorkSDMA::releaseKeptTensors() {
   // Dropped outside mutex_: freeing a tensor may need the GIL, which a Python caller of this work can hold
   // while it waits for mutex_.
   std::vector<at::Tensor> dropped;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    dropped.swap(keepAlive_);
-  }
-}
-
-bool WorkSDMA::pollGpuDone() {
-#ifdef TORCH_SDMA_CUDA
-  if (!gpuDone_.load(std::memory_order_acquire) && end_ && gpu::eventDone(end_)) {
-    releaseKeptTensors();
-    gpuDone_.store(true, std::memory_order_release);
-  }
-#endif
-  return gpuDone_.load(std::memory_order_acquire);
+  std::lock_guard<std::mutex> lock(mutex_);
+  dropped.swap(keepAlive_);
 }
 
 void WorkSDMA::complete(std::exception_ptr error) {
   releaseKeptTensors();
-  if (!device_.is_cuda()) {
-    if (error) {
-      future_->setError(error);
-    } else {
-      future_->markCompleted(c10::IValue(outputs_));
-    }
+  if (error) {
+    future_->setError(error);
+  } else {
+    future_->markCompleted(c10::IValue(outputs_));
   }
   finish(error);
 }
 
 bool WorkSDMA::isCompleted() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (completed_ || exception_) {
-      return true;
-    }
+  if (gpu_) {
+    return gpu_->error() || gpu_->pollDone();
   }
-  if (device_.is_cuda() && pollGpuDone()) {
-    return true;
-  }
-  return false;
+  std::lock_guard<std::mutex> lock(mutex_);
+  return completed_ || exception_;
 }
 
 bool WorkSDMA::isSuccess() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return !exception_;
+  return !exception();
 }
 
 std::exception_ptr WorkSDMA::exception() const {
+  if (gpu_) {
+    return gpu_->error();
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   return exception_;
 }
@@ -93,34 +73,26 @@ std::vector<at::Tensor> WorkSDMA::result() {
 }
 
 void WorkSDMA::rethrowIfFailed() const {
-  std::exception_ptr e;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    e = exception_;
-  }
-  if (e) {
+  if (std::exception_ptr e = exception()) {
     std::rethrow_exception(e);
   }
 }
 
 void WorkSDMA::synchronize() {
   // CPU work: nothing to order (and Work::wait calls this with mutex_ held).
-  if (!device_.is_cuda()) {
+  if (!gpu_) {
     return;
   }
   rethrowIfFailed();
 #ifdef TORCH_SDMA_CUDA
-  {
-    auto current = c10::cuda::getCurrentCUDAStream(device_.index());
-    gpu::streamWaitEvent(current.stream(), end_);
-    // The caller's stream is now ordered after the copies: memory it frees from here on is reused after them.
-    releaseKeptTensors();
-  }
+  auto current = c10::cuda::getCurrentCUDAStream(device_.index());
+  gpu::streamWaitEvent(current.stream(), gpu_->endEvent());
+  gpu_->releaseTensors();
 #endif
 }
 
 bool WorkSDMA::wait(std::chrono::milliseconds timeout) {
-  if (!device_.is_cuda()) {
+  if (!gpu_) {
     return Work::wait(timeout);
   }
   if (timeout != kNoTimeout) {
@@ -137,7 +109,7 @@ bool WorkSDMA::wait(std::chrono::milliseconds timeout) {
 }
 
 void WorkSDMA::blockCurrentStream() {
-  if (device_.is_cuda()) {
+  if (gpu_) {
     synchronize();
   } else {
     Work::wait(kNoTimeout);
@@ -146,7 +118,7 @@ void WorkSDMA::blockCurrentStream() {
 
 c10::intrusive_ptr<c10::ivalue::Future> WorkSDMA::getFuture() {
 #ifdef TORCH_SDMA_CUDA
-  if (!device_.is_cuda()) {
+  if (!gpu_) {
     return future_;
   }
   std::lock_guard<std::mutex> lock(futureMutex_);
@@ -154,7 +126,7 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkSDMA::getFuture() {
     // The CUDA-aware future records its event on the current stream at markCompleted: use a stream that waits
     // for the copies, so DDP comm hooks and then() callbacks are ordered after them without blocking the CPU.
     auto stream = c10::cuda::getStreamFromPool(false, device_.index());
-    gpu::streamWaitEvent(stream.stream(), end_);
+    gpu::streamWaitEvent(stream.stream(), gpu_->endEvent());
     c10::cuda::CUDAStreamGuard guard(stream);
     future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
                                                        std::vector<c10::Device>{device_});

@@ -1,30 +1,34 @@
 // The Work handle of an sdma all-gather.
 //
-// GPU: completion is an event recorded after the last copy; wait() makes the caller's current stream wait on it
-// and returns at once (never blocks the CPU), like WorkNCCL. CPU: the host transport's worker completes it;
-// wait() blocks until then, like gloo's work. Either way, tensors the copies touch are held until the copies
-// are known to be finished, so the caching allocator cannot hand their memory out early.
+// GPU: completion is an event recorded after the last copy (held in a GpuCompletion the watchdog shares); wait()
+// makes the caller's current stream wait on it and returns at once (never blocks the CPU), like WorkNCCL. CPU: the
+// host transport's worker completes it; wait() blocks until then, like gloo's work. Either way, tensors the copies
+// touch are held until the copies are known to be finished, so the caching allocator cannot hand their memory out
+// early.
 #pragma once
 
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
-#include <atomic>
 #include <chrono>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "collective_info.hpp"
-#include "gpu_api.hpp"
+#include "gpu_completion.hpp"
 
 namespace sdma {
 
 class WorkSDMA : public c10d::Work {
  public:
+  // CPU: the host worker calls complete() once the copies ran.
+  WorkSDMA(const CollectiveInfo& info, std::vector<at::Tensor> outputs, std::vector<at::Tensor> keepAlive);
+  // GPU: done when `gpu` says so.
   WorkSDMA(const CollectiveInfo& info, at::Device device, std::vector<at::Tensor> outputs,
-           std::vector<at::Tensor> keepAlive);
-  ~WorkSDMA() override;
+           std::shared_ptr<GpuCompletion> gpu);
 
   bool isCompleted() override;
   bool isSuccess() const override;
@@ -36,11 +40,7 @@ class WorkSDMA : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   uint64_t getSequencenumber() const override;
 
-  // GPU side: takes ownership of the event recorded after the collective's last operation.
-  void setEndEvent(gpu::Event end);
-  // GPU side, polled by the watchdog: true once the end event has fired (then the kept tensors are dropped).
-  bool pollGpuDone();
-  // Marks the work finished; `error` null means success. Called by the host worker or the GPU watchdog.
+  // CPU side: marks the work finished; `error` null means success.
   void complete(std::exception_ptr error);
 
   std::string description() const {
@@ -59,8 +59,7 @@ class WorkSDMA : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   std::vector<at::Tensor> keepAlive_;
   const std::chrono::steady_clock::time_point deadline_;
-  gpu::Event end_ = nullptr;
-  std::atomic<bool> gpuDone_{false};
+  const std::shared_ptr<GpuCompletion> gpu_;  // null for CPU work
   std::mutex futureMutex_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
