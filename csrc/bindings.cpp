@@ -67,7 +67,7 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                        std::chrono::milliseconds timeout, c10d::Backend* innerCpu, c10d::Backend* innerCuda,
                        bool disable, int64_t stagingBytesCuda, int64_t stagingBytesCpu, int64_t minBytesCuda,
-                       int64_t minBytesCpu, int slots, std::string cudaUnavailable,
+                       int64_t minBytesCpu, int slots, int64_t chunkBytes, std::string cudaUnavailable,
                        std::string groupName) {
              sdma::SdmaConfig config;
              config.disable = disable;
@@ -76,6 +76,7 @@ PYBIND11_MODULE(_C, m) {
              config.minBytesCuda = minBytesCuda;
              config.minBytesCpu = minBytesCpu;
              config.slots = slots;
+             config.chunkBytes = chunkBytes;
              config.cudaUnavailable = std::move(cudaUnavailable);
              return GilFreeIntrusiveHolder<sdma::ProcessGroupSDMA>(c10::make_intrusive<sdma::ProcessGroupSDMA>(
                  store, rank, size, timeout, adopt(innerCpu), adopt(innerCuda), std::move(config),
@@ -84,7 +85,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("inner_cpu"),
            py::arg("inner_cuda"), py::arg("disable"), py::arg("staging_bytes_cuda"),
            py::arg("staging_bytes_cpu"), py::arg("min_bytes_cuda"), py::arg("min_bytes_cpu"), py::arg("slots"),
-           py::arg("cuda_unavailable"), py::arg("group_name"))
+           py::arg("chunk_bytes"), py::arg("cuda_unavailable"), py::arg("group_name"))
       .def("_sdma_stats",
            [](const sdma::ProcessGroupSDMA& self) {
              py::dict out;

@@ -133,6 +133,7 @@ StagingGeometry ProcessGroupSDMA::geometry(const at::Device& device) const {
   const int64_t staging = device.is_cuda() ? config_.stagingBytesCuda : config_.stagingBytesCpu;
   const size_t perSegment = static_cast<size_t>(staging) / (g.slots * static_cast<size_t>(getSize()));
   g.chunkBytes = std::max(kChunkAlign, perSegment / kChunkAlign * kChunkAlign);
+  g.pipelineChunkBytes = static_cast<size_t>(config_.chunkBytes);
   return g;
 }
 

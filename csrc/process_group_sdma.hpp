@@ -29,6 +29,7 @@ struct SdmaConfig {
   int64_t minBytesCuda = 0;  // TORCH_SDMA_MIN_BYTES
   int64_t minBytesCpu = 0;
   int slots = 2;             // TORCH_SDMA_SLOTS: staging slots, a power of two
+  int64_t chunkBytes = 0;    // TORCH_SDMA_CHUNK_BYTES: pipeline chunk, 0 = automatic
   std::string cudaUnavailable;  // why CUDA collectives cannot run in this process ("" when they can)
 };
 

@@ -22,7 +22,8 @@ enum class Flag : int { Ready = 0, Credit = 1 };
 struct StagingGeometry {
   int worldSize = 0;
   int slots = 0;  // a power of two, so that serial % slots survives wrap-around
-  size_t chunkBytes = 0;
+  size_t chunkBytes = 0;          // one segment: the largest chunk
+  size_t pipelineChunkBytes = 0;  // the chunk a message is cut into (at most chunkBytes); 0: automatic
 
   size_t segmentOffset(int slot, int srcRank) const {
     return (static_cast<size_t>(slot) * worldSize + srcRank) * chunkBytes;

@@ -18,6 +18,8 @@ BAD = [
     ("TORCH_SDMA_DISABLE", "maybe"),
     ("TORCH_SDMA_MIN_BYTES", "lots"),
     ("TORCH_SDMA_LOG", "loud"),
+    ("TORCH_SDMA_CHUNK_BYTES", "100"),
+    ("TORCH_SDMA_CHUNK_BYTES", "6000"),
 ]
 
 
@@ -114,6 +116,15 @@ def knobs_body(ctx):
         assert stats_calls(torch_sdma.stats(g), lambda k: k == "dma")[0] == 1, torch_sdma.stats(g)
 
     cases.append(("group_path", path_unknown_then_dma))
+
+    def small_chunks():
+        # A message cut into many chunks that cycle through the slots: still bit-exact.
+        g = group_with("TORCH_SDMA_CHUNK_BYTES", "4K")
+        ag = AG(g, ref, CPU, "chunk")
+        ag.into_tensor("x", (50001,), torch.float32)
+        ag.coalesced_cm("c", [((3001,), torch.float32), ((4099,), torch.uint8)])
+
+    cases.append(("TORCH_SDMA_CHUNK_BYTES=4K", small_chunks))
     return ctx.run_cases(cases)
 
 

@@ -18,6 +18,7 @@ class Config:
     staging_bytes: dict  # device type -> bytes
     min_bytes: dict  # device type -> bytes
     slots: int
+    chunk_bytes: int  # 0: automatic
     log: bool
 
 
@@ -65,10 +66,13 @@ def from_env(group_size: int) -> Config:
         staging_bytes=_per_device("TORCH_SDMA_STAGING_BYTES", DEFAULT_STAGING_BYTES),
         min_bytes=_per_device("TORCH_SDMA_MIN_BYTES", DEFAULT_MIN_BYTES),
         slots=_parse_int("TORCH_SDMA_SLOTS", 2),
+        chunk_bytes=_parse_bytes("TORCH_SDMA_CHUNK_BYTES", 0),
         log=_parse_bool("TORCH_SDMA_LOG", True),
     )
     if cfg.slots < 2 or cfg.slots & (cfg.slots - 1):
         raise ValueError(f"TORCH_SDMA_SLOTS={cfg.slots} must be a power of two, at least 2")
+    if 0 < cfg.chunk_bytes < _MIN_CHUNK or cfg.chunk_bytes % _MIN_CHUNK:
+        raise ValueError(f"TORCH_SDMA_CHUNK_BYTES={cfg.chunk_bytes} must be 0 (automatic) or a multiple of {_MIN_CHUNK}")
     floor = cfg.slots * max(group_size, 1) * _MIN_CHUNK
     if min(cfg.staging_bytes.values()) < floor:
         raise ValueError(

@@ -88,6 +88,7 @@ def create_backend(opts, backend_options):
         cfg.min_bytes["cuda"],
         cfg.min_bytes["cpu"],
         cfg.slots,
+        cfg.chunk_bytes,
         cuda_unavailable,
         str(opts.group_id),
     )
