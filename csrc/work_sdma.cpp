@@ -49,9 +49,11 @@ void WorkSDMA::complete(std::exception_ptr error) {
 }
 
 bool WorkSDMA::isCompleted() {
+#ifdef TORCH_SDMA_CUDA
   if (gpu_) {
     return gpu_->error() || gpu_->pollDone();
   }
+#endif
   std::lock_guard<std::mutex> lock(mutex_);
   return completed_ || exception_;
 }
@@ -61,9 +63,11 @@ bool WorkSDMA::isSuccess() const {
 }
 
 std::exception_ptr WorkSDMA::exception() const {
+#ifdef TORCH_SDMA_CUDA
   if (gpu_) {
     return gpu_->error();
   }
+#endif
   std::lock_guard<std::mutex> lock(mutex_);
   return exception_;
 }
