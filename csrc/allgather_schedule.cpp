@@ -60,10 +60,11 @@ void copyPieces(Transport& t, Lane lane, const std::vector<ByteSpan>& dst, const
 }  // namespace
 
 size_t chunkBytesFor(const StagingGeometry& geometry) {
-  // Whole segments. Cutting a message that fits one segment into two overlaps its pushes with the peers' drains
-  // and wins ~9 us of 137 on a lone 64 MiB all-gather (2x H200), but a pipelined message runs its pushes on a
-  // second stream, and beside FSDP2's training loop that cost far more: 168 ms a step against 153 ms with one
-  // chunk on the caller's stream (NCCL: 160 ms), with the compute stream idle waiting for kernel launches.
+  // Whole segments, so a message that fits one is not cut. Cutting it in two overlaps its pushes with the peers'
+  // drains and wins ~9 us of 137 on a lone 64 MiB all-gather (2x H200), but runs its pushes on a second stream;
+  // beside FSDP2's training loop, under the torch profiler, that cost 168 ms a step against 153 ms with one chunk
+  // on the caller's stream. Without the profiler the two were within noise (0.95x-0.96x NCCL either way with 8
+  // hardware queues), so this choice awaits a measurement with CUDA_DEVICE_MAX_CONNECTIONS=32 (README).
   // TORCH_SDMA_CHUNK_BYTES overrides it.
   if (geometry.pipelineChunkBytes > 0) {
     return std::min(geometry.chunkBytes, geometry.pipelineChunkBytes);
