@@ -65,8 +65,9 @@ def compare(nccl, sdma):
 
 
 def markdown(results, nproc):
+    queues = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "unset (8)")
     lines = [f"Each framework trained twice on {nproc} GPUs, NCCL then sdma; step times exclude the first "
-             f"{lm_harness.STARTUP_STEPS} steps.", "",
+             f"{lm_harness.STARTUP_STEPS} steps; CUDA_DEVICE_MAX_CONNECTIONS={queues}.", "",
              "| framework | losses bit-identical | steps | step ms nccl | step ms sdma | sdma speedup | tok/s nccl "
              "| tok/s sdma | peak GiB nccl | peak GiB sdma | all-gathers on dma |",
              "|" + "---|" * 11]
