@@ -152,7 +152,7 @@ bool CopyEngineTransport::mapWithVmm(c10d::Store& store, size_t bytes) {
   return true;
 }
 
-bool CopyEngineTransport::mapWithLegacyIpc(c10d::Store& store, size_t bytes) {
+void CopyEngineTransport::mapWithLegacyIpc(c10d::Store& store, size_t bytes) {
   base_ = static_cast<char*>(gpu::mallocDevice(bytes));
   gpu::memsetDeviceSync(base_, 0, flagBytes_);
   const gpu::IpcHandle own = gpu::exportIpc(base_);
@@ -167,7 +167,6 @@ bool CopyEngineTransport::mapWithLegacyIpc(c10d::Store& store, size_t bytes) {
     memcpy(h.bytes, handles[q].data(), gpu::kIpcHandleBytes);
     peerBase_[q] = static_cast<char*>(gpu::importIpc(h));
   }
-  return true;
 }
 
 CopyEngineTransport::~CopyEngineTransport() {

@@ -1,6 +1,7 @@
 // Transport over GPU copy engines: staging areas in device memory, mapped into every member once per group (VMM
-// memory shared as file descriptors; legacy CUDA IPC where that is refused); data moves with cudaMemcpyAsync (a DMA engine, no SM); flags are stream memory operations: a write
-// into the peer's flag word, a wait on local memory.
+// memory shared as file descriptors; legacy CUDA IPC where that is refused); data moves with cudaMemcpyAsync (a
+// DMA engine, no SM); flags are stream memory operations: a write into the peer's flag word, a wait on local
+// memory.
 //
 // Enqueue cost is the per-call cost users see, so flag operations are not issued one by one: a lane collects
 // them and hands them to the driver as one batch right before its next copy (or at flush()).
@@ -19,12 +20,12 @@ namespace sdma {
 
 class CopyEngineTransport : public Transport {
  public:
-  // Collective: every member of the group calls it together. Returns null, with the reason in *whyNot, when
-  // some member cannot reach every other by P2P on one host; all members then agree on that.
   // Collective: "" when every member can push into every other member's GPU memory by P2P on this host, else
   // why not (the same answer on every member). `infos` receives each member's host|pid|bus id.
   static std::string checkGroupReachable(c10d::Store& store, const std::string& key, int rank, int size,
                                          int device, std::vector<std::string>* infos = nullptr);
+  // Collective: every member of the group calls it together. Returns null, with the reason in *whyNot, when
+  // some member cannot reach every other by P2P on one host; all members then agree on that.
   static std::unique_ptr<CopyEngineTransport> connect(c10d::Store& store, int rank, int size, int device,
                                                       const StagingGeometry& geometry, std::string* whyNot);
   ~CopyEngineTransport() override;
@@ -56,9 +57,10 @@ class CopyEngineTransport : public Transport {
 
  private:
   CopyEngineTransport(int rank, int size, int device, const StagingGeometry& geometry);
-  // Collective. Each returns false, having released what it took, when some member could not do it.
+  // Collective. Returns false, having released what it took, when some member could not do it.
   bool mapWithVmm(c10d::Store& store, size_t bytes);
-  bool mapWithLegacyIpc(c10d::Store& store, size_t bytes);
+  // Collective; the fallback when VMM was refused (it throws, rather than return, if even this fails).
+  void mapWithLegacyIpc(c10d::Store& store, size_t bytes);
   size_t flagIndex(Flag flag, int src, int slot) const;
   // The lane's stream, with its collected flag operations issued first.
   gpu::Stream flushed(Lane lane);
