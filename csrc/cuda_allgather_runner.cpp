@@ -98,8 +98,7 @@ c10::intrusive_ptr<WorkSDMA> CudaAllgatherRunner::run(const AllgatherPlan& plan,
       // outlive the caller's references, so it keeps the tensors until the copies are done.
       asyncOp ? std::move(keepAlive) : std::vector<at::Tensor>{});
   auto work = c10::make_intrusive<WorkSDMA>(info, at::Device(at::kCUDA, device_), std::move(outputs), completion);
-  const auto now = std::chrono::steady_clock::now();
-  inFlight_.push_back({std::move(completion), info, first, serial_, now, now + info.timeout});
+  inFlight_.push_back({std::move(completion), info, first, serial_, std::chrono::steady_clock::now()});
   lock.unlock();
   wake_.notify_one();
   return work;
@@ -119,7 +118,7 @@ void CudaAllgatherRunner::watchdogLoop() {
     std::string failure;
     if (!done) {
       const auto now = std::chrono::steady_clock::now();
-      if (now > oldest.deadline) {
+      if (now > oldest.deadline()) {
         failure = "timed out";
       } else if (now - oldest.enqueuedAt > kLivenessCheckAfter) {
         const auto& pids = transport_->peerPids();
@@ -206,7 +205,7 @@ void CudaAllgatherRunner::drainOnShutdown() {
       }
       oldest = inFlight_.front();
     }
-    if (std::chrono::steady_clock::now() > oldest.deadline) {
+    if (std::chrono::steady_clock::now() > oldest.deadline()) {
       failInFlight(oldest, "was still pending when the group was destroyed");
       return;
     }

@@ -41,7 +41,10 @@ class CudaAllgatherRunner {
     uint32_t firstSerial;
     uint32_t lastSerial;
     std::chrono::steady_clock::time_point enqueuedAt;
-    std::chrono::steady_clock::time_point deadline;
+
+    std::chrono::steady_clock::time_point deadline() const {
+      return enqueuedAt + info.timeout;
+    }
   };
 
   void watchdogLoop();
