@@ -130,6 +130,17 @@ CUmemAllocationProp shareableProp(int device) {
   return prop;
 }
 
+// Rounds *bytes up to the size VMM maps `device`'s memory in; leaves it as is when the driver will not say.
+CUresult roundUpToGranularity(int device, size_t* bytes) {
+  CUmemAllocationProp prop = shareableProp(device);
+  size_t granularity = 0;
+  const CUresult r = driver().memGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+  if (r == CUDA_SUCCESS && granularity) {
+    *bytes = (*bytes + granularity - 1) / granularity * granularity;
+  }
+  return r;
+}
+
 std::string driverError(const char* what, CUresult r) {
   return std::string(what) + " failed with CUresult " + std::to_string(static_cast<int>(r));
 }
@@ -171,13 +182,11 @@ std::string allocateShareable(int device, size_t bytes, SharedAllocation* out) {
     return unavailable;
   }
   const auto& d = driver();
-  CUmemAllocationProp prop = shareableProp(device);
-  size_t granularity = 0;
-  CUresult r = d.memGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+  CUresult r = roundUpToGranularity(device, &bytes);
   if (r != CUDA_SUCCESS) {
     return driverError("cuMemGetAllocationGranularity", r);
   }
-  bytes = (bytes + granularity - 1) / granularity * granularity;
+  const CUmemAllocationProp prop = shareableProp(device);
   SharedAllocation a;
   r = d.memCreate(&a.handle, bytes, &prop, 0);
   if (r != CUDA_SUCCESS) {
@@ -207,12 +216,7 @@ std::string importShareable(int device, int fd, size_t bytes, SharedAllocation* 
   if (r != CUDA_SUCCESS) {
     return driverError("cuMemImportFromShareableHandle", r);
   }
-  CUmemAllocationProp prop = shareableProp(device);
-  size_t granularity = 0;
-  d.memGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
-  if (granularity) {
-    bytes = (bytes + granularity - 1) / granularity * granularity;
-  }
+  roundUpToGranularity(device, &bytes);  // as the exporter did
   std::string err = mapForDevice(device, bytes, &a);
   if (!err.empty()) {
     d.memRelease(a.handle);
