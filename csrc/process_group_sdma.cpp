@@ -171,12 +171,12 @@ void ProcessGroupSDMA::countDelegated(const char* op, int64_t bytes) {
 }
 
 // Inside a coalescing block NCCL collects its own works; gloo's run at once, so endCoalescing must return them.
-#define SDMA_DELEGATE(op, tensors, bytes, call)          \
-  do {                                                  \
-    auto& inner = innerFor(tensors, op);                \
-    countDelegated(op, bytes);                          \
-    auto work = inner->call;                            \
-    return inner == innerCuda_ ? work : trackCoalesced(work); \
+#define SDMA_DELEGATE(op, tensors, bytes, call)                 \
+  do {                                                          \
+    auto& inner = innerFor(tensors, op);                        \
+    countDelegated(op, bytes);                                  \
+    auto work = inner->call;                                    \
+    return inner == innerCuda_ ? work : trackCoalesced(work);   \
   } while (0)
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::broadcast(std::vector<at::Tensor>& tensors,
@@ -306,7 +306,8 @@ std::string ProcessGroupSDMA::dmaRefusal(const at::Device& device, const Planned
       c10::cuda::CUDAGuard guard(device.index());
       std::string why;
       auto store = c10::make_intrusive<c10d::PrefixStore>("sdma/", store_);
-      auto transport = CopyEngineTransport::connect(*store, getRank(), getSize(), device.index(), geometry(device), &why);
+      auto transport =
+          CopyEngineTransport::connect(*store, getRank(), getSize(), device.index(), geometry(device), &why);
       if (transport) {
         cudaRunner_ = std::make_unique<CudaAllgatherRunner>(std::move(transport), device.index());
         cudaDevice_ = device.index();

@@ -71,8 +71,10 @@ def from_env(group_size: int) -> Config:
     )
     if cfg.slots < 2 or cfg.slots & (cfg.slots - 1):
         raise ValueError(f"TORCH_SDMA_SLOTS={cfg.slots} must be a power of two, at least 2")
-    if 0 < cfg.chunk_bytes < _MIN_CHUNK or cfg.chunk_bytes % _MIN_CHUNK:
-        raise ValueError(f"TORCH_SDMA_CHUNK_BYTES={cfg.chunk_bytes} must be 0 (automatic) or a multiple of {_MIN_CHUNK}")
+    if cfg.chunk_bytes % _MIN_CHUNK:
+        raise ValueError(
+            f"TORCH_SDMA_CHUNK_BYTES={cfg.chunk_bytes} must be 0 (automatic) or a multiple of {_MIN_CHUNK}"
+        )
     floor = cfg.slots * max(group_size, 1) * _MIN_CHUNK
     if min(cfg.staging_bytes.values()) < floor:
         raise ValueError(
