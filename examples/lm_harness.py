@@ -258,16 +258,12 @@ def rank0_logger():
     return (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
 
 
-def parse(description, default_out):
-    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_args(p, default_out)
-    return p.parse_args()
-
-
 def start(description, default_out):
     """What every training example does first: its arguments, deterministic kernels, the process group on
     --backend. Returns (args, this rank's device, a logger that prints on rank 0 only, the model config)."""
-    args = parse(description, default_out)
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(p, default_out)
+    args = p.parse_args()
     make_deterministic()
     device = init_distributed(args.backend)
     return args, device, rank0_logger(), model_config(args)
