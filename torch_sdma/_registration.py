@@ -7,7 +7,7 @@ import torch.distributed as dist
 from torch.distributed import PrefixStore
 
 from . import _config
-from . import _C
+from . import _C, _hw_queues
 
 logger = logging.getLogger("torch_sdma")
 
@@ -103,11 +103,19 @@ def _describe(verdict: str, dma: str) -> str:
     return dma if verdict == "dma" else f"the inner backend ({verdict[len('inner:'):]})"
 
 
+def _queues_part() -> str:
+    queues = _hw_queues.queues_in_effect()
+    source = " (set by torch_sdma)" if _hw_queues.decision == "set" else ""
+    return f"{queues} hardware queues{source}" + (f": {_hw_queues.hint()}" if _hw_queues.hint() else "")
+
+
 def _log_group_paths(pg, opts, cfg) -> None:
     parts = []
     cuda = pg._sdma_creation_verdict("cuda")
     if cuda:
         parts.append("CUDA all-gathers -> " + _describe(cuda, "copy engines"))
+        if cuda == "dma":
+            parts.append(_queues_part())
     if not cuda and pg._inner_cpu is None:
         parts.append("CUDA collectives unavailable in this process: " + _cuda_unavailable_reason())
     cpu = pg._sdma_creation_verdict("cpu")
