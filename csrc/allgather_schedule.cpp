@@ -59,21 +59,26 @@ void copyPieces(Transport& t, Lane lane, const std::vector<ByteSpan>& dst, const
 
 }  // namespace
 
-size_t chunkBytesFor(const StagingGeometry& geometry) {
-  // Whole segments, so a message that fits one is not cut. Cutting it in two overlaps its pushes with the peers'
-  // drains and wins ~9 us of 137 on a lone 64 MiB all-gather (2x H200), but runs its pushes on a second stream;
-  // beside FSDP2's training loop, under the torch profiler, that cost 168 ms a step against 153 ms with one chunk
-  // on the caller's stream. Without the profiler the two were within noise (0.95x-0.96x NCCL either way with 8
-  // hardware queues), so this choice awaits a measurement with CUDA_DEVICE_MAX_CONNECTIONS=32 (README).
-  // TORCH_SDMA_CHUNK_BYTES overrides it.
-  if (geometry.pipelineChunkBytes > 0) {
+size_t chunkBytesFor(const AllgatherPlan& plan, const StagingGeometry& geometry) {
+  if (geometry.pipelineChunkBytes > 0) {  // TORCH_SDMA_CHUNK_BYTES
     return std::min(geometry.chunkBytes, geometry.pipelineChunkBytes);
   }
-  return geometry.chunkBytes;
+  // Above 16 MiB a rank a message is cut in at least two, so that the second chunk's push overlaps the first
+  // one's drain. Measured on 2x H200 with 32 hardware queues (README, chunk sweep): 64 MiB of output took 151 us
+  // in one chunk and 134 in two (NCCL 160), 128 MiB 271 and 229 (NCCL 302); three chunks or more lost again to
+  // their per-chunk waits. At 16 MiB a rank one and two chunks were within noise of each other, and one chunk
+  // keeps a synchronous call on the caller's stream alone, so smaller messages stay whole.
+  constexpr size_t kCutAbove = size_t{16} << 20;
+  constexpr size_t kAlign = 4096;
+  if (plan.bytesPerRank <= kCutAbove) {
+    return geometry.chunkBytes;
+  }
+  const size_t half = ((plan.bytesPerRank + 1) / 2 + kAlign - 1) / kAlign * kAlign;
+  return std::min(geometry.chunkBytes, half);
 }
 
 size_t chunkCount(const AllgatherPlan& plan, const StagingGeometry& geometry) {
-  const size_t chunk = chunkBytesFor(geometry);
+  const size_t chunk = chunkBytesFor(plan, geometry);
   return (plan.bytesPerRank + chunk - 1) / chunk;
 }
 
@@ -81,7 +86,7 @@ void scheduleAllgather(Transport& t, const AllgatherPlan& plan, uint32_t& chunkS
   const StagingGeometry& g = t.geometry();
   const int me = t.rank();
   const uint32_t slots = static_cast<uint32_t>(g.slots);
-  const size_t chunkBytes = chunkBytesFor(g);
+  const size_t chunkBytes = chunkBytesFor(plan, g);
 
   SpanCursor input(plan.input);
   std::vector<SpanCursor> outputs;

@@ -24,7 +24,7 @@ struct AllgatherPlan {
 
 // Every member derives the same chunking from the group's geometry and the message size alone, so chunk serials
 // agree across ranks.
-size_t chunkBytesFor(const StagingGeometry& geometry);
+size_t chunkBytesFor(const AllgatherPlan& plan, const StagingGeometry& geometry);
 size_t chunkCount(const AllgatherPlan& plan, const StagingGeometry& geometry);
 
 // Enqueues the whole collective on `transport` and advances the group's chunk serial by chunkCount().
