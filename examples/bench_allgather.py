@@ -68,6 +68,7 @@ def parse_args():
     p.add_argument("--skip-gemm", action="store_true", help="GPU: skip the GEMM-overlap measurement")
     p.add_argument("--gemm-size", type=int, default=8192, help="GPU: M=N=K of the bf16 GEMMs")
     p.add_argument("--gemm-count", type=int, default=30, help="GPU: GEMMs per overlap iteration")
+    p.add_argument("--gemm-rounds", type=int, default=7, help="GPU: interleaved rounds of the overlap measurement")
     p.add_argument("--overlap-gathers", type=int, default=12, help="GPU: all-gathers beside the GEMMs")
     p.add_argument("--overlap-bytes", type=parse_bytes, default=256 * MIB,
                    help="GPU: output size of each all-gather beside the GEMMs")
@@ -101,6 +102,15 @@ class Bench:
             dist.init_process_group("cpu:sdma")
             self.base_name = "gloo"
         self.base_group = dist.new_group(backend=self.base_name)
+        # The enqueue cost is that of the copy-engine path, which the default group leaves to NCCL below
+        # TORCH_SDMA_MIN_BYTES: a second sdma group, with the threshold at 0, takes every size on DMA.
+        saved = os.environ.get("TORCH_SDMA_MIN_BYTES")
+        os.environ["TORCH_SDMA_MIN_BYTES"] = "0"
+        self.dma_group = dist.new_group()
+        if saved is None:
+            del os.environ["TORCH_SDMA_MIN_BYTES"]
+        else:
+            os.environ["TORCH_SDMA_MIN_BYTES"] = saved
         self.dtype = DTYPES[args.dtype or ("bf16" if mode == "gpu" else "fp32")]
         max_bytes = args.max_bytes or (GIB if mode == "gpu" else 256 * MIB)
         self.sizes = [s for s in (args.sizes or DEFAULT_SIZES) if s <= max_bytes]
@@ -241,25 +251,30 @@ def gemm_overlap(b):
         torch.cuda.synchronize()
         return ev[0].elapsed_time(ev[1]), ev[0].elapsed_time(ev[2])
 
-    def measure(kind, with_gemm=True, iters=3):
-        once(kind, with_gemm)  # warm-up
-        runs = [once(kind, with_gemm) for _ in range(iters)]
-        return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
-
+    # The GPU's clock drifts with its temperature by a few percent over the seconds this takes (GEMMs alone were
+    # 47.4 ms before and 48.7 ms after the runs beside all-gathers, 2x H200), as much as the effect measured. So the
+    # three configurations take turns, round after round, and each slowdown is the median over rounds of the GEMM
+    # time against the same round's GEMMs alone.
     stats_before = torch_sdma.stats()
-    alone_before = measure("alone")
-    res = {name: measure(name) for name in ("sdma", b.base_name)}
-    gathers_alone = {name: measure(name, with_gemm=False)[1] for name in ("sdma", b.base_name)}
-    alone_after = measure("alone")
+    kinds = ("alone", "sdma", b.base_name)
+    for kind in kinds:
+        once(kind)  # warm-up
+    runs = {kind: [] for kind in kinds}
+    for r in range(a.gemm_rounds):
+        for kind in (kinds if r % 2 == 0 else kinds[::-1]):
+            runs[kind].append(once(kind))
+    gathers_alone = {name: statistics.median(once(name, with_gemm=False)[1] for _ in range(3))
+                     for name in ("sdma", b.base_name)}
     path = sdma_path(stats_before, torch_sdma.stats())
-    base = (alone_before[0] + alone_after[0]) / 2
-    result = {"gemm_size": m, "gemm_count": a.gemm_count, "gathers": a.overlap_gathers,
-              "gather_bytes": n_out * 2, "gemm_alone_before_ms": alone_before[0],
-              "gemm_alone_after_ms": alone_after[0], "sdma_path": path}
-    for name, (g, total) in res.items():
-        result[f"gemm_beside_{name}_ms"] = g
-        result[f"gemm_slowdown_{name}_pct"] = 100 * (g / base - 1)
-        result[f"total_with_{name}_ms"] = total
+    alone = [g for g, _ in runs["alone"]]
+    result = {"gemm_size": m, "gemm_count": a.gemm_count, "gathers": a.overlap_gathers, "rounds": a.gemm_rounds,
+              "gather_bytes": n_out * 2, "gemm_alone_ms": statistics.median(alone),
+              "gemm_alone_min_ms": min(alone), "gemm_alone_max_ms": max(alone), "sdma_path": path}
+    for name in ("sdma", b.base_name):
+        result[f"gemm_beside_{name}_ms"] = statistics.median(g for g, _ in runs[name])
+        result[f"gemm_slowdown_{name}_pct"] = 100 * statistics.median(
+            g / base - 1 for (g, _), base in zip(runs[name], alone))
+        result[f"total_with_{name}_ms"] = statistics.median(t for _, t in runs[name])
         result[f"gathers_alone_{name}_ms"] = gathers_alone[name]
     # The ranks' figures differ slightly; rank 0's are reported (the probe did the same).
     return result
@@ -273,7 +288,8 @@ def enqueue_cost(b):
     inp = torch.randn(n_out // b.world, device=b.device).to(torch.bfloat16)
     out = torch.empty(n_out, dtype=torch.bfloat16, device=b.device)
     batch = 20
-    samples = {name: [] for name, _ in b.groups()}
+    groups = [("sdma", b.dma_group), (b.base_name, b.base_group)]
+    samples = {name: [] for name, _ in groups}
 
     def run_batch(group, record):
         works = []
@@ -288,13 +304,14 @@ def enqueue_cost(b):
             w.wait()
         b.sync()
 
-    for _, group in b.groups():
+    for _, group in groups:
         run_batch(group, None)  # warm-up
+    before = torch_sdma.stats(b.dma_group)
     for i in range(max(1, a.enqueue_iters // batch)):
-        order = b.groups() if i % 2 == 0 else b.groups()[::-1]
+        order = groups if i % 2 == 0 else groups[::-1]
         for name, group in order:
             run_batch(group, samples[name])
-    return {"output_bytes": n_out * 2,
+    return {"output_bytes": n_out * 2, "sdma_path": sdma_path(before, torch_sdma.stats(b.dma_group)),
             "backends": {name: {"calls": len(s), "median_us": statistics.median(s), "mean_us": statistics.fmean(s),
                                 "p90_us": sorted(s)[int(0.9 * (len(s) - 1))]} for name, s in samples.items()}}
 
@@ -401,13 +418,14 @@ def main():
         print(f"\n## all_gather_into_tensor, {where}, "
               f"{rows[0]['dtype'] if rows else ''}; busbw = out*(w-1)/w/t, GB/s\n\n{table}\n")
         if overlap:
-            base_ms = (overlap["gemm_alone_before_ms"] + overlap["gemm_alone_after_ms"]) / 2
             print(f"## GEMM overlap: {overlap['gemm_count']} bf16 {overlap['gemm_size']}^3 GEMMs beside "
-                  f"{overlap['gathers']} all-gathers of {human_bytes(overlap['gather_bytes'])}\n")
+                  f"{overlap['gathers']} all-gathers of {human_bytes(overlap['gather_bytes'])}, "
+                  f"{overlap['rounds']} interleaved rounds; slowdown: median over rounds against the round's GEMMs "
+                  f"alone\n")
             print("| configuration | GEMM ms | GEMM slowdown | total ms | all-gathers alone ms |")
             print("|---|---|---|---|---|")
-            print(f"| GEMMs alone | {base_ms:.2f} (before {overlap['gemm_alone_before_ms']:.2f}, after "
-                  f"{overlap['gemm_alone_after_ms']:.2f}) | | | |")
+            print(f"| GEMMs alone | {overlap['gemm_alone_ms']:.2f} (min {overlap['gemm_alone_min_ms']:.2f}, max "
+                  f"{overlap['gemm_alone_max_ms']:.2f}) | | | |")
             for name in ("sdma", b.base_name):
                 print(f"| beside {name} | {overlap[f'gemm_beside_{name}_ms']:.2f} "
                       f"| {overlap[f'gemm_slowdown_{name}_pct']:+.1f}% | {overlap[f'total_with_{name}_ms']:.2f} "
@@ -415,7 +433,7 @@ def main():
             print(f"\nsdma path during the overlap runs: {overlap['sdma_path']}\n")
         if enqueue:
             print(f"## CPU cost of enqueueing one async all_gather_into_tensor "
-                  f"({human_bytes(enqueue['output_bytes'])} output)\n")
+                  f"({human_bytes(enqueue['output_bytes'])} output; sdma path: {enqueue['sdma_path']})\n")
             print("| backend | calls | median us | mean us | p90 us |\n|---|---|---|---|---|")
             for name in ("sdma", b.base_name):
                 e = enqueue["backends"][name]

@@ -169,9 +169,12 @@ def init_distributed(backend):
     """One process per GPU under torchrun. sdma: the string a user would write, CUDA all-gathers on copy engines and
     every other CUDA collective on sdma's inner NCCL, CPU tensors on gloo. nccl: plain NCCL, the reference."""
     local_rank = int(os.environ["LOCAL_RANK"])
+    if backend == "sdma":
+        # Before CUDA starts, as a user's `import torch_sdma` at the top of their script: it registers the backend
+        # name and asks CUDA for 32 hardware queues (torch_sdma/_hw_queues.py) unless the environment chose.
+        import torch_sdma  # noqa: F401
     torch.cuda.set_device(local_rank)
     if backend == "sdma":
-        import torch_sdma  # noqa: F401  (registers the backend name "sdma")
         dist.init_process_group("cpu:gloo,cuda:sdma")
     else:
         dist.init_process_group("nccl")
@@ -240,6 +243,8 @@ def report(args, framework, cfg, losses, times, comm_groups, extra=None):
     }
     if args.backend == "sdma":
         result["sdma"] = allgather_paths(comm_groups)
+        from torch_sdma import _hw_queues
+        result["sdma"]["hw_queues"] = _hw_queues.decision  # "set", "user", or "late" (CUDA had started)
     if extra:
         result |= extra
     if dist.get_rank() == 0:
