@@ -59,6 +59,7 @@ def compare(nccl, sdma):
         "tokens_per_s": {"nccl": nccl["tokens_per_s"], "sdma": sdma["tokens_per_s"]},
         "speedup": nccl["mean_step_time_s"] / sdma["mean_step_time_s"],
         "peak_memory_gib": {"nccl": nccl["peak_memory_bytes"] / 2**30, "sdma": sdma["peak_memory_bytes"] / 2**30},
+        "staging_bytes": sdma["sdma"].get("staging_bytes", 0),
         "dma_share": sdma["sdma"]["dma_share"], "allgather_calls": sdma["sdma"]["allgather_calls"],
         "sdma_stats": sdma["sdma"]["stats"],
         "hw_queues": {b: r.get("cuda_device_max_connections") or "unset (8)"
@@ -71,17 +72,18 @@ def markdown(results, nproc):
              f"{lm_harness.STARTUP_STEPS} steps. Hardware queues: CUDA_DEVICE_MAX_CONNECTIONS in each run (the "
              f"sdma runs' `import torch_sdma` sets 32 where the environment left it unset).", "",
              "| framework | losses bit-identical | steps | step ms nccl | step ms sdma | sdma speedup | tok/s nccl "
-             "| tok/s sdma | peak GiB nccl | peak GiB sdma | all-gathers on dma | HW queues nccl / sdma |",
-             "|" + "---|" * 12]
+             "| tok/s sdma | peak GiB nccl | peak GiB sdma | sdma staging bytes | all-gathers on dma "
+             "| HW queues nccl / sdma |",
+             "|" + "---|" * 13]
     for name, r in results.items():
         if "skipped" in r or "failed" in r:
-            lines.append(f"| {name} | {r.get('skipped') or r.get('failed')} |" + " |" * 10)
+            lines.append(f"| {name} | {r.get('skipped') or r.get('failed')} |" + " |" * 11)
             continue
         same = "yes" if r["losses_identical"] else f"NO (from step {r['first_differing_step']})"
         lines.append(
             f"| {name} | {same} | {r['steps']} | {r['mean_step_ms']['nccl']:.1f} | {r['mean_step_ms']['sdma']:.1f} "
             f"| {r['speedup']:.3f}x | {r['tokens_per_s']['nccl']:.0f} | {r['tokens_per_s']['sdma']:.0f} "
-            f"| {r['peak_memory_gib']['nccl']:.2f} | {r['peak_memory_gib']['sdma']:.2f} "
+            f"| {r['peak_memory_gib']['nccl']:.2f} | {r['peak_memory_gib']['sdma']:.2f} | {r['staging_bytes']} "
             f"| {r['dma_share']:.1%} of {r['allgather_calls']} | {r['hw_queues']['nccl']} / {r['hw_queues']['sdma']} |")
     return "\n".join(lines) + "\n"
 

@@ -193,10 +193,12 @@ def allgather_paths(groups):
             total = stats.setdefault(path, {"calls": 0, "bytes": 0})
             total["calls"] += c["calls"]
             total["bytes"] += c["bytes"]
+    # Device memory the groups' staging areas hold outside the caching allocator (not in peak_memory_bytes).
+    staging = sum(torch_sdma.staging_bytes(g) for g in {id(g): g for g in groups}.values())
     calls = sum(v["calls"] for k, v in stats.items() if k == "dma" or k.startswith("inner:"))
     dma_calls = stats.get("dma", {}).get("calls", 0)
     return {"stats": stats, "allgather_calls": calls, "dma_calls": dma_calls,
-            "dma_share": dma_calls / calls if calls else 0.0}
+            "dma_share": dma_calls / calls if calls else 0.0, "staging_bytes": staging}
 
 
 def train(step_fn, inputs, targets, device, log):
