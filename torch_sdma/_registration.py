@@ -91,6 +91,7 @@ def create_backend(opts, backend_options):
         cfg.chunk_bytes,
         cuda_unavailable,
         str(opts.group_id),
+        cfg.direct,
     )
     pg._inner_cpu = inner_cpu
     pg._inner_cuda = inner_cuda
