@@ -56,6 +56,7 @@ PlannedAllgather planAllgatherIntoTensor(const at::Tensor& output, const at::Ten
   for (int q = 0; q < size; ++q) {
     p.plan.outputByRank.push_back({{bytesOf(output) + q * n, n}});
   }
+  p.plan.outputBase = bytesOf(output);
   p.outputBytes = n * size;
   p.outputs = {output};
   p.keepAlive = {input, output};

@@ -68,7 +68,7 @@ PYBIND11_MODULE(_C, m) {
                        std::chrono::milliseconds timeout, c10d::Backend* innerCpu, c10d::Backend* innerCuda,
                        bool disable, int64_t stagingBytesCuda, int64_t stagingBytesCpu, int64_t minBytesCuda,
                        int64_t minBytesCpu, int slots, int64_t chunkBytes, std::string cudaUnavailable,
-                       std::string groupName) {
+                       std::string groupName, bool direct) {
              sdma::SdmaConfig config;
              config.disable = disable;
              config.stagingBytesCuda = stagingBytesCuda;
@@ -77,6 +77,7 @@ PYBIND11_MODULE(_C, m) {
              config.minBytesCpu = minBytesCpu;
              config.slots = slots;
              config.chunkBytes = chunkBytes;
+             config.direct = direct;
              config.cudaUnavailable = std::move(cudaUnavailable);
              return GilFreeIntrusiveHolder<sdma::ProcessGroupSDMA>(c10::make_intrusive<sdma::ProcessGroupSDMA>(
                  store, rank, size, timeout, adopt(innerCpu), adopt(innerCuda), std::move(config),
@@ -85,7 +86,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("inner_cpu"),
            py::arg("inner_cuda"), py::arg("disable"), py::arg("staging_bytes_cuda"),
            py::arg("staging_bytes_cpu"), py::arg("min_bytes_cuda"), py::arg("min_bytes_cpu"), py::arg("slots"),
-           py::arg("chunk_bytes"), py::arg("cuda_unavailable"), py::arg("group_name"))
+           py::arg("chunk_bytes"), py::arg("cuda_unavailable"), py::arg("group_name"), py::arg("direct") = false)
       .def("_sdma_stats",
            [](const sdma::ProcessGroupSDMA& self) {
              py::dict out;

@@ -7,6 +7,7 @@
 // them and hands them to the driver as one batch right before its next copy (or at flush()).
 #pragma once
 
+#include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <memory>
@@ -41,6 +42,19 @@ class CopyEngineTransport : public Transport {
   void pushChunkToPeers(Lane lane, int slot, const void* src, size_t bytes) override;
   void signalPeers(Lane lane, Flag flag, int slot, uint32_t value) override;
   void waitPeers(Lane lane, Flag flag, int slot, uint32_t value) override;
+  // The direct path is not built for copy engines yet (it needs peer mappings of allocator segments).
+  void copyToPeer(Lane, int, uint64_t, const void*, size_t) override {
+    TORCH_CHECK(false, "torch_sdma: the copy-engine transport has no direct path yet");
+  }
+  void copyFromPeer(Lane, int, void*, uint64_t, size_t) override {
+    TORCH_CHECK(false, "torch_sdma: the copy-engine transport has no direct path yet");
+  }
+  void signalPeer(Lane, int, Flag, uint32_t) override {
+    TORCH_CHECK(false, "torch_sdma: the copy-engine transport has no direct path yet");
+  }
+  void waitPeer(Lane, int, Flag, uint32_t) override {
+    TORCH_CHECK(false, "torch_sdma: the copy-engine transport has no direct path yet");
+  }
 
   // The streams the next collective's lanes run on (they may be the same stream).
   void bindLanes(gpu::Stream push, gpu::Stream drain);

@@ -89,18 +89,23 @@ c10::intrusive_ptr<WorkSDMA> CudaAllgatherRunner::run(const AllgatherPlan& plan,
     gpu::recordEvent(pushDone_, push);
     gpu::streamWaitEvent(drain, pushDone_);
   }
-  gpu::Event end = gpu::createEvent();
+  gpu::Event end = endEvents_->take();
   gpu::recordEvent(end, drain);
 
   auto completion = std::make_shared<GpuCompletion>(
-      end,
+      end, endEvents_,
       // A synchronous call ran on the caller's stream, which orders the allocator for us; an async one may
       // outlive the caller's references, so it keeps the tensors until the copies are done.
       asyncOp ? std::move(keepAlive) : std::vector<at::Tensor>{});
   auto work = c10::make_intrusive<WorkSDMA>(info, at::Device(at::kCUDA, device_), std::move(outputs), completion);
+  // The watchdog sleeps without a deadline only while nothing is in flight; otherwise it polls on its own, and a
+  // wake-up per call would cost the caller a futex syscall.
+  const bool watchdogAsleep = inFlight_.empty();
   inFlight_.push_back({std::move(completion), info, first, serial_, std::chrono::steady_clock::now()});
   lock.unlock();
-  wake_.notify_one();
+  if (watchdogAsleep) {
+    wake_.notify_one();
+  }
   return work;
 }
 

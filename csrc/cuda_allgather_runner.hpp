@@ -58,6 +58,7 @@ class CudaAllgatherRunner {
   gpu::Stream drainStream_ = nullptr;
   gpu::Event callerReady_ = nullptr;
   gpu::Event pushDone_ = nullptr;
+  std::shared_ptr<EventPool> endEvents_ = std::make_shared<EventPool>();
   uint32_t serial_ = 0;  // last chunk serial enqueued; guarded by mutex_
 
   std::mutex mutex_;

@@ -2,11 +2,35 @@
 
 namespace sdma {
 
-GpuCompletion::GpuCompletion(gpu::Event end, std::vector<at::Tensor> keepAlive)
-    : end_(end), keepAlive_(std::move(keepAlive)) {}
+EventPool::~EventPool() {
+  for (gpu::Event e : free_) {
+    gpu::destroyEvent(e);
+  }
+}
+
+gpu::Event EventPool::take() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!free_.empty()) {
+      gpu::Event e = free_.back();
+      free_.pop_back();
+      return e;
+    }
+  }
+  return gpu::createEvent();
+}
+
+void EventPool::giveBack(gpu::Event event) {
+  // Safe to record again at once: a stream that waits on it captured the record it waited for.
+  std::lock_guard<std::mutex> lock(mutex_);
+  free_.push_back(event);
+}
+
+GpuCompletion::GpuCompletion(gpu::Event end, std::shared_ptr<EventPool> pool, std::vector<at::Tensor> keepAlive)
+    : end_(end), pool_(std::move(pool)), keepAlive_(std::move(keepAlive)) {}
 
 GpuCompletion::~GpuCompletion() {
-  gpu::destroyEvent(end_);
+  pool_->giveBack(end_);
 }
 
 bool GpuCompletion::pollDone() {

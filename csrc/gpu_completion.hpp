@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -18,11 +19,29 @@
 
 namespace sdma {
 
+// End events for reuse: creating one per all-gather is a driver call on the caller's thread, in the enqueue
+// path whose CPU cost is measured against NCCL's. Shared by the runner and every completion, so an event comes back
+// even when the Work outlives its group.
+class EventPool {
+ public:
+  EventPool() = default;
+  ~EventPool();
+  EventPool(const EventPool&) = delete;
+  EventPool& operator=(const EventPool&) = delete;
+
+  gpu::Event take();
+  void giveBack(gpu::Event event);
+
+ private:
+  std::mutex mutex_;
+  std::vector<gpu::Event> free_;
+};
+
 class GpuCompletion {
  public:
-  // Takes ownership of `end`. `keepAlive`: tensors the copies touch that nothing else keeps alive for long enough
-  // (async calls); empty when the caller's stream already orders the allocator.
-  GpuCompletion(gpu::Event end, std::vector<at::Tensor> keepAlive);
+  // Owns `end` until it returns it to `pool`. `keepAlive`: tensors the copies touch that nothing else keeps alive
+  // for long enough (async calls); empty when the caller's stream already orders the allocator.
+  GpuCompletion(gpu::Event end, std::shared_ptr<EventPool> pool, std::vector<at::Tensor> keepAlive);
   ~GpuCompletion();
   GpuCompletion(const GpuCompletion&) = delete;
   GpuCompletion& operator=(const GpuCompletion&) = delete;
@@ -40,6 +59,7 @@ class GpuCompletion {
 
  private:
   const gpu::Event end_;
+  const std::shared_ptr<EventPool> pool_;
   std::atomic<bool> done_{false};
   mutable std::mutex mutex_;
   std::vector<at::Tensor> keepAlive_;

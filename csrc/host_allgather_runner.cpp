@@ -26,7 +26,22 @@ c10::intrusive_ptr<WorkSDMA> HostAllgatherRunner::run(const AllgatherPlan& plan,
     TORCH_CHECK(brokenReason_.empty(), "torch_sdma: ", info.describe(),
                 " refused: an earlier collective on this group failed: ", brokenReason_);
   }
-  scheduleAllgather(*transport_, plan, serial_);
+  ArrivalMailbox* mailbox = transport_->mailbox();
+  if (mailbox && plan.outputBase && plan.bytesPerRank > 0) {
+    const uint64_t serial = ++directSerial_;
+    const auto seen = mailbox->arrive(serial, {reinterpret_cast<uint64_t>(plan.input.front().ptr),
+                                               reinterpret_cast<uint64_t>(plan.outputBase), plan.bytesPerRank},
+                                      info.timeout);
+    std::vector<PeerBuffers> peers(seen.size());
+    for (size_t q = 0; q < seen.size(); ++q) {
+      if (seen[q]) {
+        peers[q] = {true, seen[q]->input, seen[q]->output};
+      }
+    }
+    scheduleDirectAllgather(*transport_, plan, static_cast<uint32_t>(serial), peers);
+  } else {
+    scheduleAllgather(*transport_, plan, serial_);
+  }
   auto work = c10::make_intrusive<WorkSDMA>(info, std::move(outputs), std::move(keepAlive));
   {
     std::lock_guard<std::mutex> lock(mutex_);

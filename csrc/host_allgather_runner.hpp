@@ -36,7 +36,8 @@ class HostAllgatherRunner {
   void workerLoop();
 
   std::unique_ptr<HostShmTransport> transport_;
-  uint32_t serial_ = 0;
+  uint32_t serial_ = 0;        // staging chunks
+  uint64_t directSerial_ = 0;  // collectives on the direct path
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<Job> queue_;

@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <c10/util/Exception.h>
@@ -20,6 +21,32 @@ namespace sdma {
 namespace {
 
 constexpr size_t kFlagAreaAlign = 4096;
+// Collectives a rank's CPU may run ahead of a peer's before it waits for it (the arrival mailbox's ring).
+constexpr int kMailboxDepth = 1024;
+
+// "" when this process can read every peer's memory with process_vm_readv (ptrace rules permitting), else why not.
+// Each member reads a word the others published the address of and checks it holds that member's pid.
+std::string probePeerMemoryAccess(c10d::Store& store, int rank, int size, const std::vector<int>& pids) {
+  const uint64_t mine = static_cast<uint64_t>(getpid());
+  const auto addrs = exchangeWithGroup(store, "shm/cma", rank, size,
+                                       std::to_string(reinterpret_cast<uintptr_t>(&mine)));
+  std::string problem;
+  for (int q = 0; q < size && problem.empty(); ++q) {
+    if (q == rank) {
+      continue;
+    }
+    uint64_t got = 0;
+    iovec local{&got, sizeof(got)};
+    iovec remote{reinterpret_cast<void*>(std::stoull(addrs[q])), sizeof(got)};
+    const ssize_t n = process_vm_readv(pids[q], &local, 1, &remote, 1, 0);
+    if (n != static_cast<ssize_t>(sizeof(got)) || got != static_cast<uint64_t>(pids[q])) {
+      problem = std::string("process_vm_readv of group rank ") + std::to_string(q) + " failed: " +
+                (n < 0 ? strerror(errno) : "wrong bytes") + " (ptrace rules, e.g. kernel.yama.ptrace_scope)";
+    }
+  }
+  // Every member keeps `mine` alive until all have read it: agreeing is the last collective step.
+  return agreeOnPath(store, "shm/cma/verdict", rank, size, problem);
+}
 
 std::string randomSegmentName() {
   unsigned char bytes[16];
@@ -95,7 +122,8 @@ std::string HostShmTransport::checkSameHost(c10d::Store& store, const std::strin
 }
 
 std::unique_ptr<HostShmTransport> HostShmTransport::connect(c10d::Store& store, int rank, int size,
-                                                            const StagingGeometry& geometry, std::string* whyNot) {
+                                                            const StagingGeometry& geometry, bool direct,
+                                                            std::string* whyNot) {
   std::vector<std::string> infos;
   std::string reason = checkSameHost(store, "shm/connect", rank, size, &infos);
   if (!reason.empty()) {
@@ -103,10 +131,18 @@ std::unique_ptr<HostShmTransport> HostShmTransport::connect(c10d::Store& store, 
     return nullptr;
   }
 
-  std::unique_ptr<HostShmTransport> t(new HostShmTransport(rank, size, geometry));
+  std::vector<int> pids(size);
   for (int q = 0; q < size; ++q) {
-    t->pids_[q] = std::stoi(infos[q].substr(infos[q].rfind('|') + 1));
+    pids[q] = std::stoi(infos[q].substr(infos[q].rfind('|') + 1));
   }
+  std::string directUnavailable;
+  if (direct) {
+    directUnavailable = probePeerMemoryAccess(store, rank, size, pids);
+    direct = directUnavailable.empty();
+  }
+  std::unique_ptr<HostShmTransport> t(new HostShmTransport(rank, size, geometry, direct));
+  t->pids_ = pids;
+  t->directUnavailable_ = directUnavailable;
   const std::string myName = randomSegmentName();
   std::string error;
   t->base_[rank] = mapSegment(myName, t->segmentBytes_, /*create=*/true, &error);
@@ -134,13 +170,19 @@ std::unique_ptr<HostShmTransport> HostShmTransport::connect(c10d::Store& store, 
     *whyNot = reason;
     return nullptr;
   }
+  if (direct) {
+    // Rank 0's segment was created zeroed (ftruncate), so the mailbox starts empty.
+    t->mailbox_ = std::make_unique<ArrivalMailbox>(t->base_[0] + t->flagWordBytes_, rank, size, kMailboxDepth);
+  }
   return t;
 }
 
-HostShmTransport::HostShmTransport(int rank, int size, const StagingGeometry& geometry)
+HostShmTransport::HostShmTransport(int rank, int size, const StagingGeometry& geometry, bool direct)
     : rank_(rank), size_(size), geometry_(geometry), base_(size, nullptr), pids_(size, 0) {
-  const size_t words = 2 * static_cast<size_t>(size) * geometry.slots;
-  flagBytes_ = (words * sizeof(uint32_t) + kFlagAreaAlign - 1) / kFlagAreaAlign * kFlagAreaAlign;
+  auto aligned = [](size_t b) { return (b + kFlagAreaAlign - 1) / kFlagAreaAlign * kFlagAreaAlign; };
+  const size_t words = kFlagKinds * static_cast<size_t>(size) * geometry.slots;
+  flagWordBytes_ = aligned(words * sizeof(uint32_t));
+  flagBytes_ = flagWordBytes_ + (direct ? aligned(ArrivalMailbox::bytesFor(size, kMailboxDepth)) : 0);
   segmentBytes_ = flagBytes_ + geometry.bytes();
 }
 
@@ -182,6 +224,46 @@ void HostShmTransport::waitPeers(Lane, Flag flag, int slot, uint32_t value) {
   recorded_.push_back({Op::Kind::Wait, nullptr, nullptr, 0, flag, slot, value});
 }
 
+void HostShmTransport::copyToPeer(Lane, int peer, uint64_t peerDst, const void* src, size_t bytes) {
+  recorded_.push_back(
+      {Op::Kind::CopyToPeer, nullptr, static_cast<const char*>(src), bytes, Flag::Ready, 0, 0, peer, peerDst});
+}
+
+void HostShmTransport::copyFromPeer(Lane, int peer, void* dst, uint64_t peerSrc, size_t bytes) {
+  recorded_.push_back(
+      {Op::Kind::CopyFromPeer, static_cast<char*>(dst), nullptr, bytes, Flag::Ready, 0, 0, peer, peerSrc});
+}
+
+void HostShmTransport::signalPeer(Lane, int peer, Flag flag, uint32_t value) {
+  recorded_.push_back({Op::Kind::Signal, nullptr, nullptr, 0, flag, 0, value, peer});
+}
+
+void HostShmTransport::waitPeer(Lane, int peer, Flag flag, uint32_t value) {
+  recorded_.push_back({Op::Kind::Wait, nullptr, nullptr, 0, flag, 0, value, peer});
+}
+
+void HostShmTransport::copyWithPeer(const Op& op, const std::string& description) {
+  // process_vm_* may move fewer bytes than asked (it stops at a page it cannot access); go on from there.
+  size_t done = 0;
+  while (done < op.bytes) {
+    const size_t left = op.bytes - done;
+    ssize_t n;
+    if (op.kind == Op::Kind::CopyToPeer) {
+      iovec local{const_cast<char*>(op.src) + done, left};
+      iovec remote{reinterpret_cast<void*>(op.remote + done), left};
+      n = process_vm_writev(pids_[op.peer], &local, 1, &remote, 1, 0);
+    } else {
+      iovec local{op.dst + done, left};
+      iovec remote{reinterpret_cast<void*>(op.remote + done), left};
+      n = process_vm_readv(pids_[op.peer], &local, 1, &remote, 1, 0);
+    }
+    TORCH_CHECK_WITH(DistBackendError, n > 0, "torch_sdma: ", description, " failed: copying ",
+                     op.kind == Op::Kind::CopyToPeer ? "to" : "from", " group rank ", op.peer, " (pid ",
+                     pids_[op.peer], "): ", n < 0 ? strerror(errno) : "no progress");
+    done += static_cast<size_t>(n);
+  }
+}
+
 std::vector<HostShmTransport::Op> HostShmTransport::takeRecorded() {
   std::vector<Op> out;
   out.swap(recorded_);
@@ -199,8 +281,14 @@ void HostShmTransport::execute(const std::vector<Op>& ops, std::chrono::steady_c
         // Release: the peer that sees the new value also sees every byte copied before it.
         for (int k = 1; k < size_; ++k) {
           const int peer = (rank_ + k) % size_;
-          __atomic_store_n(flagWord(peer, op.flag, rank_, op.slot), op.value, __ATOMIC_RELEASE);
+          if (op.peer < 0 || op.peer == peer) {
+            __atomic_store_n(flagWord(peer, op.flag, rank_, op.slot), op.value, __ATOMIC_RELEASE);
+          }
         }
+        break;
+      case Op::Kind::CopyToPeer:
+      case Op::Kind::CopyFromPeer:
+        copyWithPeer(op, description);
         break;
       case Op::Kind::Wait:
         waitFor(op, deadline, description);
@@ -216,7 +304,8 @@ void HostShmTransport::waitFor(const Op& op, std::chrono::steady_clock::time_poi
   for (uint64_t spin = 0;; ++spin) {
     std::vector<int> pending;
     for (int q = 0; q < size_; ++q) {
-      if (q != rank_ && !reached(__atomic_load_n(flagWord(rank_, op.flag, q, op.slot), __ATOMIC_ACQUIRE), op.value)) {
+      if (q != rank_ && (op.peer < 0 || op.peer == q) &&
+          !reached(__atomic_load_n(flagWord(rank_, op.flag, q, op.slot), __ATOMIC_ACQUIRE), op.value)) {
         pending.push_back(q);
       }
     }

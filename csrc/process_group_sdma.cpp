@@ -332,7 +332,12 @@ std::string ProcessGroupSDMA::dmaRefusal(const at::Device& device, const Planned
   if (hostPath_ == "unknown") {
     std::string why;
     auto store = c10::make_intrusive<c10d::PrefixStore>("sdma/", store_);
-    auto transport = HostShmTransport::connect(*store, getRank(), getSize(), geometry(device), &why);
+    auto transport =
+        HostShmTransport::connect(*store, getRank(), getSize(), geometry(device), config_.direct, &why);
+    if (transport && config_.direct && !transport->directUnavailable().empty()) {
+      LOG(WARNING) << "torch_sdma: group '" << groupName_ << "' runs CPU all-gathers through staging, not "
+                   << "directly: " << transport->directUnavailable();
+    }
     if (transport) {
       hostRunner_ = std::make_unique<HostAllgatherRunner>(std::move(transport));
       hostPath_ = "dma";

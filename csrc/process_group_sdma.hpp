@@ -30,6 +30,7 @@ struct SdmaConfig {
   int64_t minBytesCpu = 0;
   int slots = 2;             // TORCH_SDMA_SLOTS: staging slots, a power of two
   int64_t chunkBytes = 0;    // TORCH_SDMA_CHUNK_BYTES: pipeline chunk, 0 = automatic
+  bool direct = false;       // TORCH_SDMA_DIRECT: all_gather_into_tensor without staging (CPU only so far)
   std::string cudaUnavailable;  // why CUDA collectives cannot run in this process ("" when they can)
 };
 

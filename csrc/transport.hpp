@@ -17,7 +17,8 @@
 namespace sdma {
 
 enum class Lane : int { Push = 0, Drain = 1 };
-enum class Flag : int { Ready = 0, Credit = 1 };
+enum class Flag : int { Ready = 0, Credit = 1, Arrived = 2, Done = 3 };
+constexpr int kFlagKinds = 4;
 
 struct StagingGeometry {
   int worldSize = 0;
@@ -50,6 +51,13 @@ class Transport {
   virtual void signalPeers(Lane lane, Flag flag, int slot, uint32_t value) = 0;
   // Holds the lane until flag[peer][slot] >= value (cyclically) for every peer.
   virtual void waitPeers(Lane lane, Flag flag, int slot, uint32_t value) = 0;
+
+  // The direct path (docs/design-direct-push.md): one peer's buffers, by the address that peer posted, and flags
+  // of one peer (slot 0 of Arrived and Done). Transports without it never see these calls.
+  virtual void copyToPeer(Lane lane, int peer, uint64_t peerDst, const void* src, size_t bytes) = 0;
+  virtual void copyFromPeer(Lane lane, int peer, void* dst, uint64_t peerSrc, size_t bytes) = 0;
+  virtual void signalPeer(Lane lane, int peer, Flag flag, uint32_t value) = 0;
+  virtual void waitPeer(Lane lane, int peer, Flag flag, uint32_t value) = 0;
 };
 
 }  // namespace sdma

@@ -67,8 +67,26 @@ def compare(nccl, sdma):
     }
 
 
+def compare_runs(nccl_runs, sdma_runs):
+    """compare() of the median runs, plus every pair's speedup and whether all runs (both backends, every repeat)
+    produced the same losses."""
+    def median_run(runs):
+        return sorted(runs, key=lambda r: r["mean_step_time_s"])[(len(runs) - 1) // 2]
+    summary = compare(median_run(nccl_runs), median_run(sdma_runs))
+    if len(nccl_runs) > 1:
+        reference = nccl_runs[0]["losses"]
+        summary["losses_identical"] = all(r["losses"] == reference for r in nccl_runs + sdma_runs)
+        summary["runs"] = len(nccl_runs)
+        summary["speedup_per_run"] = [n["mean_step_time_s"] / s["mean_step_time_s"]
+                                      for n, s in zip(nccl_runs, sdma_runs)]
+        summary["step_ms_per_run"] = {"nccl": [r["mean_step_time_s"] * 1e3 for r in nccl_runs],
+                                      "sdma": [r["mean_step_time_s"] * 1e3 for r in sdma_runs]}
+    return summary
+
+
 def markdown(results, nproc):
-    lines = [f"Each framework trained twice on {nproc} GPUs, NCCL then sdma; step times exclude the first "
+    lines = [f"Each framework trained on {nproc} GPUs on NCCL and on sdma (with --repeats, alternately, and the "
+             f"run with the median step time per backend is shown); step times exclude the first "
              f"{lm_harness.STARTUP_STEPS} steps. Hardware queues: CUDA_DEVICE_MAX_CONNECTIONS in each run (the "
              f"sdma runs' `import torch_sdma` sets 32 where the environment left it unset).", "",
              "| framework | losses bit-identical | steps | step ms nccl | step ms sdma | sdma speedup | tok/s nccl "
@@ -85,6 +103,13 @@ def markdown(results, nproc):
             f"| {r['speedup']:.3f}x | {r['tokens_per_s']['nccl']:.0f} | {r['tokens_per_s']['sdma']:.0f} "
             f"| {r['peak_memory_gib']['nccl']:.2f} | {r['peak_memory_gib']['sdma']:.2f} | {r['staging_bytes']} "
             f"| {r['dma_share']:.1%} of {r['allgather_calls']} | {r['hw_queues']['nccl']} / {r['hw_queues']['sdma']} |")
+    for name, r in results.items():
+        if r.get("runs"):
+            per_run = ", ".join(f"{n:.1f}/{s:.1f}" for n, s in zip(r["step_ms_per_run"]["nccl"],
+                                                                   r["step_ms_per_run"]["sdma"]))
+            lines.append("")
+            lines.append(f"{name}: median of {r['runs']} runs per backend (step ms nccl/sdma per run: {per_run}; "
+                         f"speedup per run: {', '.join(f'{x:.3f}x' for x in r['speedup_per_run'])})")
     return "\n".join(lines) + "\n"
 
 
@@ -95,6 +120,9 @@ def main():
     p.add_argument("--nproc", type=int, help="processes (GPUs); default: all visible GPUs")
     p.add_argument("--out-dir", type=Path, default=Path("results"))
     p.add_argument("--timeout", type=int, default=1800, help="seconds per training run")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="training runs per backend, alternating which backend goes first; the table reports the "
+                        "median step time per backend (run-to-run spread on 2x H200 reached 8%% for ZeRO-3)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="after --: arguments for every training script")
     args = p.parse_args()
     script_args = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
@@ -111,20 +139,25 @@ def main():
             results[name] = {"skipped": f"skipped: {module} not installed"}
             print(f"{name}: {module} is not installed, skipped", flush=True)
             continue
-        reports = {}
-        for backend in BACKENDS:
-            out_json = args.out_dir / f"{name}_{backend}_w{args.nproc}.json"
-            print(f"{name}/{backend}: running {script} ...", flush=True)
-            proc = launch(script, backend, out_json, args.nproc, script_args, args.timeout)
-            (args.out_dir / f"{name}_{backend}_w{args.nproc}.log").write_text(proc.stdout + proc.stderr)
-            if proc.returncode != 0:
-                print(proc.stdout[-3000:] + proc.stderr[-6000:], flush=True)
-                results[name] = {"failed": f"FAILED ({backend}, exit {proc.returncode})"}
+        runs = {backend: [] for backend in BACKENDS}
+        failed = None
+        for r in range(args.repeats):
+            # Alternate the order, so that neither backend always runs on the warmer (or cooler) GPU.
+            for backend in (BACKENDS if r % 2 == 0 else BACKENDS[::-1]):
+                tag = f"{name}_{backend}_w{args.nproc}" + (f"_r{r}" if args.repeats > 1 else "")
+                out_json = args.out_dir / f"{tag}.json"
+                print(f"{name}/{backend}: running {script} (run {r + 1} of {args.repeats}) ...", flush=True)
+                proc = launch(script, backend, out_json, args.nproc, script_args, args.timeout)
+                (args.out_dir / f"{tag}.log").write_text(proc.stdout + proc.stderr)
+                if proc.returncode != 0:
+                    print(proc.stdout[-3000:] + proc.stderr[-6000:], flush=True)
+                    failed = f"FAILED ({backend}, exit {proc.returncode})"
+                    break
+                runs[backend].append(json.loads(out_json.read_text()))
+                print(proc.stdout.strip().splitlines()[-1], flush=True)
+            if failed:
                 break
-            reports[backend] = json.loads(out_json.read_text())
-            print(proc.stdout.strip().splitlines()[-1], flush=True)
-        if len(reports) == len(BACKENDS):
-            results[name] = compare(reports["nccl"], reports["sdma"])
+        results[name] = {"failed": failed} if failed else compare_runs(runs["nccl"], runs["sdma"])
     table = markdown(results, args.nproc)
     print("\n" + table)
     (args.out_dir / f"frameworks_w{args.nproc}.md").write_text(table)

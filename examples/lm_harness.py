@@ -187,14 +187,14 @@ def allgather_paths(groups):
     import torch_sdma
     stats = {}
     # None and dist.group.WORLD name the same group; count it once.
-    groups = [dist.group.WORLD if g is None else g for g in groups]
-    for group in {id(g): g for g in groups}.values():
+    groups = list({id(g): g for g in (dist.group.WORLD if g is None else g for g in groups)}.values())
+    for group in groups:
         for path, c in torch_sdma.stats(group).items():
             total = stats.setdefault(path, {"calls": 0, "bytes": 0})
             total["calls"] += c["calls"]
             total["bytes"] += c["bytes"]
     # Device memory the groups' staging areas hold outside the caching allocator (not in peak_memory_bytes).
-    staging = sum(torch_sdma.staging_bytes(g) for g in {id(g): g for g in groups}.values())
+    staging = sum(torch_sdma.staging_bytes(g) for g in groups)
     calls = sum(v["calls"] for k, v in stats.items() if k == "dma" or k.startswith("inner:"))
     dma_calls = stats.get("dma", {}).get("calls", 0)
     return {"stats": stats, "allgather_calls": calls, "dma_calls": dma_calls,

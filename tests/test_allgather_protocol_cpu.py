@@ -77,3 +77,12 @@ def test_allgather_bigger_than_staging(world):
     res = run_group(protocol_body, world, "sdma", kwargs={"staging": 65536, "subgroups": False, "quick": True},
                     env={"TORCH_SDMA_STAGING_BYTES": "64K"}, timeout=300, pg_timeout_s=20)
     res.check()
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_allgather_direct_matches_gloo(world):
+    """TORCH_SDMA_DIRECT=1: all_gather_into_tensor moves straight between the members' memory (the later arriver
+    of each pair copies both ways, docs/design-direct-push.md); the other forms keep the staging path. Same cases."""
+    res = run_group(protocol_body, world, "sdma", kwargs={"quick": False, "subgroups": True},
+                    env={"TORCH_SDMA_DIRECT": "1"}, timeout=300, pg_timeout_s=20)
+    res.check()

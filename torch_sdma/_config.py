@@ -20,6 +20,7 @@ class Config:
     slots: int
     chunk_bytes: int  # 0: automatic
     log: bool
+    direct: bool  # all_gather_into_tensor straight between the members' memory (CPU only so far)
 
 
 def _parse_bool(name: str, default: bool) -> bool:
@@ -68,6 +69,7 @@ def from_env(group_size: int) -> Config:
         slots=_parse_int("TORCH_SDMA_SLOTS", 2),
         chunk_bytes=_parse_bytes("TORCH_SDMA_CHUNK_BYTES", 0),
         log=_parse_bool("TORCH_SDMA_LOG", True),
+        direct=_parse_bool("TORCH_SDMA_DIRECT", False),
     )
     if cfg.slots < 2 or cfg.slots & (cfg.slots - 1):
         raise ValueError(f"TORCH_SDMA_SLOTS={cfg.slots} must be a power of two, at least 2")

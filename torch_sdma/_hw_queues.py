@@ -4,7 +4,7 @@ A copy-engine all-gather orders itself after its peers with stream memory operat
 such a wait is pending it holds the hardware queue its stream is mapped to, and CUDA maps every stream of the
 process onto CUDA_DEVICE_MAX_CONNECTIONS queues (8 when unset): a compute stream that shares the queue stalls until
 the peer arrives. NCCL's kernels wait on SMs instead, so they never hold a queue. On 2x H200 (README), FSDP2 ran
-5.6% slower than NCCL with 8 queues and 2-4% faster with 32; an all-gather-bound FSDP2 run went from 0.97x to 1.12x.
+5.6% slower than NCCL with 8 queues and 0.3-3.8% faster with 32 (four runs).
 
 The variable is read once, when CUDA creates the process's context, so it can only be set before CUDA starts:
 `import torch_sdma` sets it to 32 when the user has not set it and torch has not initialised CUDA yet. A value the

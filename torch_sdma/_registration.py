@@ -91,6 +91,7 @@ def create_backend(opts, backend_options):
         cfg.chunk_bytes,
         cuda_unavailable,
         str(opts.group_id),
+        cfg.direct,
     )
     pg._inner_cpu = inner_cpu
     pg._inner_cuda = inner_cuda
@@ -106,7 +107,8 @@ def _describe(verdict: str, dma: str) -> str:
 def _queues_part() -> str:
     queues = _hw_queues.queues_in_effect()
     source = " (set by torch_sdma)" if _hw_queues.decision == "set" else ""
-    return f"{queues} hardware queues{source}" + (f": {_hw_queues.hint()}" if _hw_queues.hint() else "")
+    hint = _hw_queues.hint()
+    return f"{queues} hardware queues{source}" + (f": {hint}" if hint else "")
 
 
 def _log_group_paths(pg, opts, cfg) -> None:
