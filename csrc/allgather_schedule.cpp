@@ -88,6 +88,11 @@ void scheduleAllgather(Transport& t, const AllgatherPlan& plan, uint32_t& chunkS
   const uint32_t slots = static_cast<uint32_t>(g.slots);
   const size_t chunkBytes = chunkBytesFor(plan, g);
 
+  // With one chunk everything runs on one stream, so the own-slot copy costs the same wherever it sits; at the
+  // end it lets the Ready signal and the Ready wait share one flag batch (one driver call fewer) and hands the
+  // staging slot back to the peers sooner. With several chunks it runs on the drain lane while the first chunk
+  // travels.
+  const bool ownSlotLast = plan.bytesPerRank <= chunkBytes;
   SpanCursor input(plan.input);
   std::vector<SpanCursor> outputs;
   outputs.reserve(plan.outputByRank.size());
@@ -113,7 +118,7 @@ void scheduleAllgather(Transport& t, const AllgatherPlan& plan, uint32_t& chunkS
     t.pushChunkToPeers(Lane::Push, slot, src, len);
     t.signalPeers(Lane::Push, Flag::Ready, slot, serial);
 
-    if (offset == 0) {
+    if (offset == 0 && !ownSlotLast) {
       // Own contribution, while the first chunk travels: a local copy, or nothing when the input already is
       // the output's own slot (FSDP2, ZeRO-3).
       copyPieces(t, Lane::Drain, plan.outputByRank[me], plan.input);
@@ -128,6 +133,9 @@ void scheduleAllgather(Transport& t, const AllgatherPlan& plan, uint32_t& chunkS
       }
     }
     t.signalPeers(Lane::Drain, Flag::Credit, slot, serial);
+  }
+  if (ownSlotLast) {
+    copyPieces(t, Lane::Drain, plan.outputByRank[me], plan.input);
   }
 }
 
