@@ -72,6 +72,9 @@ def parse_args():
     p.add_argument("--overlap-gathers", type=int, default=12, help="GPU: all-gathers beside the GEMMs")
     p.add_argument("--overlap-bytes", type=parse_bytes, default=256 * MIB,
                    help="GPU: output size of each all-gather beside the GEMMs")
+    p.add_argument("--overlap-in-place", action="store_true",
+                   help="GPU: the all-gathers beside the GEMMs take their input from the output's own slot, as "
+                        "FSDP2 and ZeRO-3 call them")
     p.add_argument("--skip-enqueue", action="store_true", help="GPU: skip the CPU enqueue-cost measurement")
     p.add_argument("--enqueue-iters", type=int, default=200, help="GPU: timed calls per backend for enqueue cost")
     p.add_argument("--enqueue-bytes", type=parse_bytes, default=8 * MIB, help="GPU: output size for enqueue cost")
@@ -225,8 +228,12 @@ def gemm_overlap(b):
     B = torch.randn(m, m, generator=gen).to(device=b.device, dtype=torch.bfloat16)
     C = torch.empty(m, m, dtype=torch.bfloat16, device=b.device)
     n_out = a.overlap_bytes // 2 // b.world * b.world
-    inp = torch.randn(n_out // b.world, generator=gen).to(device=b.device, dtype=torch.bfloat16)
-    out = torch.empty(n_out, dtype=torch.bfloat16, device=b.device)
+    if a.overlap_in_place:
+        out = torch.randn(n_out, generator=gen).to(device=b.device, dtype=torch.bfloat16)
+        inp = out.narrow(0, b.rank * (n_out // b.world), n_out // b.world)
+    else:
+        inp = torch.randn(n_out // b.world, generator=gen).to(device=b.device, dtype=torch.bfloat16)
+        out = torch.empty(n_out, dtype=torch.bfloat16, device=b.device)
     side = torch.cuda.Stream()
     groups = dict(b.groups())
 
@@ -271,6 +278,7 @@ def gemm_overlap(b):
     path = sdma_path(stats_before, torch_sdma.stats())
     alone = [g for g, _ in runs["alone"]]
     result = {"gemm_size": m, "gemm_count": a.gemm_count, "gathers": a.overlap_gathers, "rounds": a.gemm_rounds,
+              "in_place": a.overlap_in_place,
               "gather_bytes": n_out * 2, "gemm_alone_ms": statistics.median(alone),
               "gemm_alone_min_ms": min(alone), "gemm_alone_max_ms": max(alone), "sdma_path": path}
     for name in ("sdma", b.base_name):
@@ -422,7 +430,8 @@ def main():
               f"{rows[0]['dtype'] if rows else ''}; busbw = out*(w-1)/w/t, GB/s\n\n{table}\n")
         if overlap:
             print(f"## GEMM overlap: {overlap['gemm_count']} bf16 {overlap['gemm_size']}^3 GEMMs beside "
-                  f"{overlap['gathers']} all-gathers of {human_bytes(overlap['gather_bytes'])}, "
+                  f"{overlap['gathers']} all-gathers of {human_bytes(overlap['gather_bytes'])}"
+                  f"{' (in place)' if overlap['in_place'] else ''}, "
                   f"{overlap['rounds']} interleaved rounds; slowdown: median over rounds against the round's GEMMs "
                   f"alone\n")
             print("| configuration | GEMM ms | GEMM slowdown | total ms | all-gathers alone ms |")
