@@ -63,12 +63,12 @@ size_t chunkBytesFor(const AllgatherPlan& plan, const StagingGeometry& geometry)
   if (geometry.pipelineChunkBytes > 0) {  // TORCH_SDMA_CHUNK_BYTES
     return std::min(geometry.chunkBytes, geometry.pipelineChunkBytes);
   }
-  // Above 16 MiB a rank a message is cut in at least two, so that the second chunk's push overlaps the first
-  // one's drain. Measured on 2x H200 with 32 hardware queues (README, chunk sweep): 64 MiB of output took 151 us
-  // in one chunk and 134 in two (NCCL 160), 128 MiB 271 and 229 (NCCL 302); three chunks or more lost again to
-  // their per-chunk waits. At 16 MiB a rank one and two chunks were within noise of each other, and one chunk
+  // Above 8 MiB a rank a message is cut in two, so that the second chunk's push overlaps the first one's drain.
+  // Measured on 2x H200 with 32 hardware queues (bench, TORCH_SDMA_CHUNK_BYTES sweep, session 5): 32 MiB of
+  // output took 88.2 us in one chunk, 80.7 in two and 93.3 in four (NCCL 91.9); 64 MiB 130 in two, 142 in four
+  // and 174 in eight (NCCL 159). At 8 MiB a rank two chunks gained nothing (57.1 against 56.7 us), and one chunk
   // keeps a synchronous call on the caller's stream alone, so smaller messages stay whole.
-  constexpr size_t kCutAbove = size_t{16} << 20;
+  constexpr size_t kCutAbove = size_t{8} << 20;
   constexpr size_t kAlign = 4096;
   if (plan.bytesPerRank <= kCutAbove) {
     return geometry.chunkBytes;
