@@ -108,14 +108,17 @@ void scheduleAllgather(Transport& t, const AllgatherPlan& plan, uint32_t& chunkS
     // Push: wait until every peer drained this slot's previous chunk, send, then announce.
     t.waitPeers(Lane::Push, Flag::Credit, slot, serial - slots);
     std::vector<ByteSpan> pieces = input.take(len);
-    const char* src = pieces.front().ptr;
-    if (pieces.size() > 1) {
+    if (pieces.size() > 1 && g.hasPackSegment()) {
       // A coalesced chunk spans several tensors: pack it once locally, then push one contiguous copy per peer.
-      char* packed = t.localSegment(slot, me);
+      char* packed = t.packSegment(slot);
       copyPieces(t, Lane::Push, {{packed, len}}, pieces);
-      src = packed;
+      pieces = {{packed, len}};
     }
-    t.pushChunkToPeers(Lane::Push, slot, src, len);
+    size_t at = 0;
+    for (const ByteSpan& piece : pieces) {
+      t.pushChunkToPeers(Lane::Push, slot, piece.ptr, piece.bytes, at);
+      at += piece.bytes;
+    }
     t.signalPeers(Lane::Push, Flag::Ready, slot, serial);
 
     if (offset == 0 && !ownSlotLast) {

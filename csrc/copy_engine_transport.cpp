@@ -190,7 +190,11 @@ size_t CopyEngineTransport::flagIndex(Flag flag, int src, int slot) const {
 }
 
 char* CopyEngineTransport::localSegment(int slot, int srcRank) {
-  return base_ + flagBytes_ + geometry_.segmentOffset(slot, srcRank);
+  return base_ + flagBytes_ + geometry_.segmentOffset(slot, srcRank, rank_);
+}
+
+char* CopyEngineTransport::packSegment(int slot) {
+  return base_ + flagBytes_ + geometry_.packSegmentOffset(slot);
 }
 
 void CopyEngineTransport::bindLanes(gpu::Stream push, gpu::Stream drain) {
@@ -223,11 +227,10 @@ void CopyEngineTransport::copyLocal(Lane lane, void* dst, const void* src, size_
   gpu::copyAsync(dst, src, bytes, flushed(lane));
 }
 
-void CopyEngineTransport::pushChunkToPeers(Lane lane, int slot, const void* src, size_t bytes) {
-  const size_t offset = flagBytes_ + geometry_.segmentOffset(slot, rank_);
+void CopyEngineTransport::pushChunkToPeers(Lane lane, int slot, const void* src, size_t bytes, size_t at) {
   gpu::Stream s = flushed(lane);
   for (int peer : pushOrder_) {
-    gpu::copyAsync(peerBase_[peer] + offset, src, bytes, s);
+    gpu::copyAsync(peerBase_[peer] + flagBytes_ + geometry_.segmentOffset(slot, rank_, peer) + at, src, bytes, s);
   }
 }
 

@@ -38,8 +38,9 @@ class CopyEngineTransport : public Transport {
     return geometry_;
   }
   char* localSegment(int slot, int srcRank) override;
+  char* packSegment(int slot) override;
   void copyLocal(Lane lane, void* dst, const void* src, size_t bytes) override;
-  void pushChunkToPeers(Lane lane, int slot, const void* src, size_t bytes) override;
+  void pushChunkToPeers(Lane lane, int slot, const void* src, size_t bytes, size_t at) override;
   void signalPeers(Lane lane, Flag flag, int slot, uint32_t value) override;
   void waitPeers(Lane lane, Flag flag, int slot, uint32_t value) override;
   // The direct path is not built for copy engines yet (it needs peer mappings of allocator segments).

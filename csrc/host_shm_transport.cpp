@@ -200,19 +200,22 @@ uint32_t* HostShmTransport::flagWord(int owner, Flag flag, int src, int slot) co
 }
 
 char* HostShmTransport::localSegment(int slot, int srcRank) {
-  return base_[rank_] + flagBytes_ + geometry_.segmentOffset(slot, srcRank);
+  return base_[rank_] + flagBytes_ + geometry_.segmentOffset(slot, srcRank, rank_);
+}
+
+char* HostShmTransport::packSegment(int slot) {
+  return base_[rank_] + flagBytes_ + geometry_.packSegmentOffset(slot);
 }
 
 void HostShmTransport::copyLocal(Lane, void* dst, const void* src, size_t bytes) {
   recorded_.push_back({Op::Kind::Copy, static_cast<char*>(dst), static_cast<const char*>(src), bytes, Flag::Ready, 0, 0});
 }
 
-void HostShmTransport::pushChunkToPeers(Lane, int slot, const void* src, size_t bytes) {
-  const size_t offset = flagBytes_ + geometry_.segmentOffset(slot, rank_);
+void HostShmTransport::pushChunkToPeers(Lane, int slot, const void* src, size_t bytes, size_t at) {
   for (int k = 1; k < size_; ++k) {
     const int peer = (rank_ + k) % size_;
-    recorded_.push_back(
-        {Op::Kind::Copy, base_[peer] + offset, static_cast<const char*>(src), bytes, Flag::Ready, 0, 0});
+    char* dst = base_[peer] + flagBytes_ + geometry_.segmentOffset(slot, rank_, peer) + at;
+    recorded_.push_back({Op::Kind::Copy, dst, static_cast<const char*>(src), bytes, Flag::Ready, 0, 0});
   }
 }
 

@@ -54,8 +54,9 @@ class HostShmTransport : public Transport {
     return geometry_;
   }
   char* localSegment(int slot, int srcRank) override;
+  char* packSegment(int slot) override;
   void copyLocal(Lane lane, void* dst, const void* src, size_t bytes) override;
-  void pushChunkToPeers(Lane lane, int slot, const void* src, size_t bytes) override;
+  void pushChunkToPeers(Lane lane, int slot, const void* src, size_t bytes, size_t at) override;
   void signalPeers(Lane lane, Flag flag, int slot, uint32_t value) override;
   void waitPeers(Lane lane, Flag flag, int slot, uint32_t value) override;
   void copyToPeer(Lane lane, int peer, uint64_t peerDst, const void* src, size_t bytes) override;

@@ -131,7 +131,7 @@ StagingGeometry ProcessGroupSDMA::geometry(const at::Device& device) const {
   g.worldSize = getSize();
   g.slots = config_.slots;
   const int64_t staging = device.is_cuda() ? config_.stagingBytesCuda : config_.stagingBytesCpu;
-  const size_t perSegment = static_cast<size_t>(staging) / (g.slots * static_cast<size_t>(getSize()));
+  const size_t perSegment = static_cast<size_t>(staging) / (g.slots * static_cast<size_t>(g.segmentsPerSlot()));
   g.chunkBytes = std::max(kChunkAlign, perSegment / kChunkAlign * kChunkAlign);
   g.pipelineChunkBytes = static_cast<size_t>(config_.chunkBytes);
   return g;

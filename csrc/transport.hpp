@@ -1,7 +1,8 @@
 // The small interface the all-gather schedule is written against: copy, push, signal, wait.
 //
-// Every member of a group owns a staging area of `slots` slots; a slot holds one segment per source rank, each
-// `chunkBytes` long. A rank pushes chunk data into segment (slot, myRank) of every peer and then signals READY;
+// Every member of a group owns a staging area of `slots` slots; a slot holds one segment per peer, each
+// `chunkBytes` long, plus (groups of three or more) one in which the rank packs a chunk that spans several input
+// tensors. A rank pushes chunk data into its segment of the slot in every peer and then signals READY;
 // the peer drains the segment into the user's output and signals CREDIT back, which frees the slot for reuse.
 // Flags live in the memory of the rank that waits on them, so every wait is on local memory. Flag values are
 // per-group chunk serials compared cyclically, so they never need resetting.
@@ -26,11 +27,27 @@ struct StagingGeometry {
   size_t chunkBytes = 0;          // one segment: the largest chunk
   size_t pipelineChunkBytes = 0;  // the chunk a message is cut into (at most chunkBytes); 0: automatic
 
-  size_t segmentOffset(int slot, int srcRank) const {
-    return (static_cast<size_t>(slot) * worldSize + srcRank) * chunkBytes;
+  // With two ranks a chunk that spans several tensors goes to the one peer piece by piece, as many copies as
+  // packing it would take, so the room a pack segment would hold goes to the peer's segment instead: 256 MiB of
+  // staging then carries 128 MiB chunks, not 64 (one 64 MiB copy-engine copy runs at about 356 GB/s on H200, one
+  // of 512 MiB at 390). With more ranks packing saves a copy per peer per piece.
+  bool hasPackSegment() const {
+    return worldSize > 2;
+  }
+  int segmentsPerSlot() const {
+    const int n = worldSize - 1 + (hasPackSegment() ? 1 : 0);
+    return n > 0 ? n : 1;
+  }
+  // Where srcRank's chunk lands in owner's staging (srcRank != owner).
+  size_t segmentOffset(int slot, int srcRank, int owner) const {
+    const int index = srcRank < owner ? srcRank : srcRank - 1;
+    return (static_cast<size_t>(slot) * segmentsPerSlot() + index) * chunkBytes;
+  }
+  size_t packSegmentOffset(int slot) const {
+    return (static_cast<size_t>(slot) * segmentsPerSlot() + worldSize - 1) * chunkBytes;
   }
   size_t bytes() const {
-    return static_cast<size_t>(slots) * worldSize * chunkBytes;
+    return static_cast<size_t>(slots) * segmentsPerSlot() * chunkBytes;
   }
 };
 
@@ -43,10 +60,12 @@ class Transport {
 
   // Where srcRank's chunk lands in this rank's own staging area.
   virtual char* localSegment(int slot, int srcRank) = 0;
+  // Where this rank packs a chunk spanning several tensors (only where geometry().hasPackSegment()).
+  virtual char* packSegment(int slot) = 0;
 
   virtual void copyLocal(Lane lane, void* dst, const void* src, size_t bytes) = 0;
-  // Into segment (slot, rank()) of every peer.
-  virtual void pushChunkToPeers(Lane lane, int slot, const void* src, size_t bytes) = 0;
+  // Into this rank's segment of the slot in every peer, `at` bytes into it.
+  virtual void pushChunkToPeers(Lane lane, int slot, const void* src, size_t bytes, size_t at) = 0;
   // Sets flag[rank()][slot] = value in every peer's memory, after the lane's earlier operations completed.
   virtual void signalPeers(Lane lane, Flag flag, int slot, uint32_t value) = 0;
   // Holds the lane until flag[peer][slot] >= value (cyclically) for every peer.
