@@ -10,6 +10,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,16 +46,21 @@ class CopyEngineTransport : public Transport {
   void waitPeers(Lane lane, Flag flag, int slot, uint32_t value) override;
   // The direct path is not built for copy engines yet (it needs peer mappings of allocator segments).
   void copyToPeer(Lane, int, uint64_t, const void*, size_t) override {
-    TORCH_CHECK(false, "torch_sdma: the copy-engine transport has no direct path yet");
+    refuseDirectPath();
   }
   void copyFromPeer(Lane, int, void*, uint64_t, size_t) override {
-    TORCH_CHECK(false, "torch_sdma: the copy-engine transport has no direct path yet");
+    refuseDirectPath();
   }
   void signalPeer(Lane, int, Flag, uint32_t) override {
-    TORCH_CHECK(false, "torch_sdma: the copy-engine transport has no direct path yet");
+    refuseDirectPath();
   }
   void waitPeer(Lane, int, Flag, uint32_t) override {
+    refuseDirectPath();
+  }
+
+  [[noreturn]] static void refuseDirectPath() {
     TORCH_CHECK(false, "torch_sdma: the copy-engine transport has no direct path yet");
+    std::abort();  // TORCH_CHECK(false) always throws; this tells the compiler so
   }
 
   // The streams the next collective's lanes run on (they may be the same stream).

@@ -25,7 +25,8 @@ WorkSDMA::WorkSDMA(const CollectiveInfo& info, at::Device device, std::vector<at
       info_(info),
       device_(device),
       outputs_(std::move(outputs)),
-      deadline_(std::chrono::steady_clock::now() + info.timeout),
+      // The watchdog times GPU work from its own enqueue record, so that it never has to hold the Work.
+      deadline_(std::chrono::steady_clock::time_point::max()),
       gpu_(std::move(gpu)) {
   // Its future is made on demand (most callers never ask for one).
 }

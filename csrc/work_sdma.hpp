@@ -46,6 +46,7 @@ class WorkSDMA : public c10d::Work {
   std::string description() const {
     return info_.describe();
   }
+  // CPU work only: when the host transport gives up waiting for peers.
   std::chrono::steady_clock::time_point deadline() const {
     return deadline_;
   }
@@ -57,7 +58,7 @@ class WorkSDMA : public c10d::Work {
   const CollectiveInfo info_;
   const at::Device device_;
   std::vector<at::Tensor> outputs_;
-  std::vector<at::Tensor> keepAlive_;
+  std::vector<at::Tensor> keepAlive_;  // CPU work; GPU work keeps its tensors in gpu_
   const std::chrono::steady_clock::time_point deadline_;
   const std::shared_ptr<GpuCompletion> gpu_;  // null for CPU work
   std::mutex futureMutex_;
