@@ -69,11 +69,10 @@ size_t chunkBytesFor(const AllgatherPlan& plan, const StagingGeometry& geometry)
   // and 174 in eight (NCCL 159). At 8 MiB a rank two chunks gained nothing (57.1 against 56.7 us), and one chunk
   // keeps a synchronous call on the caller's stream alone, so smaller messages stay whole.
   constexpr size_t kCutAbove = size_t{8} << 20;
-  constexpr size_t kAlign = 4096;
   if (plan.bytesPerRank <= kCutAbove) {
     return geometry.chunkBytes;
   }
-  const size_t half = ((plan.bytesPerRank + 1) / 2 + kAlign - 1) / kAlign * kAlign;
+  const size_t half = roundUp((plan.bytesPerRank + 1) / 2, kPageBytes);
   return std::min(geometry.chunkBytes, half);
 }
 

@@ -13,8 +13,6 @@
 namespace sdma {
 namespace {
 
-constexpr size_t kFlagAreaAlign = 4096;
-
 std::vector<std::string> splitFields(const std::string& s, char sep) {
   std::vector<std::string> out;
   std::stringstream ss(s);
@@ -104,7 +102,7 @@ CopyEngineTransport::CopyEngineTransport(int rank, int size, int device, const S
   }
   // READY and CREDIT words for every (source, slot).
   const size_t words = 2 * static_cast<size_t>(size) * geometry.slots;
-  flagBytes_ = (words * sizeof(uint32_t) + kFlagAreaAlign - 1) / kFlagAreaAlign * kFlagAreaAlign;
+  flagBytes_ = roundUp(words * sizeof(uint32_t), kPageBytes);
   service_ = gpu::createStream();
 }
 

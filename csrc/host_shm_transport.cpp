@@ -20,7 +20,6 @@
 namespace sdma {
 namespace {
 
-constexpr size_t kFlagAreaAlign = 4096;
 // Collectives a rank's CPU may run ahead of a peer's before it waits for it (the arrival mailbox's ring).
 constexpr int kMailboxDepth = 1024;
 
@@ -179,10 +178,9 @@ std::unique_ptr<HostShmTransport> HostShmTransport::connect(c10d::Store& store, 
 
 HostShmTransport::HostShmTransport(int rank, int size, const StagingGeometry& geometry, bool direct)
     : rank_(rank), size_(size), geometry_(geometry), base_(size, nullptr), pids_(size, 0) {
-  auto aligned = [](size_t b) { return (b + kFlagAreaAlign - 1) / kFlagAreaAlign * kFlagAreaAlign; };
   const size_t words = kFlagKinds * static_cast<size_t>(size) * geometry.slots;
-  flagWordBytes_ = aligned(words * sizeof(uint32_t));
-  flagBytes_ = flagWordBytes_ + (direct ? aligned(ArrivalMailbox::bytesFor(size, kMailboxDepth)) : 0);
+  flagWordBytes_ = roundUp(words * sizeof(uint32_t), kPageBytes);
+  flagBytes_ = flagWordBytes_ + (direct ? roundUp(ArrivalMailbox::bytesFor(size, kMailboxDepth), kPageBytes) : 0);
   segmentBytes_ = flagBytes_ + geometry.bytes();
 }
 

@@ -25,8 +25,6 @@ class CudaAllgatherRunner {};  // a CPU-only build never creates one
 namespace sdma {
 namespace {
 
-constexpr size_t kChunkAlign = 4096;
-
 // What endCoalescing returns when a coalescing block issued several works of its own: done when all are.
 class CoalescedWork : public c10d::Work {
  public:
@@ -132,7 +130,7 @@ StagingGeometry ProcessGroupSDMA::geometry(const at::Device& device) const {
   g.slots = config_.slots;
   const int64_t staging = device.is_cuda() ? config_.stagingBytesCuda : config_.stagingBytesCpu;
   const size_t perSegment = static_cast<size_t>(staging) / (g.slots * static_cast<size_t>(g.segmentsPerSlot()));
-  g.chunkBytes = std::max(kChunkAlign, perSegment / kChunkAlign * kChunkAlign);
+  g.chunkBytes = std::max(kPageBytes, perSegment / kPageBytes * kPageBytes);
   g.pipelineChunkBytes = static_cast<size_t>(config_.chunkBytes);
   return g;
 }

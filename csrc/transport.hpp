@@ -17,6 +17,13 @@
 
 namespace sdma {
 
+// Chunks, segments and flag areas start on page boundaries, where copies run fastest.
+constexpr size_t kPageBytes = 4096;
+
+inline size_t roundUp(size_t bytes, size_t align) {
+  return (bytes + align - 1) / align * align;
+}
+
 enum class Lane : int { Push = 0, Drain = 1 };
 enum class Flag : int { Ready = 0, Credit = 1, Arrived = 2, Done = 3 };
 constexpr int kFlagKinds = 4;
