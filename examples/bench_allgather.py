@@ -279,11 +279,11 @@ def gemm_overlap(b):
                      for name in ("sdma", b.base_name)}
     path = sdma_path(stats_before, torch_sdma.stats())
     alone = [g for g, _ in runs["alone"]]
-    result_rounds = {"gemm_alone_rounds_ms": alone}
     result = {"gemm_size": m, "gemm_count": a.gemm_count, "gathers": a.overlap_gathers, "rounds": a.gemm_rounds,
               "in_place": a.overlap_in_place,
               "gather_bytes": n_out * 2, "gemm_alone_ms": statistics.median(alone),
-              "gemm_alone_min_ms": min(alone), "gemm_alone_max_ms": max(alone), "sdma_path": path, **result_rounds}
+              "gemm_alone_min_ms": min(alone), "gemm_alone_max_ms": max(alone), "sdma_path": path,
+              "gemm_alone_rounds_ms": alone}
     for name in ("sdma", b.base_name):
         result[f"gemm_beside_{name}_ms"] = statistics.median(g for g, _ in runs[name])
         per_round = [100 * (g / base - 1) for (g, _), base in zip(runs[name], alone)]

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 _MIN_CHUNK = 4096
 # Defaults per device, each overridden by its environment variable for both devices. GPU, measured on 2x H200
-# (README): 256 MiB of staging lets 1 GiB all-gathers run in 64 MiB chunks. At 16 MiB of output the copy engines
-# did not beat NCCL (ratio 0.99-1.01 in three runs of session 4, 0.97-0.98 in three of session 5); at 32 MiB they
-# did in every run (1.04-1.14). So they start at 20 MiB, which keeps ZeRO-3's 22 and 24 MiB parameter fetches of
+# (README): 256 MiB of staging lets 1 GiB all-gathers run in 128 MiB chunks on two ranks. At 16 MiB of output the copy
+# engines did not beat NCCL (ratio 0.99-1.01 in three runs of session 4, 0.97-0.98 in three of session 5); at 32 MiB
+# they did in every run (1.04-1.14). So they start at 20 MiB, which keeps ZeRO-3's 22 and 24 MiB parameter fetches of
 # the 1B model on them. CPU: one worker copies serially, so a small staging area loses nothing.
 DEFAULT_STAGING_BYTES = {"cuda": 256 << 20, "cpu": 32 << 20}
 DEFAULT_MIN_BYTES = {"cuda": 20 << 20, "cpu": 0}
