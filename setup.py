@@ -49,17 +49,25 @@ from setuptools import find_packages, setup  # noqa: E402
 from torch.utils import cpp_extension  # noqa: E402
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-COMMON = [
-    "bindings.cpp",
-    "process_group_sdma.cpp",
-    "allgather_inputs.cpp",
-    "allgather_schedule.cpp",
-    "work_sdma.cpp",
-    "peer_rendezvous.cpp",
-    "host_shm_transport.cpp",
-    "host_allgather_runner.cpp",
-]
-GPU = ["gpu_api_cuda.cpp", "copy_engine_transport.cpp", "cuda_allgather_runner.cpp", "gpu_completion.cpp"]
+# One list per layer (csrc/README.md); the vendor layer and the copy-engine runner only where CUDA is built.
+SOURCES = {
+    "backend": ["process_group_sdma.cpp", "bindings.cpp"],
+    "collective": ["allgather_inputs.cpp", "byte_spans.cpp", "staging_allgather.cpp", "direct_allgather.cpp"],
+    "transport": ["peer_rendezvous.cpp", "host_shm_transport.cpp"],
+    "runner": ["shared_memory_runner.cpp"],
+    "work": ["host_work.cpp"],
+}
+CUDA_SOURCES = {
+    "gpu": ["gpu_api_cuda.cpp"],
+    "transport": ["copy_engine_transport.cpp"],
+    "runner": ["copy_engine_runner.cpp"],
+    "work": ["gpu_work.cpp", "gpu_completion.cpp"],
+}
+CPU_ONLY_SOURCES = {"runner": ["copy_engine_runner_absent.cpp"]}
+
+
+def source_paths(*layers):
+    return [os.path.join("csrc", folder, f) for layer in layers for folder, files in layer.items() for f in files]
 
 
 def want_cuda():
@@ -71,7 +79,7 @@ def want_cuda():
 
 def extension():
     cuda = want_cuda()
-    sources = [os.path.join("csrc", f) for f in COMMON + (GPU if cuda else [])]
+    sources = source_paths(SOURCES, CUDA_SOURCES if cuda else CPU_ONLY_SOURCES)
     cxx = ["-O2", "-Wall", "-Wno-unused-function"]  # the C++ standard is the one torch asks for
     macros = [("TORCH_SDMA_CUDA", None)] if cuda else []
     kwargs = dict(

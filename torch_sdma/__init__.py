@@ -3,7 +3,6 @@
     import torch_sdma
     torch.distributed.init_process_group("cpu:gloo,cuda:sdma")
 """
-import torch
 import torch.distributed as dist
 
 from . import _hw_queues
@@ -11,8 +10,7 @@ from . import _hw_queues
 # Before anything below can start CUDA: the hardware-queue count is fixed when CUDA creates its context.
 _hw_queues.request_before_cuda_starts()
 
-from . import _C  # noqa: E402
-from . import _default_backend, _nccl_split_source  # noqa: E402
+from . import _C, _default_backend, _nccl_split_source
 from ._registration import BACKEND_NAME, create_backend, perform_nocolor_split
 from ._stats import group_path, reset_stats, staging_bytes, stats
 

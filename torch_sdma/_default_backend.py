@@ -5,19 +5,15 @@ backend names of the group, so the default stays unset: getDefaultBackend() then
 destroy_process_group() warns (pytorch issue 178756; fixed in 2.14). Putting a lower-case alias of our plugin
 first makes that comparison succeed for "sdma"; lookups by the upper-case name are unchanged.
 """
-import torch
 import torch.distributed as dist
+
+from ._torch_version import torch_version
 
 _FIXED_IN = (2, 14)
 
 
-def _torch_version():
-    major, minor = (int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
-    return major, minor
-
-
 def apply(name: str) -> None:
-    if _torch_version() >= _FIXED_IN:
+    if torch_version() >= _FIXED_IN:
         return
     plugins = dist.Backend._plugins
     if name.lower() in plugins or name.upper() not in plugins:

@@ -6,8 +6,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import PrefixStore
 
-from . import _config
-from . import _C, _hw_queues
+from . import _C, _config, _hw_queues
+from ._torch_version import torch_version
 
 logger = logging.getLogger("torch_sdma")
 
@@ -43,7 +43,7 @@ def _cuda_unavailable_reason() -> str:
 
 def _sync_sequence_numbers(backend) -> None:
     # What torch does for its own gloo and nccl groups; a deprecated no-op from torch 2.14 on.
-    if tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 14):
+    if torch_version() < (2, 14):
         backend._set_sequence_number_for_group()
 
 
@@ -69,39 +69,36 @@ def _inner_nccl(store, opts, backend_options):
     return nccl
 
 
+def _options(opts, backend_options):
+    """The group's knobs: a ProcessGroupSDMA.Options passed as pg_options as it is, else the environment's."""
+    if isinstance(backend_options, _C.ProcessGroupSDMA.Options):
+        _config.validate(backend_options, opts.group_size)
+        options = backend_options
+    else:
+        options = _config.options_from_env(opts.group_size)
+    options._timeout = opts.timeout
+    options.group_name = str(opts.group_id)
+    return options
+
+
 def create_backend(opts, backend_options):
-    cfg = _config.from_env(opts.group_size)
+    options = _options(opts, backend_options)
     store = opts.store
     inner_cpu = _inner_gloo(store, opts) if _first_served_device(store) == "cpu" else None
     cuda_unavailable = _cuda_unavailable_reason()
     inner_cuda = None if cuda_unavailable else _inner_nccl(store, opts, backend_options)
-    pg = _C.ProcessGroupSDMA(
-        store,
-        opts.group_rank,
-        opts.group_size,
-        opts.timeout,
-        inner_cpu,
-        inner_cuda,
-        cfg.disable,
-        cfg.staging_bytes["cuda"],
-        cfg.staging_bytes["cpu"],
-        cfg.min_bytes["cuda"],
-        cfg.min_bytes["cpu"],
-        cfg.slots,
-        cfg.chunk_bytes,
-        cuda_unavailable,
-        str(opts.group_id),
-        cfg.direct,
-    )
+    pg = _C.ProcessGroupSDMA(store, opts.group_rank, opts.group_size, options, inner_cpu, inner_cuda,
+                             cuda_unavailable)
     pg._inner_cpu = inner_cpu
     pg._inner_cuda = inner_cuda
-    if cfg.log and opts.group_rank == 0:
-        _log_group_paths(pg, opts, cfg)
+    if options.log and opts.group_rank == 0:
+        _log_group_paths(pg, opts, options)
     return pg
 
 
-def _describe(verdict: str, dma: str) -> str:
-    return dma if verdict == "dma" else f"the inner backend ({verdict[len('inner:'):]})"
+def _describe(verdict, dma: str) -> str:
+    kind, reason = verdict
+    return dma if kind == "dma" else f"the inner backend ({reason})"
 
 
 def _queues_part() -> str:
@@ -111,22 +108,22 @@ def _queues_part() -> str:
     return f"{queues} hardware queues{source}" + (f": {hint}" if hint else "")
 
 
-def _log_group_paths(pg, opts, cfg) -> None:
+def _log_group_paths(pg, opts, options) -> None:
     parts = []
     cuda = pg._sdma_creation_verdict("cuda")
-    if cuda:
+    if cuda[0]:
         parts.append("CUDA all-gathers -> " + _describe(cuda, "copy engines"))
-        if cuda == "dma":
+        if cuda[0] == "dma":
             parts.append(_queues_part())
-    if not cuda and pg._inner_cpu is None:
+    if not cuda[0] and pg._inner_cpu is None:
         parts.append("CUDA collectives unavailable in this process: " + _cuda_unavailable_reason())
     cpu = pg._sdma_creation_verdict("cpu")
-    if cpu:
+    if cpu[0]:
         parts.append("CPU all-gathers -> " + _describe(cpu, "shared memory"))
     line = (
         f"torch_sdma: group '{opts.group_id}' ({opts.group_size} ranks): " + "; ".join(parts)
-        + f"; staging {cfg.staging_bytes['cuda'] >> 20} MiB (CUDA) / {cfg.staging_bytes['cpu'] >> 20} MiB (CPU)"
-        + f" per rank, inner backend below {cfg.min_bytes['cuda']} / {cfg.min_bytes['cpu']} bytes"
+        + f"; staging {options.staging_bytes_cuda >> 20} MiB (CUDA) / {options.staging_bytes_cpu >> 20} MiB (CPU)"
+        + f" per rank, inner backend below {options.min_bytes_cuda} / {options.min_bytes_cpu} bytes"
     )
     if logger.hasHandlers():
         logger.info(line)

@@ -1,0 +1,472 @@
+#include "backend/process_group_sdma.hpp"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include <c10/util/Logging.h>
+
+#include <algorithm>
+
+#include "work/coalesced_work.hpp"
+
+namespace sdma {
+namespace {
+
+int64_t tensorBytes(const std::vector<at::Tensor>& ts) {
+  int64_t b = 0;
+  for (const auto& t : ts) {
+    b += t.numel() * t.element_size();
+  }
+  return b;
+}
+
+}  // namespace
+
+ProcessGroupSDMA::ProcessGroupSDMA(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                   SdmaOptions options, c10::intrusive_ptr<c10d::Backend> innerCpu,
+                                   c10::intrusive_ptr<c10d::Backend> innerCuda, std::string cudaUnavailable)
+    : Backend(rank, size),
+      store_(store),
+      sdmaStore_(c10::make_intrusive<c10d::PrefixStore>("sdma/", store)),
+      options_(std::move(options)),
+      innerCpu_(std::move(innerCpu)),
+      innerCuda_(std::move(innerCuda)),
+      cudaUnavailable_(std::move(cudaUnavailable)) {
+  // Every member runs these exchanges at creation, so the group's log line can say which path it will take.
+  auto verdict = [&](const std::string& problem) {
+    if (options_.disable) {
+      return CollectivePath::inner("TORCH_SDMA_DISABLE=1");
+    }
+    return problem.empty() ? CollectivePath::dma() : CollectivePath::inner(problem);
+  };
+  if (innerCuda_) {
+    cudaPath_.atCreation = verdict(options_.disable ? "" : copyEnginePathProblem(*sdmaStore_, rank, size));
+  }
+  if (innerCpu_) {
+    hostPath_.atCreation = verdict(options_.disable ? "" : sharedMemoryPathProblem(*sdmaStore_, rank, size));
+  }
+}
+
+ProcessGroupSDMA::~ProcessGroupSDMA() = default;
+
+c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupSDMA::getBackendOptions() {
+  // split_group deep-copies these and hands them back to split(); the inner NCCL backend needs its own kind.
+  if (innerCuda_) {
+    return innerCuda_->getBackendOptions();
+  }
+  if (innerCpu_) {
+    return innerCpu_->getBackendOptions();
+  }
+  auto opts = c10::make_intrusive<Options>("sdma", options_.timeout);
+  opts->group_name = options_.groupName;
+  return opts;
+}
+
+StagingGeometry ProcessGroupSDMA::geometry(const at::Device& device) const {
+  const int64_t staging = device.is_cuda() ? options_.stagingBytesCuda : options_.stagingBytesCpu;
+  return StagingGeometry::fit(getSize(), options_.slots, static_cast<size_t>(staging),
+                              static_cast<size_t>(options_.chunkBytes));
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Dispatch to the inner backends.
+
+c10::intrusive_ptr<c10d::Backend>& ProcessGroupSDMA::innerFor(const at::Device& device, const char* op) {
+  if (device.is_cuda()) {
+    TORCH_CHECK(innerCuda_, "torch_sdma: ", op, " on CUDA tensors cannot run in this process: ",
+                cudaUnavailable_.empty() ? "no CUDA backend was created for this group" : cudaUnavailable_);
+    return innerCuda_;
+  }
+  TORCH_CHECK(innerCpu_, "torch_sdma: ", op, " on ", device.str(),
+              " tensors: this group's sdma backend serves CUDA only; pass \"cpu:gloo,cuda:sdma\" or \"sdma\"");
+  return innerCpu_;
+}
+
+c10::intrusive_ptr<c10d::Backend>& ProcessGroupSDMA::innerFor(const std::vector<at::Tensor>& tensors, const char* op) {
+  TORCH_CHECK(!tensors.empty(), "torch_sdma: ", op, " needs at least one tensor");
+  return innerFor(tensors[0].device(), op);
+}
+
+void ProcessGroupSDMA::recordPath(const std::string& key, int64_t bytes) {
+  std::lock_guard<std::mutex> lock(statsMutex_);
+  auto& s = stats_[key];
+  s.first += 1;
+  s.second += bytes;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::trackCoalesced(c10::intrusive_ptr<c10d::Work> work) {
+  if (coalescing_ && work) {
+    coalescedWorks_.push_back(work);
+  }
+  return work;
+}
+
+template <typename InnerCall>
+c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::delegate(const char* op, const std::vector<at::Tensor>& tensors,
+                                                          int64_t bytes, InnerCall&& innerCall) {
+  auto& inner = innerFor(tensors, op);
+  ++seq_;
+  recordPath(std::string("delegated:") + op, bytes);
+  auto work = innerCall(*inner);
+  // Inside a coalescing block NCCL collects its own works; gloo's run at once, so endCoalescing must return them.
+  return inner == innerCuda_ ? work : trackCoalesced(work);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::broadcast(std::vector<at::Tensor>& tensors,
+                                                           const c10d::BroadcastOptions& opts) {
+  return delegate("broadcast", tensors, tensorBytes(tensors),
+                  [&](c10d::Backend& b) { return b.broadcast(tensors, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allreduce(std::vector<at::Tensor>& tensors,
+                                                           const c10d::AllreduceOptions& opts) {
+  return delegate("allreduce", tensors, tensorBytes(tensors),
+                  [&](c10d::Backend& b) { return b.allreduce(tensors, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allreduce_sparse(std::vector<at::Tensor>& tensors,
+                                                                  const c10d::AllreduceOptions& opts) {
+  return delegate("allreduce_sparse", tensors, 0, [&](c10d::Backend& b) { return b.allreduce_sparse(tensors, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                     const c10d::AllreduceCoalescedOptions& opts) {
+  return delegate("allreduce_coalesced", tensors, tensorBytes(tensors),
+                  [&](c10d::Backend& b) { return b.allreduce_coalesced(tensors, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::reduce(std::vector<at::Tensor>& tensors,
+                                                        const c10d::ReduceOptions& opts) {
+  return delegate("reduce", tensors, tensorBytes(tensors), [&](c10d::Backend& b) { return b.reduce(tensors, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                        std::vector<at::Tensor>& inputs,
+                                                        const c10d::GatherOptions& opts) {
+  return delegate("gather", inputs, tensorBytes(inputs),
+                  [&](c10d::Backend& b) { return b.gather(outputs, inputs, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::scatter(std::vector<at::Tensor>& outputs,
+                                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                                         const c10d::ScatterOptions& opts) {
+  return delegate("scatter", outputs, tensorBytes(outputs),
+                  [&](c10d::Backend& b) { return b.scatter(outputs, inputs, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                                const c10d::ReduceScatterOptions& opts) {
+  return delegate("reduce_scatter", outputs, tensorBytes(outputs),
+                  [&](c10d::Backend& b) { return b.reduce_scatter(outputs, inputs, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                      const c10d::ReduceScatterOptions& opts) {
+  return delegate("reduce_scatter_tensor", {output}, tensorBytes({output}),
+                  [&](c10d::Backend& b) { return b._reduce_scatter_base(output, input, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
+  return delegate("reduce_scatter_tensor_coalesced", outputs, tensorBytes(outputs),
+                  [&](c10d::Backend& b) { return b.reduce_scatter_tensor_coalesced(outputs, inputs, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                               std::vector<int64_t>& outputSplitSizes,
+                                                               std::vector<int64_t>& inputSplitSizes,
+                                                               const c10d::AllToAllOptions& opts) {
+  return delegate("alltoall_base", {output}, tensorBytes({output}), [&](c10d::Backend& b) {
+    return b.alltoall_base(output, input, outputSplitSizes, inputSplitSizes, opts);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::alltoall(std::vector<at::Tensor>& outputs,
+                                                          std::vector<at::Tensor>& inputs,
+                                                          const c10d::AllToAllOptions& opts) {
+  return delegate("alltoall", outputs, tensorBytes(outputs),
+                  [&](c10d::Backend& b) { return b.alltoall(outputs, inputs, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
+  return delegate("send", tensors, tensorBytes(tensors),
+                  [&](c10d::Backend& b) { return b.send(tensors, dstRank, tag); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
+  return delegate("recv", tensors, tensorBytes(tensors),
+                  [&](c10d::Backend& b) { return b.recv(tensors, srcRank, tag); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  return delegate("recvAnysource", tensors, tensorBytes(tensors),
+                  [&](c10d::Backend& b) { return b.recvAnysource(tensors, tag); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::barrier(const c10d::BarrierOptions& opts) {
+  // NCCL's barrier is an all-reduce on a GPU; prefer it when the caller names a GPU or there is no CPU backend.
+  const bool onGpu = innerCuda_ && (!innerCpu_ || !opts.device_ids.empty() || (opts.device && opts.device->is_cuda()));
+  auto& inner = innerFor(at::Device(onGpu ? at::kCUDA : at::kCPU), "barrier");
+  ++seq_;
+  recordPath("delegated:barrier", 0);
+  return inner->barrier(opts);
+}
+
+void ProcessGroupSDMA::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
+  auto& inner = innerCpu_ ? innerCpu_ : innerFor(at::Device(at::kCUDA), "monitoredBarrier");
+  ++seq_;
+  recordPath("delegated:monitoredBarrier", 0);
+  inner->monitoredBarrier(opts, waitAllRanks);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// All-gather.
+
+CollectiveInfo ProcessGroupSDMA::describe(const char* op, c10d::OpType opType, const c10d::AllgatherOptions& opts) {
+  return CollectiveInfo{opType,
+                        op,
+                        ++seq_,
+                        options_.groupName,
+                        getRank(),
+                        getSize(),
+                        opts.timeout.count() > 0 ? opts.timeout : options_.timeout};
+}
+
+void ProcessGroupSDMA::connect(const at::Device& device) {
+  DevicePath& path = devicePath(device);
+  std::string why;
+  path.runner = device.is_cuda()
+                    ? connectCopyEngineRunner(*sdmaStore_, getRank(), getSize(), device.index(), geometry(device), &why)
+                    : connectSharedMemoryRunner(*sdmaStore_, getRank(), getSize(), geometry(device), options_.direct,
+                                                options_.groupName, &why);
+  if (path.runner) {
+    path.decided = CollectivePath::dma();
+    return;
+  }
+  path.decided = CollectivePath::inner(why);
+  if (path.atCreation.isDma()) {  // otherwise the group's log line already said so
+    LOG(WARNING) << "torch_sdma: group '" << options_.groupName << "' sends " << (device.is_cuda() ? "CUDA" : "CPU")
+                 << " all-gathers to the inner backend: " << why;
+  }
+}
+
+CollectivePath ProcessGroupSDMA::choosePath(const PlannedAllgather& planned) {
+  if (!planned.notForDma.empty()) {
+    return CollectivePath::inner(planned.notForDma);
+  }
+  if (options_.disable) {
+    return CollectivePath::inner("TORCH_SDMA_DISABLE=1");
+  }
+  const bool cuda = planned.device.is_cuda();
+  if (static_cast<int64_t>(planned.outputBytes) < (cuda ? options_.minBytesCuda : options_.minBytesCpu)) {
+    return CollectivePath::inner("below TORCH_SDMA_MIN_BYTES");
+  }
+  DevicePath& path = devicePath(planned.device);
+  if (path.decided.kind == CollectivePath::Kind::Unknown) {
+    connect(planned.device);
+  }
+  if (!path.runner) {
+    return path.decided;
+  }
+  const std::string refusal = path.runner->refusal(planned);
+  return refusal.empty() ? CollectivePath::dma() : CollectivePath::inner(refusal);
+}
+
+template <typename InnerCall>
+c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allgatherCollective(const char* op, c10d::OpType opType,
+                                                                     PlannedAllgather planned,
+                                                                     const c10d::AllgatherOptions& opts,
+                                                                     InnerCall&& innerCall) {
+  const CollectivePath path = choosePath(planned);
+  const auto bytes = static_cast<int64_t>(planned.outputBytes);
+  if (path.isDma()) {
+    auto work = devicePath(planned.device).runner->run(planned, opts.asyncOp, describe(op, opType, opts));
+    recordPath(path.key(), bytes);
+    return trackCoalesced(work);
+  }
+  auto& inner = innerFor(planned.device, op);
+  ++seq_;
+  recordPath(path.key(), bytes);
+  return innerCall(*inner);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                                 const c10d::AllgatherOptions& opts) {
+  return allgatherCollective("all_gather_into_tensor", c10d::OpType::_ALLGATHER_BASE,
+                             planAllgatherIntoTensor(output, input, getRank(), getSize()), opts,
+                             [&](c10d::Backend& b) { return b._allgather_base(output, input, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                           std::vector<at::Tensor>& inputs,
+                                                           const c10d::AllgatherOptions& opts) {
+  return allgatherCollective("all_gather", c10d::OpType::ALLGATHER,
+                             planAllgatherList(outputs, inputs, getRank(), getSize()), opts,
+                             [&](c10d::Backend& b) { return b.allgather(outputs, inputs, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                                 std::vector<at::Tensor>& inputs,
+                                                                                 const c10d::AllgatherOptions& opts) {
+  return allgatherCollective(
+      "allgather_into_tensor_coalesced", c10d::OpType::COALESCED,
+      planAllgatherIntoTensorCoalesced(outputs, inputs, getRank(), getSize()), opts,
+      [&](c10d::Backend& b) { return b.allgather_into_tensor_coalesced(outputs, inputs, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputLists,
+                                                                     std::vector<at::Tensor>& inputs,
+                                                                     const c10d::AllgatherOptions& opts) {
+  return allgatherCollective("allgather_coalesced", c10d::OpType::ALLGATHER_COALESCED,
+                             planAllgatherCoalesced(outputLists, inputs, getRank(), getSize()), opts,
+                             [&](c10d::Backend& b) { return b.allgather_coalesced(outputLists, inputs, opts); });
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Control.
+
+void ProcessGroupSDMA::startCoalescing() {
+  coalescing_ = true;
+  coalescedWorks_.clear();
+  if (innerCuda_) {
+    innerCuda_->startCoalescing();
+  }
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::endCoalescing() {
+  std::vector<c10::intrusive_ptr<c10d::Work>> parts;
+  parts.swap(coalescedWorks_);
+  coalescing_ = false;
+  if (innerCuda_) {
+    if (auto innerWork = innerCuda_->endCoalescing()) {
+      parts.push_back(innerWork);
+    }
+  }
+  if (parts.empty()) {
+    return nullptr;
+  }
+  if (parts.size() == 1) {
+    return parts[0];
+  }
+  return c10::make_intrusive<CoalescedWork>(std::move(parts));
+}
+
+bool ProcessGroupSDMA::supportsSplitting() const {
+  return innerCuda_ && innerCuda_->supportsSplitting();
+}
+
+c10::intrusive_ptr<c10d::Backend> ProcessGroupSDMA::split(const c10::intrusive_ptr<c10d::Store>& store,
+                                                          const std::vector<int>& ranks,
+                                                          const c10::intrusive_ptr<Options>& opts) {
+  // One object may be registered for two device types; ProcessGroup::splitGroup then asks it twice.
+  auto cached = splits_.find(opts->group_name);
+  if (cached != splits_.end()) {
+    return cached->second;
+  }
+  c10::intrusive_ptr<c10d::Backend> cuda, cpu;
+  if (innerCuda_ && innerCuda_->supportsSplitting()) {
+    cuda = innerCuda_->split(c10::make_intrusive<c10d::PrefixStore>("nccl/", store), ranks, opts);
+  }
+  if (innerCpu_ && innerCpu_->supportsSplitting()) {
+    cpu =
+        innerCpu_->split(c10::make_intrusive<c10d::PrefixStore>("gloo/", store), ranks, innerCpu_->getBackendOptions());
+  }
+  c10::intrusive_ptr<c10d::Backend> result;
+  const auto me = std::find(ranks.begin(), ranks.end(), getRank());
+  if (me != ranks.end()) {
+    SdmaOptions child = options_;
+    child.timeout = opts->timeout;
+    child.groupName = opts->group_name;
+    result = c10::make_intrusive<ProcessGroupSDMA>(
+        c10::make_intrusive<c10d::PrefixStore>(opts->group_name + "/", store), static_cast<int>(me - ranks.begin()),
+        static_cast<int>(ranks.size()), std::move(child), cpu, cuda, cudaUnavailable_);
+  }
+  splits_[opts->group_name] = result;
+  return result;
+}
+
+void ProcessGroupSDMA::setSequenceNumberForGroup() {
+  for (auto* inner : {&innerCpu_, &innerCuda_}) {
+    if (*inner) {
+      (*inner)->setSequenceNumberForGroup();
+    }
+  }
+}
+
+uint64_t ProcessGroupSDMA::getSequenceNumberForGroup() {
+  return seq_;
+}
+
+void ProcessGroupSDMA::eagerConnectSingleDevice(at::Device device) {
+  if (device.is_cuda() && innerCuda_) {
+    innerCuda_->eagerConnectSingleDevice(device);
+  }
+}
+
+void ProcessGroupSDMA::setTimeout(std::chrono::milliseconds timeout) {
+  options_.timeout = timeout;
+  for (auto* inner : {&innerCpu_, &innerCuda_}) {
+    if (*inner) {
+      try {
+        (*inner)->setTimeout(timeout);
+      } catch (const c10::Error&) {
+        // torch < 2.14 gloo has no setTimeout; our own collectives still use the new value.
+      }
+    }
+  }
+}
+
+void ProcessGroupSDMA::abort() {
+  for (auto* inner : {&innerCpu_, &innerCuda_}) {
+    if (*inner) {
+      (*inner)->abort();
+    }
+  }
+}
+
+void ProcessGroupSDMA::shutdown() {
+  // The runners' destructors wait for collectives in flight (bounded by the timeout), then free staging.
+  cudaPath_.runner.reset();
+  hostPath_.runner.reset();
+  for (auto* inner : {&innerCpu_, &innerCuda_}) {
+    if (*inner) {
+      (*inner)->shutdown();
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Introspection.
+
+std::map<std::string, std::pair<int64_t, int64_t>> ProcessGroupSDMA::stats() const {
+  std::lock_guard<std::mutex> lock(statsMutex_);
+  return stats_;
+}
+
+void ProcessGroupSDMA::resetStats() {
+  std::lock_guard<std::mutex> lock(statsMutex_);
+  stats_.clear();
+}
+
+CollectivePath ProcessGroupSDMA::pathFor(c10::DeviceType device) const {
+  if (options_.disable) {
+    return CollectivePath::inner("TORCH_SDMA_DISABLE=1");
+  }
+  return device == c10::DeviceType::CUDA ? cudaPath_.decided : hostPath_.decided;
+}
+
+CollectivePath ProcessGroupSDMA::creationVerdict(c10::DeviceType device) const {
+  return device == c10::DeviceType::CUDA ? cudaPath_.atCreation : hostPath_.atCreation;
+}
+
+int64_t ProcessGroupSDMA::stagingBytesInUse() const {
+  int64_t b = 0;
+  for (const DevicePath* path : {&cudaPath_, &hostPath_}) {
+    if (path->runner) {
+      b += static_cast<int64_t>(path->runner->stagingBytes());
+    }
+  }
+  return b;
+}
+
+}  // namespace sdma

@@ -1,0 +1,166 @@
+// The `sdma` c10d backend: all-gathers over DMA transports, every other collective handed to an inner backend
+// (NCCL/RCCL for CUDA tensors, gloo for CPU tensors) created by the Python registration over its own
+// sub-store. One object may serve both devices (backend string "sdma"), so every method dispatches on the
+// device of its tensors.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backend/collective_path.hpp"
+#include "backend/sdma_options.hpp"
+#include "collective/allgather_inputs.hpp"
+#include "collective/collective_info.hpp"
+#include "runner/allgather_runner.hpp"
+
+namespace sdma {
+
+class ProcessGroupSDMA : public c10d::Backend {
+ public:
+  // `cudaUnavailable`: why `innerCuda` is null ("" when it is not), for the error of a CUDA collective.
+  ProcessGroupSDMA(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, SdmaOptions options,
+                   c10::intrusive_ptr<c10d::Backend> innerCpu, c10::intrusive_ptr<c10d::Backend> innerCuda,
+                   std::string cudaUnavailable = "");
+  ~ProcessGroupSDMA() override;
+
+  const std::string getBackendName() const override {
+    return "sdma";
+  }
+  c10::intrusive_ptr<Options> getBackendOptions() override;
+
+  // All-gather: the DMA path when eligible.
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(
+      at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+
+  // Everything else: the inner backend of the tensors' device.
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts = c10d::BroadcastOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_sparse(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors,
+      const c10d::AllreduceCoalescedOptions& opts = c10d::AllreduceCoalescedOptions()) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts = c10d::ReduceOptions()) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts = c10d::GatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts = c10d::ScatterOptions()) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(
+      std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input,
+      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& outputSplitSizes,
+                                               std::vector<int64_t>& inputSplitSizes,
+                                               const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
+  void monitoredBarrier(const c10d::BarrierOptions& opts = c10d::BarrierOptions(), bool waitAllRanks = false) override;
+
+  // Control.
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+  bool supportsCoalescing() const override {
+    return true;
+  }
+  bool supportsSplitting() const override;
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<Options>& opts) override;
+  void setSequenceNumberForGroup() override;
+  uint64_t getSequenceNumberForGroup() override;
+  void eagerConnectSingleDevice(at::Device device) override;
+  void setTimeout(std::chrono::milliseconds timeout) override;
+  void abort() override;
+  void shutdown() override;
+
+  // For the Python side.
+  const SdmaOptions& options() const {
+    return options_;
+  }
+  std::map<std::string, std::pair<int64_t, int64_t>> stats() const;
+  void resetStats();
+  CollectivePath pathFor(c10::DeviceType device) const;
+  // The path predicted when the group was created (for its log line); Unknown if the group does not serve
+  // that device.
+  CollectivePath creationVerdict(c10::DeviceType device) const;
+  int64_t stagingBytesInUse() const;
+
+ private:
+  // One device's side of the DMA path: the verdict at creation, the path decided at the first eligible
+  // all-gather (identically on every rank), and the runner once connected.
+  struct DevicePath {
+    CollectivePath atCreation;
+    CollectivePath decided;
+    std::unique_ptr<AllgatherRunner> runner;
+  };
+  DevicePath& devicePath(const at::Device& device) {
+    return device.is_cuda() ? cudaPath_ : hostPath_;
+  }
+
+  // The one shape of every all-gather form: decide the path, then run the DMA schedule or call the inner backend.
+  template <typename InnerCall>
+  c10::intrusive_ptr<c10d::Work> allgatherCollective(const char* op, c10d::OpType opType, PlannedAllgather planned,
+                                                     const c10d::AllgatherOptions& opts, InnerCall&& innerCall);
+  // The one shape of every delegated collective.
+  template <typename InnerCall>
+  c10::intrusive_ptr<c10d::Work> delegate(const char* op, const std::vector<at::Tensor>& tensors, int64_t bytes,
+                                          InnerCall&& innerCall);
+
+  c10::intrusive_ptr<c10d::Backend>& innerFor(const at::Device& device, const char* op);
+  c10::intrusive_ptr<c10d::Backend>& innerFor(const std::vector<at::Tensor>& tensors, const char* op);
+  // Connects the device's transport on first use.
+  CollectivePath choosePath(const PlannedAllgather& planned);
+  void connect(const at::Device& device);
+  CollectiveInfo describe(const char* op, c10d::OpType opType, const c10d::AllgatherOptions& opts);
+  StagingGeometry geometry(const at::Device& device) const;
+  void recordPath(const std::string& key, int64_t bytes);
+  c10::intrusive_ptr<c10d::Work> trackCoalesced(c10::intrusive_ptr<c10d::Work> work);
+
+  const c10::intrusive_ptr<c10d::Store> store_;
+  const c10::intrusive_ptr<c10d::Store> sdmaStore_;  // our own keys, apart from the inner backends'
+  SdmaOptions options_;
+  c10::intrusive_ptr<c10d::Backend> innerCpu_;
+  c10::intrusive_ptr<c10d::Backend> innerCuda_;
+  const std::string cudaUnavailable_;
+  uint64_t seq_ = 0;
+
+  DevicePath cudaPath_;
+  DevicePath hostPath_;
+
+  bool coalescing_ = false;
+  std::vector<c10::intrusive_ptr<c10d::Work>> coalescedWorks_;  // ours and gloo's, for endCoalescing
+
+  std::map<std::string, c10::intrusive_ptr<c10d::Backend>> splits_;
+
+  mutable std::mutex statsMutex_;
+  std::map<std::string, std::pair<int64_t, int64_t>> stats_;  // path key -> (calls, bytes)
+};
+
+}  // namespace sdma

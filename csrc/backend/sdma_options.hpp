@@ -1,0 +1,39 @@
+// The group's options, as ProcessGroupNCCL::Options carries NCCL's: the TORCH_SDMA_* knobs (docs/api.md, read by
+// torch_sdma/_config.py) plus what torch hands every backend (timeout, group name). Bound to Python as
+// torch_sdma.ProcessGroupSDMA.Options, so a caller may also pass one as pg_options.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace sdma {
+
+// Staging per rank and group. GPU: 256 MiB carries a 1 GiB all-gather in 128 MiB chunks on two ranks, where one
+// copy-engine copy runs near its best (about 356 GB/s at 64 MiB against 390 at 512 MiB on H200). CPU: one worker
+// copies serially, so a small area loses nothing.
+constexpr int64_t kDefaultStagingBytesCuda = int64_t{256} << 20;
+constexpr int64_t kDefaultStagingBytesCpu = int64_t{32} << 20;
+// Below this many output bytes a CUDA all-gather goes to NCCL: at 16 MiB the copy engines tied or lost to NCCL in
+// six of seven launches on 2x H200, at 24 MiB and above they won (docs/results/2xH200.md).
+constexpr int64_t kDefaultMinBytesCuda = int64_t{20} << 20;
+constexpr int64_t kDefaultMinBytesCpu = 0;
+// Two staging slots: the next chunk's push overlaps this one's drain.
+constexpr int kDefaultSlots = 2;
+
+struct SdmaOptions {
+  bool disable = false;                                 // TORCH_SDMA_DISABLE
+  int64_t stagingBytesCuda = kDefaultStagingBytesCuda;  // TORCH_SDMA_STAGING_BYTES
+  int64_t stagingBytesCpu = kDefaultStagingBytesCpu;
+  int64_t minBytesCuda = kDefaultMinBytesCuda;  // TORCH_SDMA_MIN_BYTES
+  int64_t minBytesCpu = kDefaultMinBytesCpu;
+  int slots = kDefaultSlots;  // TORCH_SDMA_SLOTS, a power of two
+  int64_t chunkBytes = 0;     // TORCH_SDMA_CHUNK_BYTES; 0: automatic
+  bool direct = false;        // TORCH_SDMA_DIRECT: all_gather_into_tensor without staging (CPU tensors so far)
+  bool log = true;            // TORCH_SDMA_LOG: one line per group at creation (written by the Python side)
+
+  std::chrono::milliseconds timeout{600000};
+  std::string groupName;
+};
+
+}  // namespace sdma

@@ -1,0 +1,31 @@
+// Checks the arguments of every all-gather form the way ProcessGroupNCCL does (same exception types, same
+// words), before anything is enqueued, and reduces the form to an AllgatherPlan over raw bytes.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <vector>
+
+#include "collective/allgather_plan.hpp"
+
+namespace sdma {
+
+struct PlannedAllgather {
+  AllgatherPlan plan;
+  at::Device device = at::kCPU;  // where the tensors are, which decides the transport and the inner backend
+  size_t outputBytes = 0;
+  std::vector<at::Tensor> outputs;    // what Work::result() and the future return
+  std::vector<at::Tensor> keepAlive;  // every tensor the copies touch
+  std::string notForDma;              // non-empty: valid input the DMA path does not take (e.g. uneven list)
+};
+
+PlannedAllgather planAllgatherIntoTensor(const at::Tensor& output, const at::Tensor& input, int rank, int size);
+PlannedAllgather planAllgatherList(const std::vector<std::vector<at::Tensor>>& outputs,
+                                   const std::vector<at::Tensor>& inputs, int rank, int size);
+PlannedAllgather planAllgatherIntoTensorCoalesced(const std::vector<at::Tensor>& outputs,
+                                                  const std::vector<at::Tensor>& inputs, int rank, int size);
+PlannedAllgather planAllgatherCoalesced(const std::vector<std::vector<at::Tensor>>& outputLists,
+                                        const std::vector<at::Tensor>& inputs, int rank, int size);
+
+}  // namespace sdma

@@ -1,0 +1,28 @@
+// Walking span lists: the schedules move chunks that may start and end anywhere inside the tensors of a form.
+#pragma once
+
+#include <vector>
+
+#include "collective/allgather_plan.hpp"
+#include "transport/transport.hpp"
+
+namespace sdma {
+
+// Walks a span list front to back, handing out consecutive byte ranges as lists of contiguous pieces.
+class SpanCursor {
+ public:
+  explicit SpanCursor(const std::vector<ByteSpan>& spans) : spans_(&spans) {}
+
+  std::vector<ByteSpan> take(size_t bytes);
+
+ private:
+  const std::vector<ByteSpan>* spans_;
+  size_t index_ = 0;
+  size_t offset_ = 0;
+};
+
+// Copies src pieces into dst pieces of the same total length on `lane`, skipping ranges that already alias
+// (in place).
+void copyPieces(Transport& t, Lane lane, const std::vector<ByteSpan>& dst, const std::vector<ByteSpan>& src);
+
+}  // namespace sdma

@@ -1,0 +1,81 @@
+// The vendor layer: the only place that names the GPU vendor's runtime. Everything above it speaks of streams,
+// events, copies, flag writes and flag waits; gpu_api_cuda.cpp implements it for CUDA, and the HIP build
+// translates this layer (hipMemcpyAsync with hipMemcpyDeviceToDeviceNoCU, hipStreamWaitValue32, hipIpc*), nothing
+// else. (Code above it may use torch's own device API, c10::cuda, which torch translates for ROCm itself.)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace sdma {
+namespace gpu {
+
+using Stream = void*;  // cudaStream_t / hipStream_t
+using Event = void*;   // cudaEvent_t / hipEvent_t
+
+constexpr size_t kIpcHandleBytes = 64;
+struct IpcHandle {
+  char bytes[kIpcHandleBytes];
+};
+
+// Throws c10::Error with the runtime's message when a call fails.
+std::string pciBusId(int device);
+// Device ordinal in this process for a PCI bus id, or -1 when that GPU is not visible here.
+int deviceByPciBusId(const std::string& busId);
+bool canAccessPeer(int device, int peerDevice);
+
+void* mallocDevice(size_t bytes);
+void freeDevice(void* ptr);
+void memsetDeviceSync(void* ptr, int value, size_t bytes);
+
+// Device memory that other processes on this host can map (VMM, exported as a POSIX file descriptor). Pushes into
+// it run at full NVLink speed; legacy IPC mappings (below) reached ~75% of it on H200.
+struct SharedAllocation {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  unsigned long long handle = 0;
+  int fd = -1;  // the exported descriptor, owner side only
+};
+// "" on success, else why this device cannot share memory that way.
+std::string allocateShareable(int device, size_t bytes, SharedAllocation* out);
+// Maps another process's allocation (fd already duplicated into this process; consumed) for `device`.
+std::string importShareable(int device, int fd, size_t bytes, SharedAllocation* out);
+void freeShareable(SharedAllocation* alloc);
+
+IpcHandle exportIpc(void* base);
+void* importIpc(const IpcHandle& handle);
+void closeIpc(void* ptr);
+
+// A copy that runs on a DMA engine: device-to-device, local or into a peer's mapped memory.
+void copyAsync(void* dst, const void* src, size_t bytes, Stream stream);
+void copyToHostAsync(void* dst, const void* src, size_t bytes, Stream stream);
+void copyFromHostAsync(void* dst, const void* src, size_t bytes, Stream stream);
+
+// Stream memory operations: no kernel, no SM. A FlagOp either writes `value` to `flag` (after all prior work on
+// the stream, with a memory barrier; the flag may be in a peer's memory) or holds the stream until
+// (int32_t)(*flag - value) >= 0, a cyclic compare so serials may wrap. The ops run in array order, in one
+// driver call.
+struct FlagOp {
+  bool write;
+  uint32_t* flag;
+  uint32_t value;
+};
+void flagOps(Stream stream, const FlagOp* ops, int count);
+// "" when the driver offers the stream memory operations above, else why not.
+std::string streamMemOpsUnavailableReason();
+
+Stream createStream();
+// True while `stream` is being captured into a graph.
+bool streamCapturing(Stream stream);
+void destroyStream(Stream stream);
+void syncStream(Stream stream);
+
+Event createEvent();
+void destroyEvent(Event event);
+void recordEvent(Event event, Stream stream);
+bool eventDone(Event event);  // never blocks
+void streamWaitEvent(Stream stream, Event event);
+
+}  // namespace gpu
+}  // namespace sdma

@@ -1,0 +1,369 @@
+// CUDA implementation of gpu_api.hpp. Links only the CUDA runtime (shipped with torch); driver entry points
+// (stream memory operations) are resolved at run time so that the module imports on machines with no driver.
+#include "gpu/gpu_api.hpp"
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <c10/util/Exception.h>
+
+#include <cstring>
+
+#include <unistd.h>
+
+#include <mutex>
+#include <vector>
+
+namespace sdma {
+namespace gpu {
+namespace {
+
+void check(cudaError_t err, const char* what) {
+  TORCH_CHECK(err == cudaSuccess, "torch_sdma: ", what, " failed: ", cudaGetErrorString(err));
+}
+
+void checkDriver(CUresult res, const char* what) {
+  TORCH_CHECK(res == CUDA_SUCCESS, "torch_sdma: ", what, " failed with CUresult ", static_cast<int>(res));
+}
+
+using BatchMemOpFn = CUresult (*)(CUstream, unsigned int, CUstreamBatchMemOpParams*, unsigned int);
+struct DriverEntryPoints {
+  BatchMemOpFn batchMemOp = nullptr;
+  decltype(&cuMemCreate) memCreate = nullptr;
+  decltype(&cuMemGetAllocationGranularity) memGranularity = nullptr;
+  decltype(&cuMemAddressReserve) memReserve = nullptr;
+  decltype(&cuMemMap) memMap = nullptr;
+  decltype(&cuMemSetAccess) memSetAccess = nullptr;
+  decltype(&cuMemExportToShareableHandle) memExport = nullptr;
+  decltype(&cuMemImportFromShareableHandle) memImport = nullptr;
+  decltype(&cuMemUnmap) memUnmap = nullptr;
+  decltype(&cuMemAddressFree) memAddressFree = nullptr;
+  decltype(&cuMemRelease) memRelease = nullptr;
+};
+
+template <typename Fn>
+void resolve(const char* name, Fn* fn) {
+  cudaDriverEntryPointQueryResult q;
+  void* p = nullptr;
+  check(cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &q), name);
+  TORCH_CHECK(q == cudaDriverEntryPointSuccess && p, "torch_sdma: the driver lacks ", name);
+  *fn = reinterpret_cast<Fn>(p);
+}
+
+// Version 12000 binds the _v2 memop entry points; the unversioned symbol can bind v1, which older drivers
+// refuse with "operation not supported".
+const DriverEntryPoints& driver() {
+  static DriverEntryPoints entry;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    resolve("cuStreamBatchMemOp", &entry.batchMemOp);
+    resolve("cuMemCreate", &entry.memCreate);
+    resolve("cuMemGetAllocationGranularity", &entry.memGranularity);
+    resolve("cuMemAddressReserve", &entry.memReserve);
+    resolve("cuMemMap", &entry.memMap);
+    resolve("cuMemSetAccess", &entry.memSetAccess);
+    resolve("cuMemExportToShareableHandle", &entry.memExport);
+    resolve("cuMemImportFromShareableHandle", &entry.memImport);
+    resolve("cuMemUnmap", &entry.memUnmap);
+    resolve("cuMemAddressFree", &entry.memAddressFree);
+    resolve("cuMemRelease", &entry.memRelease);
+  });
+  return entry;
+}
+
+cudaStream_t raw(Stream s) {
+  return static_cast<cudaStream_t>(s);
+}
+
+}  // namespace
+
+std::string pciBusId(int device) {
+  char buf[64] = {0};
+  check(cudaDeviceGetPCIBusId(buf, sizeof(buf), device), "cudaDeviceGetPCIBusId");
+  return std::string(buf);
+}
+
+int deviceByPciBusId(const std::string& busId) {
+  int d = -1;
+  if (cudaDeviceGetByPCIBusId(&d, busId.c_str()) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  return d;
+}
+
+bool canAccessPeer(int device, int peerDevice) {
+  if (device == peerDevice) {
+    return true;
+  }
+  int can = 0;
+  check(cudaDeviceCanAccessPeer(&can, device, peerDevice), "cudaDeviceCanAccessPeer");
+  return can != 0;
+}
+
+void* mallocDevice(size_t bytes) {
+  void* p = nullptr;
+  check(cudaMalloc(&p, bytes), "cudaMalloc of the staging buffer");
+  return p;
+}
+
+void freeDevice(void* ptr) {
+  if (ptr) {
+    (void)cudaFree(ptr);
+  }
+}
+
+void memsetDeviceSync(void* ptr, int value, size_t bytes) {
+  check(cudaMemset(ptr, value, bytes), "cudaMemset");
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
+
+namespace {
+
+CUmemAllocationProp shareableProp(int device) {
+  CUmemAllocationProp prop;
+  memset(&prop, 0, sizeof(prop));
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return prop;
+}
+
+// Rounds *bytes up to the size VMM maps `device`'s memory in; leaves it as is when the driver will not say.
+CUresult roundUpToGranularity(int device, size_t* bytes) {
+  CUmemAllocationProp prop = shareableProp(device);
+  size_t granularity = 0;
+  const CUresult r = driver().memGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+  if (r == CUDA_SUCCESS && granularity) {
+    *bytes = (*bytes + granularity - 1) / granularity * granularity;
+  }
+  return r;
+}
+
+std::string driverError(const char* what, CUresult r) {
+  return std::string(what) + " failed with CUresult " + std::to_string(static_cast<int>(r));
+}
+
+// Reserves address space for `handle`, maps it and lets `device` read and write it.
+std::string mapForDevice(int device, size_t bytes, SharedAllocation* a) {
+  const auto& d = driver();
+  CUdeviceptr ptr = 0;
+  CUresult r = d.memReserve(&ptr, bytes, 0, 0, 0);
+  if (r != CUDA_SUCCESS) {
+    return driverError("cuMemAddressReserve", r);
+  }
+  r = d.memMap(ptr, bytes, 0, a->handle, 0);
+  if (r != CUDA_SUCCESS) {
+    d.memAddressFree(ptr, bytes);
+    return driverError("cuMemMap", r);
+  }
+  CUmemAccessDesc access;
+  memset(&access, 0, sizeof(access));
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = device;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  r = d.memSetAccess(ptr, bytes, &access, 1);
+  if (r != CUDA_SUCCESS) {
+    d.memUnmap(ptr, bytes);
+    d.memAddressFree(ptr, bytes);
+    return driverError("cuMemSetAccess", r);
+  }
+  a->ptr = reinterpret_cast<void*>(ptr);
+  a->bytes = bytes;
+  return "";
+}
+
+}  // namespace
+
+std::string allocateShareable(int device, size_t bytes, SharedAllocation* out) {
+  const std::string unavailable = streamMemOpsUnavailableReason();
+  if (!unavailable.empty()) {
+    return unavailable;
+  }
+  const auto& d = driver();
+  CUresult r = roundUpToGranularity(device, &bytes);
+  if (r != CUDA_SUCCESS) {
+    return driverError("cuMemGetAllocationGranularity", r);
+  }
+  const CUmemAllocationProp prop = shareableProp(device);
+  SharedAllocation a;
+  r = d.memCreate(&a.handle, bytes, &prop, 0);
+  if (r != CUDA_SUCCESS) {
+    return driverError("cuMemCreate", r);
+  }
+  std::string err = mapForDevice(device, bytes, &a);
+  if (err.empty()) {
+    r = d.memExport(&a.fd, a.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    if (r != CUDA_SUCCESS) {
+      err = driverError("cuMemExportToShareableHandle", r);
+    }
+  }
+  if (!err.empty()) {
+    freeShareable(&a);
+    return err;
+  }
+  *out = a;
+  return "";
+}
+
+std::string importShareable(int device, int fd, size_t bytes, SharedAllocation* out) {
+  const auto& d = driver();
+  SharedAllocation a;
+  CUresult r = d.memImport(&a.handle, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
+                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  close(fd);  // the handle now holds the memory
+  if (r != CUDA_SUCCESS) {
+    return driverError("cuMemImportFromShareableHandle", r);
+  }
+  roundUpToGranularity(device, &bytes);  // as the exporter did
+  std::string err = mapForDevice(device, bytes, &a);
+  if (!err.empty()) {
+    d.memRelease(a.handle);
+    return err;
+  }
+  *out = a;
+  return "";
+}
+
+void freeShareable(SharedAllocation* a) {
+  const auto& d = driver();
+  if (a->ptr) {
+    d.memUnmap(reinterpret_cast<CUdeviceptr>(a->ptr), a->bytes);
+    d.memAddressFree(reinterpret_cast<CUdeviceptr>(a->ptr), a->bytes);
+  }
+  if (a->handle) {
+    d.memRelease(a->handle);
+  }
+  if (a->fd >= 0) {
+    close(a->fd);
+  }
+  *a = SharedAllocation{};
+}
+
+IpcHandle exportIpc(void* base) {
+  static_assert(sizeof(cudaIpcMemHandle_t) <= kIpcHandleBytes, "IPC handle size");
+  cudaIpcMemHandle_t h;
+  check(cudaIpcGetMemHandle(&h, base), "cudaIpcGetMemHandle");
+  IpcHandle out{};
+  memcpy(out.bytes, &h, sizeof(h));
+  return out;
+}
+
+void* importIpc(const IpcHandle& handle) {
+  cudaIpcMemHandle_t h;
+  memcpy(&h, handle.bytes, sizeof(h));
+  void* p = nullptr;
+  check(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
+  return p;
+}
+
+void closeIpc(void* ptr) {
+  if (ptr) {
+    (void)cudaIpcCloseMemHandle(ptr);
+  }
+}
+
+void copyAsync(void* dst, const void* src, size_t bytes, Stream stream) {
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, raw(stream)), "cudaMemcpyAsync");
+}
+
+void copyToHostAsync(void* dst, const void* src, size_t bytes, Stream stream) {
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, raw(stream)), "cudaMemcpyAsync D2H");
+}
+
+void copyFromHostAsync(void* dst, const void* src, size_t bytes, Stream stream) {
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, raw(stream)), "cudaMemcpyAsync H2D");
+}
+
+void flagOps(Stream stream, const FlagOp* ops, int count) {
+  if (count <= 0) {
+    return;
+  }
+  constexpr int kInline = 32;
+  CUstreamBatchMemOpParams inlineParams[kInline];
+  std::vector<CUstreamBatchMemOpParams> heapParams;
+  CUstreamBatchMemOpParams* params = inlineParams;
+  if (count > kInline) {
+    heapParams.resize(count);
+    params = heapParams.data();
+  }
+  for (int i = 0; i < count; ++i) {
+    memset(&params[i], 0, sizeof(params[i]));
+    if (ops[i].write) {
+      params[i].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+      params[i].writeValue.address = reinterpret_cast<CUdeviceptr>(ops[i].flag);
+      params[i].writeValue.value = ops[i].value;
+      params[i].writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+    } else {
+      params[i].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+      params[i].waitValue.address = reinterpret_cast<CUdeviceptr>(ops[i].flag);
+      params[i].waitValue.value = ops[i].value;
+      params[i].waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+    }
+  }
+  checkDriver(driver().batchMemOp(static_cast<CUstream>(stream), count, params, 0), "cuStreamBatchMemOp");
+}
+
+std::string streamMemOpsUnavailableReason() {
+  try {
+    driver();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
+}
+
+Stream createStream() {
+  cudaStream_t s;
+  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  return s;
+}
+
+bool streamCapturing(Stream stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(raw(stream), &status) == cudaSuccess && status != cudaStreamCaptureStatusNone;
+}
+
+void destroyStream(Stream stream) {
+  if (stream) {
+    (void)cudaStreamDestroy(raw(stream));
+  }
+}
+
+void syncStream(Stream stream) {
+  check(cudaStreamSynchronize(raw(stream)), "cudaStreamSynchronize");
+}
+
+Event createEvent() {
+  cudaEvent_t e;
+  check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+  return e;
+}
+
+void destroyEvent(Event event) {
+  if (event) {
+    (void)cudaEventDestroy(static_cast<cudaEvent_t>(event));
+  }
+}
+
+void recordEvent(Event event, Stream stream) {
+  check(cudaEventRecord(static_cast<cudaEvent_t>(event), raw(stream)), "cudaEventRecord");
+}
+
+bool eventDone(Event event) {
+  cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(event));
+  if (err == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  check(err, "cudaEventQuery");
+  return true;
+}
+
+void streamWaitEvent(Stream stream, Event event) {
+  check(cudaStreamWaitEvent(raw(stream), static_cast<cudaEvent_t>(event), 0), "cudaStreamWaitEvent");
+}
+
+}  // namespace gpu
+}  // namespace sdma

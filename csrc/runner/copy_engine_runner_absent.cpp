@@ -1,0 +1,19 @@
+// A build without CUDA (TORCH_SDMA_CUDA unset, e.g. a CPU-only torch): CUDA all-gathers go to the inner backend.
+#include "runner/allgather_runner.hpp"
+
+namespace sdma {
+namespace {
+constexpr const char* kWhy = "torch_sdma was built without CUDA";
+}  // namespace
+
+std::string copyEnginePathProblem(c10d::Store&, int, int) {
+  return kWhy;
+}
+
+std::unique_ptr<AllgatherRunner> connectCopyEngineRunner(c10d::Store&, int, int, int, const StagingGeometry&,
+                                                         std::string* whyNot) {
+  *whyNot = kWhy;
+  return nullptr;
+}
+
+}  // namespace sdma

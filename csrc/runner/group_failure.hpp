@@ -1,0 +1,36 @@
+// Once a collective of a group failed, the group runs no further all-gathers: its peers and streams may be
+// anywhere inside the failed one. Guarded by the runner's mutex.
+#pragma once
+
+#include <c10/util/Exception.h>
+
+#include <string>
+
+#include "collective/collective_info.hpp"
+
+namespace sdma {
+
+class GroupFailure {
+ public:
+  void record(std::string reason) {
+    if (reason_.empty()) {
+      reason_ = std::move(reason);
+    }
+  }
+  bool happened() const {
+    return !reason_.empty();
+  }
+  const std::string& reason() const {
+    return reason_;
+  }
+  // Throws, naming the collective and the earlier failure, once one happened.
+  void refuse(const CollectiveInfo& info) const {
+    TORCH_CHECK(reason_.empty(), "torch_sdma: ", info.describe(),
+                " refused: an earlier collective on this group failed: ", reason_);
+  }
+
+ private:
+  std::string reason_;
+};
+
+}  // namespace sdma

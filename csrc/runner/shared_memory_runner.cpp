@@ -1,0 +1,106 @@
+#include "runner/shared_memory_runner.hpp"
+
+#include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
+
+#include "collective/direct_allgather.hpp"
+#include "collective/staging_allgather.hpp"
+
+namespace sdma {
+
+std::string sharedMemoryPathProblem(c10d::Store& store, int rank, int size) {
+  return HostShmTransport::checkSameHost(store, "shm/create", rank, size);
+}
+
+std::unique_ptr<AllgatherRunner> connectSharedMemoryRunner(c10d::Store& store, int rank, int size,
+                                                           const StagingGeometry& geometry, bool direct,
+                                                           const std::string& groupName, std::string* whyNot) {
+  auto transport = HostShmTransport::connect(store, rank, size, geometry, direct, whyNot);
+  if (!transport) {
+    return nullptr;
+  }
+  if (direct && !transport->directUnavailable().empty()) {
+    LOG(WARNING) << "torch_sdma: group '" << groupName << "' runs CPU all-gathers through staging, not "
+                 << "directly: " << transport->directUnavailable();
+  }
+  return std::make_unique<SharedMemoryRunner>(std::move(transport));
+}
+
+SharedMemoryRunner::SharedMemoryRunner(std::unique_ptr<HostShmTransport> transport) : transport_(std::move(transport)) {
+  worker_ = std::thread([this] { workerLoop(); });
+}
+
+SharedMemoryRunner::~SharedMemoryRunner() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  worker_.join();
+}
+
+c10::intrusive_ptr<c10d::Work> SharedMemoryRunner::run(PlannedAllgather& planned, bool /*asyncOp*/,
+                                                       const CollectiveInfo& info) {
+  const AllgatherPlan& plan = planned.plan;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    failure_.refuse(info);
+  }
+  ArrivalMailbox* mailbox = transport_->mailbox();
+  if (mailbox && plan.outputBase && plan.bytesPerRank > 0) {
+    const uint64_t serial = ++directSerial_;
+    const auto seen = mailbox->arrive(serial,
+                                      {reinterpret_cast<uint64_t>(plan.input.front().ptr),
+                                       reinterpret_cast<uint64_t>(plan.outputBase), plan.bytesPerRank},
+                                      info.timeout);
+    std::vector<PeerBuffers> peers(seen.size());
+    for (size_t q = 0; q < seen.size(); ++q) {
+      if (seen[q]) {
+        peers[q] = {true, seen[q]->input, seen[q]->output};
+      }
+    }
+    scheduleDirectAllgather(*transport_, plan, static_cast<uint32_t>(serial), peers);
+  } else {
+    scheduleStagingAllgather(*transport_, plan, serial_);
+  }
+  auto work = c10::make_intrusive<HostWork>(info, std::move(planned.outputs), std::move(planned.keepAlive));
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.push_back({transport_->takeRecorded(), work});
+  }
+  wake_.notify_one();
+  return work;
+}
+
+void SharedMemoryRunner::workerLoop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (true) {
+    wake_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) {
+      return;  // stop_ with nothing left: every queued collective ran before the group goes away
+    }
+    Job job = std::move(queue_.front());
+    queue_.pop_front();
+    const std::string broken = failure_.reason();
+    lock.unlock();
+    std::exception_ptr error;
+    if (!broken.empty()) {
+      error = std::make_exception_ptr(
+          C10_BUILD_ERROR(DistBackendError, "torch_sdma: " + job.work->description() +
+                                                " not run: an earlier collective on this group failed: " + broken));
+    } else {
+      try {
+        transport_->execute(job.ops, job.work->deadline(), job.work->description());
+      } catch (const std::exception& e) {
+        error = std::current_exception();
+        lock.lock();
+        failure_.record(e.what());
+        lock.unlock();
+      }
+    }
+    job.work->complete(error);
+    lock.lock();
+  }
+}
+
+}  // namespace sdma

@@ -1,0 +1,249 @@
+#include "transport/copy_engine_transport.hpp"
+
+#include <unistd.h>
+
+#include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
+
+#include <cstring>
+
+namespace sdma {
+namespace {
+
+// Why this rank cannot push into every peer's memory, or "".
+std::string reachabilityProblem(const std::vector<MemberIdentity>& members, int rank, int device) {
+  const std::string otherHost = memberOnAnotherHost(members, rank);
+  if (!otherHost.empty()) {
+    return otherHost;
+  }
+  for (size_t q = 0; q < members.size(); ++q) {
+    if (static_cast<int>(q) == rank) {
+      continue;
+    }
+    const int peerDevice = gpu::deviceByPciBusId(members[q].gpuBusId);
+    if (peerDevice < 0) {
+      return "the GPU of group rank " + std::to_string(q) + " (" + members[q].gpuBusId +
+             ") is not visible in this process (CUDA_VISIBLE_DEVICES)";
+    }
+    if (!gpu::canAccessPeer(device, peerDevice)) {
+      return "no P2P access from GPU " + members[rank].gpuBusId + " to GPU " + members[q].gpuBusId;
+    }
+  }
+  return gpu::streamMemOpsUnavailableReason();
+}
+
+}  // namespace
+
+std::string CopyEngineTransport::checkGroupReachable(c10d::Store& store, const std::string& key, int rank, int size,
+                                                     int device, std::vector<MemberIdentity>* members) {
+  const auto all = exchangeIdentities(store, key + "/info", rank, size, gpu::pciBusId(device));
+  if (members) {
+    *members = all;
+  }
+  return agreeOnPath(store, key + "/verdict", rank, size, reachabilityProblem(all, rank, device));
+}
+
+std::unique_ptr<CopyEngineTransport> CopyEngineTransport::connect(c10d::Store& store, int rank, int size, int device,
+                                                                  const StagingGeometry& geometry,
+                                                                  std::string* whyNot) {
+  std::vector<MemberIdentity> members;
+  const std::string reason = checkGroupReachable(store, "ce/connect", rank, size, device, &members);
+  if (!reason.empty()) {
+    *whyNot = reason;
+    return nullptr;
+  }
+
+  std::unique_ptr<CopyEngineTransport> t(new CopyEngineTransport(rank, size, device, geometry));
+  for (int q = 0; q < size; ++q) {
+    t->peerPids_[q] = members[q].pid;
+  }
+  const size_t bytes = t->flagBytes_ + geometry.bytes();
+  if (!t->mapWithVmm(store, bytes)) {
+    t->mapWithLegacyIpc(store, bytes);
+  }
+
+  // Precomputed per (flag, slot), so the per-call path does no address arithmetic beyond indexing.
+  const int slots = geometry.slots;
+  t->waitWords_.assign(2 * slots, {});
+  t->signalWords_.assign(2 * slots, {});
+  for (Flag f : {Flag::Ready, Flag::Credit}) {
+    for (int slot = 0; slot < slots; ++slot) {
+      const int key = static_cast<int>(f) * slots + slot;
+      for (int peer : t->pushOrder_) {
+        auto* localFlags = reinterpret_cast<uint32_t*>(t->base_);
+        auto* peerFlags = reinterpret_cast<uint32_t*>(t->peerBase_[peer]);
+        t->waitWords_[key].push_back(localFlags + t->flagIndex(f, peer, slot));
+        t->signalWords_[key].push_back(peerFlags + t->flagIndex(f, rank, slot));
+      }
+    }
+  }
+  return t;
+}
+
+CopyEngineTransport::CopyEngineTransport(int rank, int size, int device, const StagingGeometry& geometry)
+    : rank_(rank), size_(size), device_(device), geometry_(geometry), peerBase_(size, nullptr), peerPids_(size, 0) {
+  for (int k = 1; k < size; ++k) {
+    pushOrder_.push_back((rank + k) % size);
+  }
+  // READY and CREDIT words for every (source, slot).
+  const size_t words = 2 * static_cast<size_t>(size) * geometry.slots;
+  flagBytes_ = roundUp(words * sizeof(uint32_t), kPageBytes);
+  service_ = gpu::createStream();
+}
+
+bool CopyEngineTransport::mapWithVmm(c10d::Store& store, size_t bytes) {
+  std::vector<gpu::SharedAllocation> maps(size_);
+  std::string error = gpu::allocateShareable(device_, bytes, &maps[rank_]);
+  if (error.empty()) {
+    gpu::memsetDeviceSync(maps[rank_].ptr, 0, flagBytes_);
+  }
+  auto releaseAll = [&] {
+    for (auto& m : maps) {
+      gpu::freeShareable(&m);
+    }
+  };
+  if (!agreeOnPath(store, "ce/vmm/allocated", rank_, size_, error).empty()) {
+    releaseAll();
+    return false;
+  }
+  const auto fds = exchangeWithGroup(store, "ce/vmm/fd", rank_, size_, std::to_string(maps[rank_].fd));
+  for (int q = 0; q < size_ && error.empty(); ++q) {
+    if (q == rank_) {
+      continue;
+    }
+    const int fd = duplicateDescriptorOf(peerPids_[q], std::stoi(fds[q]), &error);
+    if (fd >= 0) {
+      error = gpu::importShareable(device_, fd, bytes, &maps[q]);
+    }
+  }
+  const bool everyoneMapped = agreeOnPath(store, "ce/vmm/imported", rank_, size_, error).empty();
+  // Every peer holds its own reference now (or gave up): the exported descriptor is no longer needed.
+  close(maps[rank_].fd);
+  maps[rank_].fd = -1;
+  if (!everyoneMapped) {
+    LOG(WARNING) << "torch_sdma: mapping staging memory as VMM failed (" << error
+                 << "); falling back to legacy CUDA IPC, which pushes more slowly";
+    releaseAll();
+    return false;
+  }
+  vmm_ = true;
+  vmmMappings_ = std::move(maps);
+  for (int q = 0; q < size_; ++q) {
+    peerBase_[q] = static_cast<char*>(vmmMappings_[q].ptr);
+  }
+  base_ = peerBase_[rank_];
+  return true;
+}
+
+void CopyEngineTransport::mapWithLegacyIpc(c10d::Store& store, size_t bytes) {
+  base_ = static_cast<char*>(gpu::mallocDevice(bytes));
+  gpu::memsetDeviceSync(base_, 0, flagBytes_);
+  const gpu::IpcHandle own = gpu::exportIpc(base_);
+  const auto handles = exchangeWithGroup(store, "ce/ipc", rank_, size_, std::string(own.bytes, gpu::kIpcHandleBytes));
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_) {
+      peerBase_[q] = base_;
+      continue;
+    }
+    gpu::IpcHandle h;
+    memcpy(h.bytes, handles[q].data(), gpu::kIpcHandleBytes);
+    peerBase_[q] = static_cast<char*>(gpu::importIpc(h));
+  }
+}
+
+CopyEngineTransport::~CopyEngineTransport() {
+  if (vmm_) {
+    for (auto& m : vmmMappings_) {
+      gpu::freeShareable(&m);
+    }
+  } else {
+    for (int q = 0; q < size_; ++q) {
+      if (q != rank_) {
+        gpu::closeIpc(peerBase_[q]);
+      }
+    }
+    gpu::freeDevice(base_);
+  }
+  gpu::destroyStream(service_);
+}
+
+size_t CopyEngineTransport::flagIndex(Flag flag, int src, int slot) const {
+  return (static_cast<size_t>(flag) * size_ + src) * geometry_.slots + slot;
+}
+
+char* CopyEngineTransport::localSegment(int slot, int srcRank) {
+  return base_ + flagBytes_ + geometry_.segmentOffset(slot, srcRank, rank_);
+}
+
+char* CopyEngineTransport::packSegment(int slot) {
+  return base_ + flagBytes_ + geometry_.packSegmentOffset(slot);
+}
+
+void CopyEngineTransport::bindLanes(gpu::Stream push, gpu::Stream drain) {
+  flush();
+  lanes_[0] = push;
+  lanes_[1] = drain;
+}
+
+std::vector<gpu::FlagOp>& CopyEngineTransport::pendingFor(Lane lane) {
+  // Lanes that share a stream share one list, so their flag operations reach the stream in program order.
+  return pendingFlags_[lanes_[0] == lanes_[1] ? 0 : static_cast<int>(lane)];
+}
+
+gpu::Stream CopyEngineTransport::flushed(Lane lane) {
+  auto& pending = pendingFor(lane);
+  gpu::Stream s = lanes_[static_cast<int>(lane)];
+  if (!pending.empty()) {
+    gpu::flagOps(s, pending.data(), static_cast<int>(pending.size()));
+    pending.clear();
+  }
+  return s;
+}
+
+void CopyEngineTransport::flush() {
+  flushed(Lane::Push);
+  flushed(Lane::Drain);
+}
+
+void CopyEngineTransport::copyLocal(Lane lane, void* dst, const void* src, size_t bytes) {
+  gpu::copyAsync(dst, src, bytes, flushed(lane));
+}
+
+void CopyEngineTransport::pushChunkToPeers(Lane lane, int slot, const void* src, size_t bytes, size_t at) {
+  gpu::Stream s = flushed(lane);
+  for (int peer : pushOrder_) {
+    gpu::copyAsync(peerBase_[peer] + flagBytes_ + geometry_.segmentOffset(slot, rank_, peer) + at, src, bytes, s);
+  }
+}
+
+void CopyEngineTransport::signalPeers(Lane lane, Flag flag, int slot, uint32_t value) {
+  // A direct write into the peer's flag word: the stream runs it only after the lane's earlier copies are done,
+  // with a memory barrier, so the peer that sees the value also sees the data.
+  auto& pending = pendingFor(lane);
+  for (uint32_t* dst : signalWords_[static_cast<int>(flag) * geometry_.slots + slot]) {
+    pending.push_back({true, dst, value});
+  }
+}
+
+void CopyEngineTransport::waitPeers(Lane lane, Flag flag, int slot, uint32_t value) {
+  auto& pending = pendingFor(lane);
+  for (uint32_t* word : waitWords_[static_cast<int>(flag) * geometry_.slots + slot]) {
+    pending.push_back({false, word, value});
+  }
+}
+
+std::vector<uint32_t> CopyEngineTransport::readReadyFlags() {
+  std::vector<uint32_t> out(static_cast<size_t>(size_) * geometry_.slots);
+  gpu::copyToHostAsync(out.data(), base_ + flagIndex(Flag::Ready, 0, 0) * sizeof(uint32_t),
+                       out.size() * sizeof(uint32_t), service_);
+  gpu::syncStream(service_);
+  return out;
+}
+
+void CopyEngineTransport::releaseWaiters(uint32_t serial) {
+  std::vector<uint32_t> values(2 * static_cast<size_t>(size_) * geometry_.slots, serial);
+  gpu::copyFromHostAsync(base_, values.data(), values.size() * sizeof(uint32_t), service_);
+  gpu::syncStream(service_);
+}
+
+}  // namespace sdma

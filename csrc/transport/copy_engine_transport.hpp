@@ -1,0 +1,89 @@
+// Transport over GPU copy engines: staging areas in device memory, mapped into every member once per group (VMM
+// memory shared as file descriptors; legacy CUDA IPC where that is refused); data moves with cudaMemcpyAsync (a
+// DMA engine, no SM); flags are stream memory operations: a write into the peer's flag word, a wait on local
+// memory.
+//
+// Enqueue cost is the per-call cost users see, so flag operations are not issued one by one: a lane collects
+// them and hands them to the driver as one batch right before its next copy (or at flush()).
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gpu/gpu_api.hpp"
+#include "transport/peer_rendezvous.hpp"
+#include "transport/transport.hpp"
+
+namespace sdma {
+
+class CopyEngineTransport : public Transport {
+ public:
+  // Collective: "" when every member can push into every other member's GPU memory by P2P on this host, else
+  // why not (the same answer on every member). `members` receives every member's identity.
+  static std::string checkGroupReachable(c10d::Store& store, const std::string& key, int rank, int size, int device,
+                                         std::vector<MemberIdentity>* members = nullptr);
+  // Collective: every member of the group calls it together. Returns null, with the reason in *whyNot, when
+  // some member cannot reach every other by P2P on one host; all members then agree on that.
+  static std::unique_ptr<CopyEngineTransport> connect(c10d::Store& store, int rank, int size, int device,
+                                                      const StagingGeometry& geometry, std::string* whyNot);
+  ~CopyEngineTransport() override;
+
+  int rank() const override {
+    return rank_;
+  }
+  const StagingGeometry& geometry() const override {
+    return geometry_;
+  }
+  char* localSegment(int slot, int srcRank) override;
+  char* packSegment(int slot) override;
+  void copyLocal(Lane lane, void* dst, const void* src, size_t bytes) override;
+  void pushChunkToPeers(Lane lane, int slot, const void* src, size_t bytes, size_t at) override;
+  void signalPeers(Lane lane, Flag flag, int slot, uint32_t value) override;
+  void waitPeers(Lane lane, Flag flag, int slot, uint32_t value) override;
+  // The streams the next collective's lanes run on (they may be the same stream).
+  void bindLanes(gpu::Stream push, gpu::Stream drain);
+  // Issues the flag operations still collected on either lane; call after scheduling a collective.
+  void flush();
+
+  // For the watchdog, on a private stream: the READY flags peers wrote here, flags[src][slot].
+  std::vector<uint32_t> readReadyFlags();
+  // Satisfies every wait on this rank's flags up to `serial`, so that streams stuck on a dead peer run out.
+  void releaseWaiters(uint32_t serial);
+  const std::vector<int>& peerPids() const {
+    return peerPids_;
+  }
+
+ private:
+  CopyEngineTransport(int rank, int size, int device, const StagingGeometry& geometry);
+  // Collective. Returns false, having released what it took, when some member could not do it.
+  bool mapWithVmm(c10d::Store& store, size_t bytes);
+  // Collective; the fallback when VMM was refused (it throws, rather than return, if even this fails).
+  void mapWithLegacyIpc(c10d::Store& store, size_t bytes);
+  size_t flagIndex(Flag flag, int src, int slot) const;
+  // The lane's stream, with its collected flag operations issued first.
+  gpu::Stream flushed(Lane lane);
+  std::vector<gpu::FlagOp>& pendingFor(Lane lane);
+
+  const int rank_;
+  const int size_;
+  const int device_;
+  const StagingGeometry geometry_;
+  size_t flagBytes_ = 0;
+  char* base_ = nullptr;  // own allocation: flags, then staging
+  std::vector<char*> peerBase_;
+  bool vmm_ = false;
+  std::vector<gpu::SharedAllocation> vmmMappings_;  // [rank_] is our own allocation
+  std::vector<int> peerPids_;
+  std::vector<int> pushOrder_;  // (rank + k) % size, so that peers are not all hit by the same sender at once
+  // Per (flag, slot): this rank's flag words to wait on, and the peers' words to signal.
+  std::vector<std::vector<uint32_t*>> waitWords_;
+  std::vector<std::vector<uint32_t*>> signalWords_;
+  gpu::Stream lanes_[2] = {nullptr, nullptr};
+  std::vector<gpu::FlagOp> pendingFlags_[2];
+  gpu::Stream service_ = nullptr;
+};
+
+}  // namespace sdma

@@ -1,0 +1,336 @@
+#include "transport/host_shm_transport.hpp"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <c10/util/Exception.h>
+
+#include <cerrno>
+#include <cstring>
+#include <sstream>
+#include <thread>
+
+namespace sdma {
+namespace {
+
+// Collectives a rank's CPU may run ahead of a peer's before it waits for it (the arrival mailbox's ring).
+constexpr int kMailboxDepth = 1024;
+
+// "" when this process can read every peer's memory with process_vm_readv (ptrace rules permitting), else why not.
+// Each member reads a word the others published the address of and checks it holds that member's pid.
+std::string probePeerMemoryAccess(c10d::Store& store, int rank, int size, const std::vector<int>& pids) {
+  const uint64_t mine = static_cast<uint64_t>(getpid());
+  const auto addrs =
+      exchangeWithGroup(store, "shm/cma", rank, size, std::to_string(reinterpret_cast<uintptr_t>(&mine)));
+  std::string problem;
+  for (int q = 0; q < size && problem.empty(); ++q) {
+    if (q == rank) {
+      continue;
+    }
+    uint64_t got = 0;
+    iovec local{&got, sizeof(got)};
+    iovec remote{reinterpret_cast<void*>(std::stoull(addrs[q])), sizeof(got)};
+    const ssize_t n = process_vm_readv(pids[q], &local, 1, &remote, 1, 0);
+    if (n != static_cast<ssize_t>(sizeof(got)) || got != static_cast<uint64_t>(pids[q])) {
+      problem = std::string("process_vm_readv of group rank ") + std::to_string(q) +
+                " failed: " + (n < 0 ? strerror(errno) : "wrong bytes") +
+                " (ptrace rules, e.g. kernel.yama.ptrace_scope)";
+    }
+  }
+  // Every member keeps `mine` alive until all have read it: agreeing is the last collective step.
+  return agreeOnPath(store, "shm/cma/verdict", rank, size, problem);
+}
+
+std::string randomSegmentName() {
+  unsigned char bytes[16];
+  size_t got = 0;
+  while (got < sizeof(bytes)) {
+    const ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
+    TORCH_CHECK(n > 0 || errno == EINTR, "torch_sdma: getrandom failed: ", strerror(errno));
+    if (n > 0) {
+      got += static_cast<size_t>(n);
+    }
+  }
+  std::ostringstream os;
+  os << "/torch_sdma.";
+  for (unsigned char b : bytes) {
+    static const char* hex = "0123456789abcdef";
+    os << hex[b >> 4] << hex[b & 15];
+  }
+  return os.str();
+}
+
+// Maps `name`, creating it (exclusively, 0600, with its memory reserved so a full /dev/shm fails here rather
+// than with SIGBUS later) when `create`. Returns null with *error set on failure.
+char* mapSegment(const std::string& name, size_t bytes, bool create, std::string* error) {
+  const int fd =
+      create ? shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, S_IRUSR | S_IWUSR) : shm_open(name.c_str(), O_RDWR, 0);
+  if (fd < 0) {
+    *error = std::string("shm_open(") + name + ") failed: " + strerror(errno);
+    return nullptr;
+  }
+  if (create) {
+    const int rc = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+    if (rc != 0) {
+      *error = std::string("reserving ") + std::to_string(bytes) + " bytes of shared memory failed: " + strerror(rc);
+      close(fd);
+      shm_unlink(name.c_str());
+      return nullptr;
+    }
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int mmapErrno = errno;
+  close(fd);  // the mapping keeps the memory; no descriptor outlives this call
+  if (p == MAP_FAILED) {
+    *error = std::string("mmap of shared memory failed: ") + strerror(mmapErrno);
+    if (create) {
+      shm_unlink(name.c_str());
+    }
+    return nullptr;
+  }
+  return static_cast<char*>(p);
+}
+
+}  // namespace
+
+std::string HostShmTransport::checkSameHost(c10d::Store& store, const std::string& key, int rank, int size,
+                                            std::vector<MemberIdentity>* members) {
+  const auto all = exchangeIdentities(store, key + "/info", rank, size, "");
+  if (members) {
+    *members = all;
+  }
+  return agreeOnPath(store, key + "/verdict", rank, size, memberOnAnotherHost(all, rank));
+}
+
+std::unique_ptr<HostShmTransport> HostShmTransport::connect(c10d::Store& store, int rank, int size,
+                                                            const StagingGeometry& geometry, bool direct,
+                                                            std::string* whyNot) {
+  std::vector<MemberIdentity> members;
+  std::string reason = checkSameHost(store, "shm/connect", rank, size, &members);
+  if (!reason.empty()) {
+    *whyNot = reason;
+    return nullptr;
+  }
+
+  std::vector<int> pids(size);
+  for (int q = 0; q < size; ++q) {
+    pids[q] = members[q].pid;
+  }
+  std::string directUnavailable;
+  if (direct) {
+    directUnavailable = probePeerMemoryAccess(store, rank, size, pids);
+    direct = directUnavailable.empty();
+  }
+  std::unique_ptr<HostShmTransport> t(new HostShmTransport(rank, size, geometry, direct));
+  t->pids_ = pids;
+  t->directUnavailable_ = directUnavailable;
+  const std::string myName = randomSegmentName();
+  std::string error;
+  t->base_[rank] = mapSegment(myName, t->segmentBytes_, /*create=*/true, &error);
+  reason = agreeOnPath(store, "shm/created", rank, size, error);
+  if (!reason.empty()) {
+    if (t->base_[rank]) {
+      shm_unlink(myName.c_str());
+    }
+    *whyNot = reason;
+    return nullptr;  // the destructor unmaps what was mapped
+  }
+  const auto names = exchangeWithGroup(store, "shm/name", rank, size, myName);
+  for (int q = 0; q < size && error.empty(); ++q) {
+    if (q != rank) {
+      t->base_[q] = mapSegment(names[q], t->segmentBytes_, /*create=*/false, &error);
+    }
+  }
+  reason = agreeOnPath(store, "shm/mapped", rank, size, error);
+  // Everyone has now mapped everything (or given up): no name is needed any more. Every member unlinks every
+  // name, so a creator that dies right here still leaves nothing behind.
+  for (const auto& name : names) {
+    shm_unlink(name.c_str());
+  }
+  if (!reason.empty()) {
+    *whyNot = reason;
+    return nullptr;
+  }
+  if (direct) {
+    // Rank 0's segment was created zeroed (ftruncate), so the mailbox starts empty.
+    t->mailbox_ = std::make_unique<ArrivalMailbox>(t->base_[0] + t->flagWordBytes_, rank, size, kMailboxDepth);
+  }
+  return t;
+}
+
+HostShmTransport::HostShmTransport(int rank, int size, const StagingGeometry& geometry, bool direct)
+    : rank_(rank), size_(size), geometry_(geometry), base_(size, nullptr), pids_(size, 0) {
+  const size_t words = kFlagKinds * static_cast<size_t>(size) * geometry.slots;
+  flagWordBytes_ = roundUp(words * sizeof(uint32_t), kPageBytes);
+  flagBytes_ = flagWordBytes_ + (direct ? roundUp(ArrivalMailbox::bytesFor(size, kMailboxDepth), kPageBytes) : 0);
+  segmentBytes_ = flagBytes_ + geometry.bytes();
+}
+
+HostShmTransport::~HostShmTransport() {
+  for (char* p : base_) {
+    if (p) {
+      munmap(p, segmentBytes_);
+    }
+  }
+}
+
+uint32_t* HostShmTransport::flagWord(int owner, Flag flag, int src, int slot) const {
+  const size_t index = (static_cast<size_t>(flag) * size_ + src) * geometry_.slots + slot;
+  return reinterpret_cast<uint32_t*>(base_[owner]) + index;
+}
+
+char* HostShmTransport::localSegment(int slot, int srcRank) {
+  return base_[rank_] + flagBytes_ + geometry_.segmentOffset(slot, srcRank, rank_);
+}
+
+char* HostShmTransport::packSegment(int slot) {
+  return base_[rank_] + flagBytes_ + geometry_.packSegmentOffset(slot);
+}
+
+void HostShmTransport::copyLocal(Lane, void* dst, const void* src, size_t bytes) {
+  recorded_.push_back(
+      {Op::Kind::Copy, static_cast<char*>(dst), static_cast<const char*>(src), bytes, Flag::Ready, 0, 0});
+}
+
+void HostShmTransport::pushChunkToPeers(Lane, int slot, const void* src, size_t bytes, size_t at) {
+  for (int k = 1; k < size_; ++k) {
+    const int peer = (rank_ + k) % size_;
+    char* dst = base_[peer] + flagBytes_ + geometry_.segmentOffset(slot, rank_, peer) + at;
+    recorded_.push_back({Op::Kind::Copy, dst, static_cast<const char*>(src), bytes, Flag::Ready, 0, 0});
+  }
+}
+
+void HostShmTransport::signalPeers(Lane, Flag flag, int slot, uint32_t value) {
+  recorded_.push_back({Op::Kind::Signal, nullptr, nullptr, 0, flag, slot, value});
+}
+
+void HostShmTransport::waitPeers(Lane, Flag flag, int slot, uint32_t value) {
+  recorded_.push_back({Op::Kind::Wait, nullptr, nullptr, 0, flag, slot, value});
+}
+
+void HostShmTransport::copyToPeer(Lane, int peer, uint64_t peerDst, const void* src, size_t bytes) {
+  recorded_.push_back(
+      {Op::Kind::CopyToPeer, nullptr, static_cast<const char*>(src), bytes, Flag::Ready, 0, 0, peer, peerDst});
+}
+
+void HostShmTransport::copyFromPeer(Lane, int peer, void* dst, uint64_t peerSrc, size_t bytes) {
+  recorded_.push_back(
+      {Op::Kind::CopyFromPeer, static_cast<char*>(dst), nullptr, bytes, Flag::Ready, 0, 0, peer, peerSrc});
+}
+
+void HostShmTransport::signalPeer(Lane, int peer, Flag flag, uint32_t value) {
+  recorded_.push_back({Op::Kind::Signal, nullptr, nullptr, 0, flag, 0, value, peer});
+}
+
+void HostShmTransport::waitPeer(Lane, int peer, Flag flag, uint32_t value) {
+  recorded_.push_back({Op::Kind::Wait, nullptr, nullptr, 0, flag, 0, value, peer});
+}
+
+void HostShmTransport::copyWithPeer(const Op& op, const std::string& description) {
+  // process_vm_* may move fewer bytes than asked (it stops at a page it cannot access); go on from there.
+  size_t done = 0;
+  while (done < op.bytes) {
+    const size_t left = op.bytes - done;
+    ssize_t n;
+    if (op.kind == Op::Kind::CopyToPeer) {
+      iovec local{const_cast<char*>(op.src) + done, left};
+      iovec remote{reinterpret_cast<void*>(op.remote + done), left};
+      n = process_vm_writev(pids_[op.peer], &local, 1, &remote, 1, 0);
+    } else {
+      iovec local{op.dst + done, left};
+      iovec remote{reinterpret_cast<void*>(op.remote + done), left};
+      n = process_vm_readv(pids_[op.peer], &local, 1, &remote, 1, 0);
+    }
+    TORCH_CHECK_WITH(DistBackendError, n > 0, "torch_sdma: ", description, " failed: copying ",
+                     op.kind == Op::Kind::CopyToPeer ? "to" : "from", " group rank ", op.peer, " (pid ", pids_[op.peer],
+                     "): ", n < 0 ? strerror(errno) : "no progress");
+    done += static_cast<size_t>(n);
+  }
+}
+
+std::vector<HostShmTransport::Op> HostShmTransport::takeRecorded() {
+  std::vector<Op> out;
+  out.swap(recorded_);
+  return out;
+}
+
+void HostShmTransport::execute(const std::vector<Op>& ops, std::chrono::steady_clock::time_point deadline,
+                               const std::string& description) {
+  for (const Op& op : ops) {
+    switch (op.kind) {
+      case Op::Kind::Copy:
+        memcpy(op.dst, op.src, op.bytes);
+        break;
+      case Op::Kind::Signal:
+        // Release: the peer that sees the new value also sees every byte copied before it.
+        for (int k = 1; k < size_; ++k) {
+          const int peer = (rank_ + k) % size_;
+          if (op.peer < 0 || op.peer == peer) {
+            __atomic_store_n(flagWord(peer, op.flag, rank_, op.slot), op.value, __ATOMIC_RELEASE);
+          }
+        }
+        break;
+      case Op::Kind::CopyToPeer:
+      case Op::Kind::CopyFromPeer:
+        copyWithPeer(op, description);
+        break;
+      case Op::Kind::Wait:
+        waitFor(op, deadline, description);
+        break;
+    }
+  }
+}
+
+void HostShmTransport::waitFor(const Op& op, std::chrono::steady_clock::time_point deadline,
+                               const std::string& description) {
+  const auto start = std::chrono::steady_clock::now();
+  auto nextLivenessCheck = start + std::chrono::milliseconds(10);
+  for (uint64_t spin = 0;; ++spin) {
+    std::vector<int> pending;
+    for (int q = 0; q < size_; ++q) {
+      if (q != rank_ && (op.peer < 0 || op.peer == q) &&
+          !flagReached(__atomic_load_n(flagWord(rank_, op.flag, q, op.slot), __ATOMIC_ACQUIRE), op.value)) {
+        pending.push_back(q);
+      }
+    }
+    if (pending.empty()) {
+      return;
+    }
+    if (spin < 256) {
+      continue;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= nextLivenessCheck) {
+      nextLivenessCheck = now + std::chrono::milliseconds(10);
+      for (int q : pending) {
+        if (!processAlive(pids_[q])) {
+          TORCH_CHECK_WITH(DistBackendError, false, "torch_sdma: ", description, " failed: group rank ", q, " (pid ",
+                           pids_[q], ") exited while this rank was waiting for it");
+        }
+      }
+      if (now >= deadline) {
+        std::ostringstream os;
+        for (size_t i = 0; i < pending.size(); ++i) {
+          os << (i ? ", " : "") << pending[i];
+        }
+        TORCH_CHECK_WITH(DistBackendError, false, "torch_sdma: ", description, " timed out after ",
+                         std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count(),
+                         " ms waiting for group ranks [", os.str(), "], which never reached it");
+      }
+    }
+    // Yield first (peers are usually a few microseconds away), then sleep so idle waiters leave the cores to
+    // the processes that have work.
+    if (now - start < std::chrono::milliseconds(2)) {
+      sched_yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+}
+
+}  // namespace sdma

@@ -1,0 +1,99 @@
+#include "transport/peer_rendezvous.hpp"
+
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <c10/util/Exception.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+namespace sdma {
+
+std::vector<std::string> exchangeWithGroup(c10d::Store& store, const std::string& key, int rank, int size,
+                                           const std::string& mine) {
+  store.set(key + "/" + std::to_string(rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+  std::vector<std::string> all(size);
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) {
+      all[r] = mine;
+      continue;
+    }
+    auto v = store.get(key + "/" + std::to_string(r));
+    all[r].assign(v.begin(), v.end());
+  }
+  return all;
+}
+
+std::string agreeOnPath(c10d::Store& store, const std::string& key, int rank, int size, const std::string& myReason) {
+  auto reasons = exchangeWithGroup(store, key, rank, size, myReason);
+  for (int r = 0; r < size; ++r) {
+    if (!reasons[r].empty()) {
+      return reasons[r] + " (on group rank " + std::to_string(r) + ")";
+    }
+  }
+  return "";
+}
+
+std::string hostIdentity() {
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  std::string boot;
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::getline(f, boot);
+  return std::string(host) + "/" + boot;
+}
+
+std::vector<MemberIdentity> exchangeIdentities(c10d::Store& store, const std::string& key, int rank, int size,
+                                               const std::string& gpuBusId) {
+  // host|pid|bus: the host identity holds no '|', and the bus id comes last, so it may be empty.
+  const std::string mine = hostIdentity() + "|" + std::to_string(getpid()) + "|" + gpuBusId;
+  std::vector<MemberIdentity> members;
+  for (const std::string& encoded : exchangeWithGroup(store, key, rank, size, mine)) {
+    const size_t a = encoded.find('|');
+    const size_t b = encoded.find('|', a + 1);
+    TORCH_CHECK(a != std::string::npos && b != std::string::npos, "torch_sdma: a group member published '", encoded,
+                "' under ", key, ": not a torch_sdma member identity");
+    members.push_back({encoded.substr(0, a), std::stoi(encoded.substr(a + 1, b - a - 1)), encoded.substr(b + 1)});
+  }
+  return members;
+}
+
+std::string memberOnAnotherHost(const std::vector<MemberIdentity>& members, int rank) {
+  for (size_t q = 0; q < members.size(); ++q) {
+    if (members[q].host != members[rank].host) {
+      return "group rank " + std::to_string(q) + " is on another host";
+    }
+  }
+  return "";
+}
+
+int duplicateDescriptorOf(int pid, int fd, std::string* error) {
+#if defined(SYS_pidfd_open) && defined(SYS_pidfd_getfd)
+  const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  if (pidfd < 0) {
+    *error = std::string("pidfd_open failed: ") + strerror(errno);
+    return -1;
+  }
+  const int copy = static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, fd, 0));
+  const int err = errno;
+  close(pidfd);
+  if (copy < 0) {
+    *error = std::string("pidfd_getfd failed: ") + strerror(err);
+  }
+  return copy;
+#else
+  (void)pid;
+  (void)fd;
+  *error = "this kernel's headers have no pidfd_getfd";
+  return -1;
+#endif
+}
+
+bool processAlive(int pid) {
+  return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM);
+}
+
+}  // namespace sdma

@@ -1,0 +1,41 @@
+// One-time exchanges through the group's store, used when a transport connects. Never on the per-call path.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <string>
+#include <vector>
+
+namespace sdma {
+
+// Every member publishes `mine` under `key` and gets back everyone's value, indexed by group rank.
+std::vector<std::string> exchangeWithGroup(c10d::Store& store, const std::string& key, int rank, int size,
+                                           const std::string& mine);
+
+// Every member states why it cannot take a path ("" when it can); all members get the same answer: "" when all
+// can, else the first member's reason, prefixed with its rank. Keeps the path choice identical on every rank.
+std::string agreeOnPath(c10d::Store& store, const std::string& key, int rank, int size, const std::string& myReason);
+
+// hostname and kernel boot id: equal only for processes on one machine.
+std::string hostIdentity();
+
+// Who a member is, as the transports need to know it.
+struct MemberIdentity {
+  std::string host;  // hostIdentity()
+  int pid = 0;
+  std::string gpuBusId;  // the PCI bus id of the member's GPU; "" in a group of CPU tensors
+};
+// Collective: every member's identity, indexed by group rank.
+std::vector<MemberIdentity> exchangeIdentities(c10d::Store& store, const std::string& key, int rank, int size,
+                                               const std::string& gpuBusId);
+// "" when every member runs on this rank's host, else which one does not.
+std::string memberOnAnotherHost(const std::vector<MemberIdentity>& members, int rank);
+
+// A copy, in this process, of descriptor `fd` of process `pid` (pidfd_getfd; needs ptrace rights over it, which a
+// process of the same user normally has). -1 with *error set when that is refused.
+int duplicateDescriptorOf(int pid, int fd, std::string* error);
+
+// True if `pid` is alive and visible from this process (same pid namespace).
+bool processAlive(int pid);
+
+}  // namespace sdma

@@ -1,0 +1,64 @@
+#include "work/gpu_completion.hpp"
+
+namespace sdma {
+
+EventPool::~EventPool() {
+  for (gpu::Event e : free_) {
+    gpu::destroyEvent(e);
+  }
+}
+
+gpu::Event EventPool::take() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!free_.empty()) {
+      gpu::Event e = free_.back();
+      free_.pop_back();
+      return e;
+    }
+  }
+  return gpu::createEvent();
+}
+
+void EventPool::giveBack(gpu::Event event) {
+  // Safe to record again at once: a stream that waits on it captured the record it waited for.
+  std::lock_guard<std::mutex> lock(mutex_);
+  free_.push_back(event);
+}
+
+GpuCompletion::GpuCompletion(gpu::Event end, std::shared_ptr<EventPool> pool, std::vector<at::Tensor> keepAlive)
+    : end_(end), pool_(std::move(pool)), keepAlive_(std::move(keepAlive)) {}
+
+GpuCompletion::~GpuCompletion() {
+  pool_->giveBack(end_);
+}
+
+bool GpuCompletion::pollDone() {
+  if (!done_.load(std::memory_order_acquire) && gpu::eventDone(end_)) {
+    releaseTensors();
+    done_.store(true, std::memory_order_release);
+  }
+  return done_.load(std::memory_order_acquire);
+}
+
+void GpuCompletion::releaseTensors() {
+  // Destroyed outside mutex_: freeing a tensor may need the GIL, which a Python caller of error() can hold.
+  std::vector<at::Tensor> dropped;
+  std::lock_guard<std::mutex> lock(mutex_);
+  dropped.swap(keepAlive_);
+}
+
+void GpuCompletion::fail(std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    error_ = error;
+  }
+  releaseTensors();
+}
+
+std::exception_ptr GpuCompletion::error() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return error_;
+}
+
+}  // namespace sdma

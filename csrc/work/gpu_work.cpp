@@ -1,0 +1,64 @@
+#include "work/gpu_work.hpp"
+
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <thread>
+
+namespace sdma {
+
+GpuWork::GpuWork(const CollectiveInfo& info, at::Device device, std::vector<at::Tensor> outputs,
+                 std::shared_ptr<GpuCompletion> completion)
+    : SdmaWork(info, std::move(outputs)), device_(device), completion_(std::move(completion)) {}
+
+bool GpuWork::isCompleted() {
+  return completion_->error() || completion_->pollDone();
+}
+
+std::exception_ptr GpuWork::exception() const {
+  return completion_->error();
+}
+
+void GpuWork::synchronize() {
+  if (std::exception_ptr e = exception()) {
+    std::rethrow_exception(e);
+  }
+  auto current = c10::cuda::getCurrentCUDAStream(device_.index());
+  gpu::streamWaitEvent(current.stream(), completion_->endEvent());
+  completion_->releaseTensors();
+}
+
+bool GpuWork::wait(std::chrono::milliseconds timeout) {
+  if (timeout != kNoTimeout) {
+    // An explicit timeout asks for a CPU-side wait, as with WorkNCCL.
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    while (!isCompleted()) {
+      TORCH_CHECK(std::chrono::steady_clock::now() < until, "torch_sdma: ", description(),
+                  " did not complete within the wait() timeout of ", timeout.count(), " ms");
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+  synchronize();
+  return true;
+}
+
+void GpuWork::blockCurrentStream() {
+  synchronize();
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> GpuWork::getFuture() {
+  std::lock_guard<std::mutex> lock(futureMutex_);
+  if (!future_) {
+    // The CUDA-aware future records its event on the current stream at markCompleted: use a stream that waits
+    // for the copies, so DDP comm hooks and then() callbacks are ordered after them without blocking the CPU.
+    auto stream = c10::cuda::getStreamFromPool(false, device_.index());
+    gpu::streamWaitEvent(stream.stream(), completion_->endEvent());
+    c10::cuda::CUDAStreamGuard guard(stream);
+    future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                       std::vector<c10::Device>{device_});
+    future_->markCompleted(c10::IValue(outputs_));
+  }
+  return future_;
+}
+
+}  // namespace sdma

@@ -1,0 +1,51 @@
+#include "work/host_work.hpp"
+
+namespace sdma {
+
+HostWork::HostWork(const CollectiveInfo& info, std::vector<at::Tensor> outputs, std::vector<at::Tensor> keepAlive)
+    : SdmaWork(info, std::move(outputs)),
+      keepAlive_(std::move(keepAlive)),
+      deadline_(std::chrono::steady_clock::now() + info.timeout),
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+
+void HostWork::releaseKeptTensors() {
+  // Dropped outside mutex_: freeing a tensor may need the GIL, which a Python caller of this work can hold
+  // while it waits for mutex_.
+  std::vector<at::Tensor> dropped;
+  std::lock_guard<std::mutex> lock(mutex_);
+  dropped.swap(keepAlive_);
+}
+
+void HostWork::complete(std::exception_ptr error) {
+  releaseKeptTensors();
+  if (error) {
+    future_->setError(error);
+  } else {
+    future_->markCompleted(c10::IValue(outputs_));
+  }
+  finish(error);
+}
+
+bool HostWork::isCompleted() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return completed_ || exception_;
+}
+
+std::exception_ptr HostWork::exception() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return exception_;
+}
+
+bool HostWork::wait(std::chrono::milliseconds timeout) {
+  return Work::wait(timeout);
+}
+
+void HostWork::blockCurrentStream() {
+  Work::wait(kNoTimeout);
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> HostWork::getFuture() {
+  return future_;
+}
+
+}  // namespace sdma

@@ -1,0 +1,39 @@
+// The Work of an all-gather of CPU tensors: the host runner's worker completes it once the copies ran; wait()
+// blocks until then, like gloo's. Tensors the copies touch are held until then.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+
+#include <chrono>
+
+#include "work/sdma_work.hpp"
+
+namespace sdma {
+
+class HostWork : public SdmaWork {
+ public:
+  HostWork(const CollectiveInfo& info, std::vector<at::Tensor> outputs, std::vector<at::Tensor> keepAlive);
+
+  bool isCompleted() override;
+  std::exception_ptr exception() const override;
+  void synchronize() override {}  // nothing to order (and Work::wait calls it with mutex_ held)
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  void blockCurrentStream() override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+
+  // Marks the work finished; `error` null means success.
+  void complete(std::exception_ptr error);
+  // When the host transport gives up waiting for peers.
+  std::chrono::steady_clock::time_point deadline() const {
+    return deadline_;
+  }
+
+ private:
+  void releaseKeptTensors();
+
+  std::vector<at::Tensor> keepAlive_;
+  const std::chrono::steady_clock::time_point deadline_;
+  const c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+}  // namespace sdma
