@@ -13,13 +13,16 @@ TORCH_VERSION ?= 2.14.1
 PY            := $(shell $(PYTHON) -c "import torch" >/dev/null 2>&1 && echo $(PYTHON) || echo $(VENV)/bin/python)
 JOBS          ?= $(shell nproc)
 PYTEST_ARGS   ?=
+# The linters' versions are pinned: a new release may format differently.
+RUFF_VERSION         ?= 0.15.12
+CLANG_FORMAT_VERSION ?= 18.1.8
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 # Never let a test or benchmark touch NVLink multicast (it can take a shared host's GPUs out of service).
 export NCCL_NVLS_ENABLE := 0
 export TORCH_SYMM_MEM_DISABLE_MULTICAST := 1
 export NVSHMEM_DISABLE_NVLS := 1
 
-.PHONY: all deps build test test-torch213 bench gpu-tests gpu-frameworks clean
+.PHONY: all deps build test lint lint-deps format test-torch213 bench gpu-tests gpu-frameworks clean
 
 all: build
 
@@ -35,6 +38,21 @@ build: deps
 
 test: build
 	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+# Style: ruff for Python (ruff.toml), clang-format for C++ (.clang-format). `make format` applies both.
+CXX_FILES = $(shell git ls-files 'csrc/*.cpp' 'csrc/*.hpp' 'tests/cpp/*.cpp')
+lint-deps: deps
+	@$(PY) -m ruff --version 2>/dev/null | grep -q " $(RUFF_VERSION)$$" || $(PY) -m pip install -q "ruff==$(RUFF_VERSION)"
+	@$(PY) -c "import clang_format" 2>/dev/null && $(dir $(PY))clang-format --version | grep -q "version $(CLANG_FORMAT_VERSION)" \
+	  || $(PY) -m pip install -q "clang-format==$(CLANG_FORMAT_VERSION)"
+
+lint: lint-deps
+	$(PY) -m ruff check .
+	$(dir $(PY))clang-format --dry-run --Werror $(CXX_FILES)
+
+format: lint-deps
+	$(PY) -m ruff check --fix .
+	$(dir $(PY))clang-format -i $(CXX_FILES)
 
 # torch 2.9-2.13 need the default-backend workaround: check it on the CPU build of 2.13 too.
 VENV213 ?= .venv213

@@ -19,9 +19,8 @@ gradient reduce-scatters and the initial parameter broadcast stay on NCCL. The o
 ("torch_adam": true), so no DeepSpeed op needs JIT compilation.
 """
 import deepspeed
-import torch
-
 import lm_harness as h
+import torch
 
 
 def ds_config(args):

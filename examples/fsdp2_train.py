@@ -8,11 +8,10 @@ FSDP2 all-gathers each block's bf16 parameters before its forward and again befo
 copy-engine path, everything else (the fp32 gradient reduce-scatters) stays on NCCL. Losses must match the NCCL run
 bit for bit. examples/compare_frameworks.py runs both and compares.
 """
+import lm_harness as h
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-import lm_harness as h
 
 
 def main():

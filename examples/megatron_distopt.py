@@ -17,13 +17,12 @@ all_gather_into_tensor calls coalesced into allgather_into_tensor_coalesced, whi
 """
 import importlib.metadata
 
+import lm_harness as h
 import torch
 from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.transformer import TransformerConfig
-
-import lm_harness as h
 
 
 def main():

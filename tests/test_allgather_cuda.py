@@ -14,8 +14,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from collective_checks import (AG, allgather_cases, assert_bytes_equal, bad_input_cases, interleaved_groups_case,
-                               poison_, rand, raw, stats_cases)
+from checks.allgather import AG, allgather_cases, interleaved_groups_case, stats_cases
+from checks.bad_input import bad_input_cases
+from checks.data import assert_bytes_equal, poison_, rand, raw
 from conftest import cuda_count
 from mp_harness import run_group
 
@@ -334,7 +335,8 @@ def cuda_stream_body(ctx):
         assert sk.get("kernel", 0) == 0, f"sdma all-gathers ran CUDA kernels: {sk} {snames.get('kernel')}"
         assert sk.get("gpu_memcpy", 0) > 0, f"profiler saw no copies for sdma: {res['sdma']}"
         ok, onames = res["sdma_other_forms"]
-        assert ok.get("kernel", 0) == 0, f"in-place/list/async sdma all-gathers ran kernels: {ok} {onames.get('kernel')}"
+        assert ok.get("kernel", 0) == 0, \
+            f"in-place/list/async sdma all-gathers ran kernels: {ok} {onames.get('kernel')}"
 
     cases.append(("zero_kernels_profiler", zero_kernels))
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from collective_checks import allgather_cases, bad_input_cases, interleaved_groups_case, stats_cases
+from checks.allgather import allgather_cases, interleaved_groups_case, stats_cases
+from checks.bad_input import bad_input_cases
 from mp_harness import run_group
 
 CPU = torch.device("cpu")

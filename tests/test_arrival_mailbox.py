@@ -1,24 +1,17 @@
-"""The arrival mailbox of the direct all-gather design (csrc/arrival_mailbox.hpp, docs/design-direct-push.md), in
+"""The arrival mailbox of the direct all-gather design (csrc/transport/arrival_mailbox.hpp,
+docs/design-direct-push.md), in
 real processes: for every pair of ranks and every collective, never two early arrivers, and every post seen is the
 one its owner made for that serial; ring depths from 1 (a rank waits for its peers at every collective) to 8."""
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from cpp_build import build_cpp_test
 
 
 @pytest.fixture(scope="module")
 def stress_binary(tmp_path_factory):
-    cxx = shutil.which("c++") or shutil.which("g++")
-    if cxx is None:
-        pytest.skip("no C++ compiler")
-    out = tmp_path_factory.mktemp("mailbox") / "arrival_mailbox_stress"
-    subprocess.run([cxx, "-O2", "-std=c++17", "-pthread", f"-I{ROOT / 'csrc'}",
-                    str(ROOT / "tests/cpp/arrival_mailbox_stress.cpp"), "-o", str(out)], check=True)
-    return out
+    return build_cpp_test(tmp_path_factory, "arrival_mailbox_stress", [])
 
 
 @pytest.mark.parametrize("world,collectives,depth", [(2, 20000, 4), (2, 5000, 1), (3, 10000, 2), (4, 5000, 8)])

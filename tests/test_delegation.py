@@ -7,7 +7,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from collective_checks import delegation_cases, interleaved_groups_case, assert_bytes_equal, rand, group_ranks
+from checks.allgather import interleaved_groups_case
+from checks.data import assert_bytes_equal, group_ranks, rand
+from checks.delegation import delegation_cases
 from mp_harness import run_group
 
 INITS = ["sdma", "cpu:sdma", "cpu:gloo,cuda:sdma"]

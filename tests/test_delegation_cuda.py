@@ -6,7 +6,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from collective_checks import assert_bytes_equal, delegation_cases, interleaved_groups_case, rand
+from checks.allgather import interleaved_groups_case
+from checks.data import assert_bytes_equal, rand
+from checks.delegation import delegation_cases
 from conftest import cuda_count
 from mp_harness import run_group
 
@@ -92,8 +94,9 @@ def test_every_collective_matches_nccl(init):
 def split_and_mesh_body(ctx):
     """Default group bound to the GPU (device_id): split_group and DeviceMesh work and their groups compute
     what NCCL groups compute."""
-    import torch_sdma  # noqa: F401
     from torch.distributed.device_mesh import init_device_mesh
+
+    import torch_sdma  # noqa: F401
 
     rank, dev = ctx.rank, ctx.device
     ref = dist.new_group(backend="nccl")

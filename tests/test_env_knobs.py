@@ -1,12 +1,14 @@
 """TORCH_SDMA_* knobs (docs/api.md), read when a group is created: a bad value is a ValueError naming the
 variable; TORCH_SDMA_DISABLE and TORCH_SDMA_MIN_BYTES route all-gathers to the inner backend and say so in
-torch_sdma.stats / group_path; results stay bit-exact either way."""
+torch_sdma.stats / group_path; results stay bit-exact either way. The same knobs as a ProcessGroupSDMA.Options
+passed as pg_options."""
 import os
 
 import torch
 import torch.distributed as dist
 
-from collective_checks import AG, stats_calls
+from checks.allgather import AG
+from checks.data import stats_calls
 from mp_harness import run_group
 
 CPU = torch.device("cpu")
@@ -125,6 +127,35 @@ def knobs_body(ctx):
         ag.coalesced_cm("c", [((3001,), torch.float32), ((4099,), torch.uint8)])
 
     cases.append(("TORCH_SDMA_CHUNK_BYTES=4K", small_chunks))
+
+    def options_as_pg_options():
+        # The knobs as an object instead of the environment: the environment is then not read.
+        o = torch_sdma.ProcessGroupSDMA.Options()
+        assert (o.staging_bytes_cuda, o.min_bytes_cuda, o.slots) == (256 << 20, 20 << 20, 2), "C++ defaults moved"
+        o.min_bytes_cpu = 4096
+        o.staging_bytes_cpu = 64 << 10
+        os.environ["TORCH_SDMA_DISABLE"] = "1"
+        try:
+            g = dist.new_group(pg_options=o)
+        finally:
+            os.environ.pop("TORCH_SDMA_DISABLE", None)
+        backend = g._get_backend(CPU)
+        assert backend._sdma_options.staging_bytes_cpu == 64 << 10, "pg_options were not used"
+        ag = AG(g, ref, CPU, "opts")
+        torch_sdma.reset_stats(g)
+        ag.into_tensor("small", (100,), torch.uint8)
+        ag.into_tensor("big", (70001,), torch.float32)  # larger than the 64K of staging
+        s = torch_sdma.stats(g)
+        assert s.get("inner:below TORCH_SDMA_MIN_BYTES", {}).get("calls") == 1 and s["dma"]["calls"] == 1, s
+        o.slots = 3
+        try:
+            dist.new_group(pg_options=o)
+        except ValueError as e:
+            assert "TORCH_SDMA_SLOTS" in str(e), e
+        else:
+            raise AssertionError("Options with 3 slots were accepted")
+
+    cases.append(("ProcessGroupSDMA.Options as pg_options", options_as_pg_options))
     return ctx.run_cases(cases)
 
 

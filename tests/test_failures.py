@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from collective_checks import rand
+from checks.data import rand
 from mp_harness import run_group
 
 PG_TIMEOUT_S = 6.0

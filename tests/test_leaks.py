@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from collective_checks import AG
+from checks.allgather import AG
 from mp_harness import run_group
 
 CPU = torch.device("cpu")

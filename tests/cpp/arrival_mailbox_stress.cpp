@@ -13,7 +13,7 @@
 #include <cstring>
 #include <random>
 
-#include "arrival_mailbox.hpp"
+#include "transport/arrival_mailbox.hpp"
 
 using sdma::ArrivalMailbox;
 using sdma::BufferPost;
