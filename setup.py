@@ -52,7 +52,13 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 # One list per layer (csrc/README.md); the vendor layer and the copy-engine runner only where CUDA is built.
 SOURCES = {
     "backend": ["process_group_sdma.cpp", "bindings.cpp"],
-    "collective": ["allgather_inputs.cpp", "byte_spans.cpp", "staging_allgather.cpp", "direct_allgather.cpp"],
+    "collective": [
+        "allgather_inputs.cpp",
+        "byte_spans.cpp",
+        "staging_allgather.cpp",
+        "direct_allgather.cpp",
+        "captured_allgather.cpp",
+    ],
     "transport": ["peer_rendezvous.cpp", "host_shm_transport.cpp"],
     "runner": ["shared_memory_runner.cpp"],
     "work": ["host_work.cpp"],

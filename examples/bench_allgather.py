@@ -80,6 +80,11 @@ def parse_args():
     p.add_argument("--skip-enqueue", action="store_true", help="GPU: skip the CPU enqueue-cost measurement")
     p.add_argument("--enqueue-iters", type=int, default=200, help="GPU: timed calls per backend for enqueue cost")
     p.add_argument("--enqueue-bytes", type=parse_bytes, default=8 * MIB, help="GPU: output size for enqueue cost")
+    p.add_argument("--skip-captured", action="store_true", help="GPU: skip the CUDA-graph replay measurement")
+    p.add_argument("--captured-sizes", type=lambda s: [parse_bytes(x) for x in s.split(",")],
+                   default=[256 * MIB, GIB], help="GPU: output sizes of the captured all-gathers")
+    p.add_argument("--captured-calls", type=int, default=10, help="GPU: all-gathers in one captured graph")
+    p.add_argument("--skip-groups", action="store_true", help="GPU: skip the staging-across-groups measurement")
     p.add_argument("--out-dir", type=Path, default=Path("results"))
     return p.parse_args()
 
@@ -153,7 +158,7 @@ class Bench:
 def sdma_path(before, after):
     """Which all-gather path(s) sdma's counters moved on between two torch_sdma.stats() snapshots."""
     moved = [k for k, v in after.items()
-             if (k == "dma" or k.startswith("inner:")) and v["calls"] > before.get(k, {}).get("calls", 0)]
+             if k.startswith(("dma", "inner:")) and v["calls"] > before.get(k, {}).get("calls", 0)]
     return "+".join(sorted(moved)) or "none"
 
 
@@ -333,6 +338,85 @@ def enqueue_cost(b):
                                 "p90_us": sorted(s)[int(0.9 * (len(s) - 1))]} for name, s in samples.items()}}
 
 
+def captured_replay(b):
+    """A CUDA graph of --captured-calls all_gather_into_tensor per backend, both captured the same way, replayed in
+    alternating rounds: microseconds per all-gather inside a replay."""
+    a = b.args
+    rows = []
+    for size in a.captured_sizes:
+        n_out = size // 2 // b.world * b.world
+        gen = torch.Generator().manual_seed(2000 + b.rank)
+        inp = torch.randn(n_out // b.world, generator=gen).to(device=b.device, dtype=torch.bfloat16)
+        graphs, outs = {}, {}
+        stats_before = torch_sdma.stats()
+        for name, group in b.groups():
+            out = torch.empty(n_out, dtype=torch.bfloat16, device=b.device)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # warm-up outside the graph, as torch.cuda.graph asks
+                dist.all_gather_into_tensor(out, inp, group=group)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(a.captured_calls):
+                    dist.all_gather_into_tensor(out, inp, group=group)
+            out.zero_()
+            graph.replay()
+            b.sync()
+            graphs[name], outs[name] = graph, out
+        match = torch.equal(outs["sdma"], outs[b.base_name])
+        path = sdma_path(stats_before, torch_sdma.stats())
+        per_round = {name: [] for name, _ in b.groups()}
+        for r in range(a.rounds):
+            order = b.groups() if r % 2 == 0 else b.groups()[::-1]
+            for name, _ in order:
+                b.sync()
+                per_round[name].append(b.time_calls(graphs[name].replay, 1) / a.captured_calls)
+        b.sync()
+        all_match = torch.tensor([int(match)])
+        dist.all_reduce(all_match, op=dist.ReduceOp.MIN)
+        row = {"bytes": n_out * 2, "size": human_bytes(n_out * 2), "calls_per_graph": a.captured_calls,
+               "sdma_path": path, "match": bool(all_match.item())}
+        for name, ts in per_round.items():
+            t = torch.tensor([statistics.median(ts)], dtype=torch.float64)
+            gathered = [torch.zeros_like(t) for _ in range(b.world)]
+            dist.all_gather(gathered, t)
+            t = max(x.item() for x in gathered)
+            row[f"{name}_us"] = t * 1e6
+            row[f"{name}_busbw_GBps"] = n_out * 2 * (b.world - 1) / b.world / t / 1e9
+        row["ratio_busbw"] = row["sdma_busbw_GBps"] / row[f"{b.base_name}_busbw_GBps"]
+        rows.append(row)
+        b.log(f"  captured {row['size']}: sdma {row['sdma_us']:.1f} us ({path}), {b.base_name} "
+              f"{row[f'{b.base_name}_us']:.1f} us, ratio {row['ratio_busbw']:.2f}, match {match}")
+        del graphs, outs
+        torch.cuda.synchronize()
+    return rows
+
+
+def staging_across_groups(b, groups=8, size=64 * MIB):
+    """Staging held by `groups` new sdma groups over the same GPUs after one all-gather of `size` each, and the device
+    memory they hold; then given back by destroying them."""
+    torch.cuda.synchronize()
+    free_before, _ = torch.cuda.mem_get_info()
+    made = [dist.new_group() for _ in range(groups)]
+    n_out = size // 2 // b.world * b.world
+    inp = torch.randn(n_out // b.world, device=b.device).to(torch.bfloat16)
+    out = torch.empty(n_out, dtype=torch.bfloat16, device=b.device)
+    for g in made:
+        dist.all_gather_into_tensor(out, inp, group=g)
+    torch.cuda.synchronize()
+    staging = sum(torch_sdma.staging_bytes(g) for g in made)
+    free_with, _ = torch.cuda.mem_get_info()
+    for g in made:
+        dist.destroy_process_group(g)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    free_after, _ = torch.cuda.mem_get_info()
+    return {"groups": groups, "gather_bytes": n_out * 2, "staging_bytes": staging,
+            "device_bytes_held": free_before - free_with, "device_bytes_after_destroy": free_before - free_after,
+            "default_group_staging_bytes": torch_sdma.staging_bytes()}
+
+
 def cpu_model():
     try:
         with open("/proc/cpuinfo") as f:
@@ -420,7 +504,13 @@ def main():
     where = f"{info['gpu']} x{b.world}" if b.mode == "gpu" else f"{info['cpu']}, {b.world} processes"
     b.log(f"# all-gather: sdma vs {b.base_name}, {b.mode} mode, {where}, torch {torch.__version__}")
     rows = sweep(b)
-    overlap = enqueue = None
+    overlap = enqueue = captured = groups = None
+    if b.mode == "gpu" and not args.skip_captured:
+        b.log("# captured replay")
+        captured = captured_replay(b)
+    if b.mode == "gpu" and not args.skip_groups:
+        b.log("# staging across groups")
+        groups = staging_across_groups(b)
     if b.mode == "gpu" and not args.skip_gemm:
         b.log("# GEMM overlap")
         overlap = gemm_overlap(b)
@@ -451,6 +541,24 @@ def main():
                       f"| {overlap[f'gemm_slowdown_{name}_pct']:+.1f}% | {lo:+.1f}% to {hi:+.1f}% "
                       f"| {overlap[f'total_with_{name}_ms']:.2f} | {overlap[f'gathers_alone_{name}_ms']:.2f} |")
             print(f"\nsdma path during the overlap runs: {overlap['sdma_path']}\n")
+        if captured:
+            print(f"## CUDA graph replay: {args.captured_calls} all_gather_into_tensor (bf16) per graph, both backends "
+                  f"captured the same way; per all-gather\n")
+            print(f"| output | sdma us | {b.base_name} us | sdma busbw | {b.base_name} busbw | ratio | sdma path | "
+                  f"match |\n|---|---|---|---|---|---|---|---|")
+            for r in captured:
+                print(f"| {r['size']} | {r['sdma_us']:.1f} | {r[f'{b.base_name}_us']:.1f} | "
+                      f"{fmt_bw(r['sdma_busbw_GBps'])} | {fmt_bw(r[f'{b.base_name}_busbw_GBps'])} | "
+                      f"{r['ratio_busbw']:.2f} | {r['sdma_path']} | {'yes' if r['match'] else 'NO'} |")
+            print()
+        if groups:
+            print(f"## Staging across groups: {groups['groups']} new groups over the same GPUs, one "
+                  f"{human_bytes(groups['gather_bytes'])} all-gather each (per rank)\n")
+            print("| staging of the groups | device memory they held | left after destroying them | "
+                  "default group's staging |\n|---|---|---|---|")
+            print(f"| {groups['staging_bytes'] / MIB:.0f} MiB | {groups['device_bytes_held'] / MIB:.0f} MiB | "
+                  f"{groups['device_bytes_after_destroy'] / MIB:.0f} MiB | "
+                  f"{groups['default_group_staging_bytes'] / MIB:.0f} MiB |\n")
         if enqueue:
             print(f"## CPU cost of enqueueing one async all_gather_into_tensor "
                   f"({human_bytes(enqueue['output_bytes'])} output; sdma path: {enqueue['sdma_path']})\n")
@@ -471,7 +579,8 @@ def main():
         json_path.write_text(json.dumps({
             "command": " ".join(sys.orig_argv), "argv": sys.argv, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "machine": info, "baseline": b.base_name, "sweep": rows, "gemm_overlap": overlap,
-            "enqueue_cost": enqueue, "markdown": table}, indent=2))
+            "enqueue_cost": enqueue, "captured_replay": captured, "staging_across_groups": groups,
+            "markdown": table}, indent=2))
         print("wrote", ", ".join(str(p) for p in (csv_path, json_path, png) if p))
     dist.destroy_process_group()
 

@@ -236,8 +236,8 @@ void ProcessGroupSDMA::connect(const at::Device& device) {
   DevicePath& path = devicePath(device);
   std::string why;
   path.runner = device.is_cuda()
-                    ? connectCopyEngineRunner(*sdmaStore_, getRank(), getSize(), device.index(), geometry(device), &why)
-                    : connectSharedMemoryRunner(*sdmaStore_, getRank(), getSize(), geometry(device), options_.direct,
+                    ? connectCopyEngineRunner(sdmaStore_, getRank(), getSize(), device.index(), geometry(device), &why)
+                    : connectSharedMemoryRunner(sdmaStore_, getRank(), getSize(), geometry(device), options_.direct,
                                                 options_.groupName, &why);
   if (path.runner) {
     path.decided = CollectivePath::dma();
@@ -268,8 +268,7 @@ CollectivePath ProcessGroupSDMA::choosePath(const PlannedAllgather& planned) {
   if (!path.runner) {
     return path.decided;
   }
-  const std::string refusal = path.runner->refusal(planned);
-  return refusal.empty() ? CollectivePath::dma() : CollectivePath::inner(refusal);
+  return path.runner->pathFor(planned);
 }
 
 template <typename InnerCall>
@@ -287,14 +286,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allgatherCollective(const char*
   auto& inner = innerFor(planned.device, op);
   ++seq_;
   recordPath(path.key(), bytes);
-  return innerCall(*inner);
+  return innerCall(*inner, InnerOperands(planned.innerGathersBytes));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                  const c10d::AllgatherOptions& opts) {
   return allgatherCollective("all_gather_into_tensor", c10d::OpType::_ALLGATHER_BASE,
                              planAllgatherIntoTensor(output, input, getRank(), getSize()), opts,
-                             [&](c10d::Backend& b) { return b._allgather_base(output, input, opts); });
+                             [&](c10d::Backend& b, const InnerOperands& operands) {
+                               at::Tensor out = operands(output), in = operands(input);
+                               return b._allgather_base(out, in, opts);
+                             });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -302,16 +304,23 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allgather(std::vector<std::vect
                                                            const c10d::AllgatherOptions& opts) {
   return allgatherCollective("all_gather", c10d::OpType::ALLGATHER,
                              planAllgatherList(outputs, inputs, getRank(), getSize()), opts,
-                             [&](c10d::Backend& b) { return b.allgather(outputs, inputs, opts); });
+                             [&](c10d::Backend& b, const InnerOperands& operands) {
+                               auto outs = operands(outputs);
+                               auto ins = operands(inputs);
+                               return b.allgather(outs, ins, opts);
+                             });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                                  std::vector<at::Tensor>& inputs,
                                                                                  const c10d::AllgatherOptions& opts) {
-  return allgatherCollective(
-      "allgather_into_tensor_coalesced", c10d::OpType::COALESCED,
-      planAllgatherIntoTensorCoalesced(outputs, inputs, getRank(), getSize()), opts,
-      [&](c10d::Backend& b) { return b.allgather_into_tensor_coalesced(outputs, inputs, opts); });
+  return allgatherCollective("allgather_into_tensor_coalesced", c10d::OpType::COALESCED,
+                             planAllgatherIntoTensorCoalesced(outputs, inputs, getRank(), getSize()), opts,
+                             [&](c10d::Backend& b, const InnerOperands& operands) {
+                               auto outs = operands(outputs);
+                               auto ins = operands(inputs);
+                               return b.allgather_into_tensor_coalesced(outs, ins, opts);
+                             });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputLists,
@@ -319,7 +328,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allgather_coalesced(std::vector
                                                                      const c10d::AllgatherOptions& opts) {
   return allgatherCollective("allgather_coalesced", c10d::OpType::ALLGATHER_COALESCED,
                              planAllgatherCoalesced(outputLists, inputs, getRank(), getSize()), opts,
-                             [&](c10d::Backend& b) { return b.allgather_coalesced(outputLists, inputs, opts); });
+                             [&](c10d::Backend& b, const InnerOperands& operands) {
+                               auto outs = operands(outputLists);
+                               auto ins = operands(inputs);
+                               return b.allgather_coalesced(outs, ins, opts);
+                             });
 }
 
 // ---------------------------------------------------------------------------------------------------------------

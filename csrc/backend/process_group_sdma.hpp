@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "backend/collective_path.hpp"
 #include "backend/sdma_options.hpp"
 #include "collective/allgather_inputs.hpp"
 #include "collective/collective_info.hpp"
+#include "collective/collective_path.hpp"
 #include "runner/allgather_runner.hpp"
 
 namespace sdma {

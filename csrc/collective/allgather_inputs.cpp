@@ -38,7 +38,65 @@ size_t nbytes(const at::Tensor& t) {
   return static_cast<size_t>(t.numel()) * t.element_size();
 }
 
+// What both NCCL and gloo gather natively (complex tensors reach a backend as real views already).
+bool innerGathersNatively(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat:
+    case at::kDouble:
+    case at::kHalf:
+    case at::kBFloat16:
+    case at::kChar:
+    case at::kByte:
+    case at::kInt:
+    case at::kLong:
+    case at::kBool:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool anyDtypeGatheredAsBytes(const std::vector<at::Tensor>& inputs) {
+  for (const auto& t : inputs) {
+    if (!innerGathersNatively(t.scalar_type())) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// A contiguous tensor's bytes, as a flat uint8 view of the same memory.
+at::Tensor byteView(const at::Tensor& t) {
+  return t.reshape({-1}).view(at::kByte);
+}
+
 }  // namespace
+
+at::Tensor InnerOperands::operator()(const at::Tensor& t) const {
+  return asBytes_ ? byteView(t) : t;
+}
+
+std::vector<at::Tensor> InnerOperands::operator()(const std::vector<at::Tensor>& ts) const {
+  if (!asBytes_) {
+    return ts;
+  }
+  std::vector<at::Tensor> out;
+  out.reserve(ts.size());
+  for (const auto& t : ts) {
+    out.push_back(byteView(t));
+  }
+  return out;
+}
+
+std::vector<std::vector<at::Tensor>> InnerOperands::operator()(
+    const std::vector<std::vector<at::Tensor>>& lists) const {
+  std::vector<std::vector<at::Tensor>> out;
+  out.reserve(lists.size());
+  for (const auto& l : lists) {
+    out.push_back((*this)(l));
+  }
+  return out;
+}
 
 PlannedAllgather planAllgatherIntoTensor(const at::Tensor& output, const at::Tensor& input, int rank, int size) {
   (void)rank;
@@ -51,6 +109,7 @@ PlannedAllgather planAllgatherIntoTensor(const at::Tensor& output, const at::Ten
   }
   PlannedAllgather p;
   p.device = device;
+  p.innerGathersBytes = !innerGathersNatively(input.scalar_type());
   const size_t n = nbytes(input);
   p.plan.bytesPerRank = n;
   p.plan.input = {{bytesOf(input), n}};
@@ -80,6 +139,7 @@ PlannedAllgather planAllgatherList(const std::vector<std::vector<at::Tensor>>& o
                    " tensors but the group has ", size, " ranks; pass one output tensor per rank");
   PlannedAllgather p;
   p.device = device;
+  p.innerGathersBytes = !innerGathersNatively(input.scalar_type());
   const size_t n = nbytes(input);
   p.plan.bytesPerRank = n;
   p.plan.input = {{bytesOf(input), n}};
@@ -108,6 +168,7 @@ PlannedAllgather planAllgatherIntoTensorCoalesced(const std::vector<at::Tensor>&
   const at::Device device = inputs[0].device();
   PlannedAllgather p;
   p.device = device;
+  p.innerGathersBytes = anyDtypeGatheredAsBytes(inputs);
   p.plan.outputByRank.resize(size);
   for (size_t i = 0; i < inputs.size(); ++i) {
     checkSingleTensor(inputs[i], device);
@@ -139,6 +200,7 @@ PlannedAllgather planAllgatherCoalesced(const std::vector<std::vector<at::Tensor
   const at::Device device = inputs[0].device();
   PlannedAllgather p;
   p.device = device;
+  p.innerGathersBytes = anyDtypeGatheredAsBytes(inputs);
   p.plan.outputByRank.resize(size);
   for (const auto& in : inputs) {
     checkSingleTensor(in, device);

@@ -18,6 +18,21 @@ struct PlannedAllgather {
   std::vector<at::Tensor> outputs;    // what Work::result() and the future return
   std::vector<at::Tensor> keepAlive;  // every tensor the copies touch
   std::string notForDma;              // non-empty: valid input the DMA path does not take (e.g. uneven list)
+  // The inner backends gather only some dtypes (NCCL and gloo refuse int16, the unsigned types above uint8, and
+  // gloo float8); an all-gather only moves bytes, so on the inner path the others travel as byte views.
+  bool innerGathersBytes = false;
+};
+
+// The tensors an inner all-gather receives: the caller's own, or byte views of them (planned.innerGathersBytes).
+class InnerOperands {
+ public:
+  explicit InnerOperands(bool asBytes) : asBytes_(asBytes) {}
+  at::Tensor operator()(const at::Tensor& t) const;
+  std::vector<at::Tensor> operator()(const std::vector<at::Tensor>& ts) const;
+  std::vector<std::vector<at::Tensor>> operator()(const std::vector<std::vector<at::Tensor>>& lists) const;
+
+ private:
+  bool asBytes_;
 };
 
 PlannedAllgather planAllgatherIntoTensor(const at::Tensor& output, const at::Tensor& input, int rank, int size);

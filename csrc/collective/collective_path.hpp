@@ -1,5 +1,6 @@
-// Which way an all-gather goes: the DMA path of this backend, or the inner backend and why. Stats, the group's
-// log line and torch_sdma.group_path() show it as a key: "dma", "inner:<reason>", or "unknown" before the first.
+// Which way an all-gather goes: the DMA path of this backend (inside a CUDA graph capture: "dma:captured"), or the
+// inner backend and why. Stats, the group's log line and torch_sdma.group_path() show it as a key: "dma",
+// "dma:captured", "inner:<reason>", or "unknown" before the first.
 #pragma once
 
 #include <string>
@@ -9,10 +10,10 @@ namespace sdma {
 struct CollectivePath {
   enum class Kind { Unknown, Dma, Inner };
   Kind kind = Kind::Unknown;
-  std::string reason;  // Inner only
+  std::string reason;  // Inner: why; Dma: a variant ("captured"), or ""
 
-  static CollectivePath dma() {
-    return {Kind::Dma, ""};
+  static CollectivePath dma(std::string variant = "") {
+    return {Kind::Dma, std::move(variant)};
   }
   static CollectivePath inner(std::string why) {
     return {Kind::Inner, std::move(why)};
@@ -26,7 +27,7 @@ struct CollectivePath {
   std::string key() const {
     switch (kind) {
       case Kind::Dma:
-        return "dma";
+        return reason.empty() ? "dma" : "dma:" + reason;
       case Kind::Inner:
         return "inner:" + reason;
       case Kind::Unknown:

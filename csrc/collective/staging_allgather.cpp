@@ -28,7 +28,7 @@ size_t chunkCount(const AllgatherPlan& plan, const StagingGeometry& geometry) {
   return (plan.bytesPerRank + chunk - 1) / chunk;
 }
 
-void scheduleStagingAllgather(Transport& t, const AllgatherPlan& plan, uint32_t& chunkSerial) {
+void scheduleStagingAllgather(Transport& t, const AllgatherPlan& plan, uint64_t& chunkCount) {
   const StagingGeometry& g = t.geometry();
   const int me = t.rank();
   const uint32_t slots = static_cast<uint32_t>(g.slots);
@@ -48,11 +48,14 @@ void scheduleStagingAllgather(Transport& t, const AllgatherPlan& plan, uint32_t&
 
   for (size_t offset = 0; offset < plan.bytesPerRank; offset += chunkBytes) {
     const size_t len = std::min(chunkBytes, plan.bytesPerRank - offset);
-    const uint32_t serial = ++chunkSerial;
+    const uint64_t count = ++chunkCount;
+    const uint32_t serial = static_cast<uint32_t>(count);
     const int slot = static_cast<int>(serial & (slots - 1));
 
     // Push: wait until every peer drained this slot's previous chunk, send, then announce.
-    t.waitPeers(Lane::Push, Flag::Credit, slot, serial - slots);
+    if (count > slots) {
+      t.waitPeers(Lane::Push, Flag::Credit, slot, serial - slots);
+    }
     std::vector<ByteSpan> pieces = input.take(len);
     if (pieces.size() > 1 && g.hasPackSegment()) {
       // A coalesced chunk spans several tensors: pack it once locally, then push one contiguous copy per peer.

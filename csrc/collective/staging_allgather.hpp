@@ -15,7 +15,10 @@ namespace sdma {
 size_t chunkBytesFor(const AllgatherPlan& plan, const StagingGeometry& geometry);
 size_t chunkCount(const AllgatherPlan& plan, const StagingGeometry& geometry);
 
-// Enqueues the whole collective on `transport` and advances the group's chunk serial by chunkCount().
-void scheduleStagingAllgather(Transport& transport, const AllgatherPlan& plan, uint32_t& chunkSerial);
+// Enqueues the whole collective on `transport` and advances the transport's chunk count by chunkCount(). Flags carry
+// its low 32 bits; the count itself is 64-bit so that a slot's first use (count <= slots) is known even after the
+// flags wrapped, and needs no credit: a wait for serial - slots would wait for 2^32 - 1 there, which only a cyclic
+// compare (CUDA's) takes for passed, and HIP's unsigned one never does.
+void scheduleStagingAllgather(Transport& transport, const AllgatherPlan& plan, uint64_t& chunkCount);
 
 }  // namespace sdma

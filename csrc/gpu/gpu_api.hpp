@@ -27,7 +27,8 @@ bool canAccessPeer(int device, int peerDevice);
 
 void* mallocDevice(size_t bytes);
 void freeDevice(void* ptr);
-void memsetDeviceSync(void* ptr, int value, size_t bytes);
+// Fills and waits on `stream` alone, so it never waits for (or trips over) another stream's graph capture.
+void memsetSync(void* ptr, int value, size_t bytes, Stream stream);
 
 // Device memory that other processes on this host can map (VMM, exported as a POSIX file descriptor). Pushes into
 // it run at full NVLink speed; legacy IPC mappings (below) reached ~75% of it on H200.
@@ -68,6 +69,23 @@ std::string streamMemOpsUnavailableReason();
 Stream createStream();
 // True while `stream` is being captured into a graph.
 bool streamCapturing(Stream stream);
+
+// Graph capture in global mode (torch.cuda.graph's default) forbids "unsafe" calls, such as an event query or an
+// allocation, on every thread of the process, and such a call invalidates the capture. Threads of ours call this
+// once at their start: their calls then concern their own captures only (none), as ProcessGroupNCCL's watchdog does.
+void ignoreOtherThreadsCaptures();
+// For its lifetime, lets this thread allocate and map memory while one of its streams is being captured (the
+// caching allocator does the same for graph pools).
+class CaptureRelaxedScope {
+ public:
+  CaptureRelaxedScope();
+  ~CaptureRelaxedScope();
+  CaptureRelaxedScope(const CaptureRelaxedScope&) = delete;
+  CaptureRelaxedScope& operator=(const CaptureRelaxedScope&) = delete;
+
+ private:
+  int previous_;
+};
 void destroyStream(Stream stream);
 void syncStream(Stream stream);
 

@@ -113,9 +113,9 @@ void freeDevice(void* ptr) {
   }
 }
 
-void memsetDeviceSync(void* ptr, int value, size_t bytes) {
-  check(cudaMemset(ptr, value, bytes), "cudaMemset");
-  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+void memsetSync(void* ptr, int value, size_t bytes, Stream stream) {
+  check(cudaMemsetAsync(ptr, value, bytes, raw(stream)), "cudaMemsetAsync");
+  check(cudaStreamSynchronize(raw(stream)), "cudaStreamSynchronize");
 }
 
 namespace {
@@ -323,6 +323,22 @@ Stream createStream() {
 bool streamCapturing(Stream stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   return cudaStreamIsCapturing(raw(stream), &status) == cudaSuccess && status != cudaStreamCaptureStatusNone;
+}
+
+void ignoreOtherThreadsCaptures() {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
+  check(cudaThreadExchangeStreamCaptureMode(&mode), "cudaThreadExchangeStreamCaptureMode");
+}
+
+CaptureRelaxedScope::CaptureRelaxedScope() {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  check(cudaThreadExchangeStreamCaptureMode(&mode), "cudaThreadExchangeStreamCaptureMode");
+  previous_ = static_cast<int>(mode);
+}
+
+CaptureRelaxedScope::~CaptureRelaxedScope() {
+  auto mode = static_cast<cudaStreamCaptureMode>(previous_);
+  (void)cudaThreadExchangeStreamCaptureMode(&mode);
 }
 
 void destroyStream(Stream stream) {

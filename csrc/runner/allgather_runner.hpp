@@ -10,6 +10,7 @@
 
 #include "collective/allgather_inputs.hpp"
 #include "collective/collective_info.hpp"
+#include "collective/collective_path.hpp"
 #include "transport/staging_geometry.hpp"
 
 namespace sdma {
@@ -18,8 +19,8 @@ class AllgatherRunner {
  public:
   virtual ~AllgatherRunner() = default;
 
-  // "" when this collective can run here, else why it goes to the inner backend instead.
-  virtual std::string refusal(const PlannedAllgather& planned) = 0;
+  // The DMA path (or a variant of it) when this collective can run here, else the inner backend and why.
+  virtual CollectivePath pathFor(const PlannedAllgather& planned) = 0;
   // Enqueues the collective; never blocks on the peers. Consumes planned's tensors.
   virtual c10::intrusive_ptr<c10d::Work> run(PlannedAllgather& planned, bool asyncOp, const CollectiveInfo& info) = 0;
   virtual size_t stagingBytes() const = 0;
@@ -30,13 +31,15 @@ class AllgatherRunner {
 std::string copyEnginePathProblem(c10d::Store& store, int rank, int size);
 // Collective, at the group's first eligible CUDA all-gather: null, with the reason in *whyNot, when the
 // transport cannot connect (every member then agrees).
-std::unique_ptr<AllgatherRunner> connectCopyEngineRunner(c10d::Store& store, int rank, int size, int device,
-                                                         const StagingGeometry& geometry, std::string* whyNot);
+// `geometry`: the cap; the runner sizes staging to what the group needs, up to it.
+std::unique_ptr<AllgatherRunner> connectCopyEngineRunner(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                                         int size, int device, const StagingGeometry& geometry,
+                                                         std::string* whyNot);
 
 // Shared memory, for CPU tensors (shared_memory_runner.cpp).
 std::string sharedMemoryPathProblem(c10d::Store& store, int rank, int size);
-std::unique_ptr<AllgatherRunner> connectSharedMemoryRunner(c10d::Store& store, int rank, int size,
-                                                           const StagingGeometry& geometry, bool direct,
+std::unique_ptr<AllgatherRunner> connectSharedMemoryRunner(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                                           int size, const StagingGeometry& geometry, bool direct,
                                                            const std::string& groupName, std::string* whyNot);
 
 }  // namespace sdma

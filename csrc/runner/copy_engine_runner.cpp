@@ -1,13 +1,20 @@
 #include "runner/copy_engine_runner.hpp"
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Logging.h>
 
+#include <algorithm>
+#include <map>
 #include <sstream>
+#include <thread>
 
+#include "collective/captured_allgather.hpp"
 #include "collective/staging_allgather.hpp"
+#include "runner/test_faults.hpp"
 #include "transport/peer_rendezvous.hpp"
 #include "work/gpu_work.hpp"
 
@@ -17,6 +24,8 @@ namespace {
 constexpr auto kPollInterval = std::chrono::milliseconds(5);
 // Before a collective has been pending this long, peers are not checked for liveness (it costs syscalls).
 constexpr auto kLivenessCheckAfter = std::chrono::milliseconds(1000);
+// Staging grows in powers of two from here, so a group connects a handful of times at most.
+constexpr size_t kSmallestSegment = size_t{1} << 20;
 
 std::string rankList(const std::vector<int>& ranks) {
   std::ostringstream os;
@@ -28,30 +37,52 @@ std::string rankList(const std::vector<int>& ranks) {
   return os.str();
 }
 
+// The largest chunk `plan` is cut into at `geometry` (a message smaller than a segment is one chunk of its size).
+size_t largestChunk(const AllgatherPlan& plan, const StagingGeometry& geometry) {
+  return std::max(kPageBytes, std::min(chunkBytesFor(plan, geometry), roundUp(plan.bytesPerRank, kPageBytes)));
+}
+
 }  // namespace
 
 std::string copyEnginePathProblem(c10d::Store& store, int rank, int size) {
   return CopyEngineTransport::checkGroupReachable(store, "ce/create", rank, size, c10::cuda::current_device());
 }
 
-std::unique_ptr<AllgatherRunner> connectCopyEngineRunner(c10d::Store& store, int rank, int size, int device,
-                                                         const StagingGeometry& geometry, std::string* whyNot) {
+std::unique_ptr<AllgatherRunner> connectCopyEngineRunner(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                                         int size, int device, const StagingGeometry& geometry,
+                                                         std::string* whyNot) {
   c10::cuda::CUDAGuard guard(device);
-  auto transport = CopyEngineTransport::connect(store, rank, size, device, geometry, whyNot);
-  if (!transport) {
+  std::vector<MemberIdentity> members;
+  *whyNot = CopyEngineTransport::checkGroupReachable(*store, "ce/connect", rank, size, device, &members);
+  if (!whyNot->empty()) {
     return nullptr;
   }
-  return std::make_unique<CopyEngineRunner>(std::move(transport), device);
+  return std::make_unique<CopyEngineRunner>(store, rank, size, device, std::move(members), geometry);
 }
 
-CopyEngineRunner::CopyEngineRunner(std::unique_ptr<CopyEngineTransport> transport, int device)
-    : transport_(std::move(transport)), device_(device) {
+CopyEngineRunner::CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int rank, int size, int device,
+                                   std::vector<MemberIdentity> members, const StagingGeometry& cap)
+    : store_(std::move(store)),
+      rank_(rank),
+      size_(size),
+      device_(device),
+      members_(std::move(members)),
+      cap_(cap),
+      injectWatchdogFault_(testFaultRequested("watchdog")) {
   c10::cuda::CUDAGuard guard(device_);
   pushStream_ = gpu::createStream();
   drainStream_ = gpu::createStream();
+  capturedPushStream_ = gpu::createStream();
   callerReady_ = gpu::createEvent();
   pushDone_ = gpu::createEvent();
-  watchdog_ = std::thread([this] { watchdogLoop(); });
+  capturedFork_ = gpu::createEvent();
+  capturedJoin_ = gpu::createEvent();
+  watchdog_ = GuardedThread(
+      [this] {
+        gpu::ignoreOtherThreadsCaptures();
+        watchdogLoop();
+      },
+      [this](const std::string& why) { abandonInFlight(why); });
 }
 
 CopyEngineRunner::~CopyEngineRunner() {
@@ -63,32 +94,64 @@ CopyEngineRunner::~CopyEngineRunner() {
   wake_.notify_all();
   watchdog_.join();
   c10::cuda::CUDAGuard guard(device_);
-  gpu::destroyEvent(callerReady_);
-  gpu::destroyEvent(pushDone_);
-  gpu::destroyStream(pushStream_);
-  gpu::destroyStream(drainStream_);
+  for (gpu::Event e : {callerReady_, pushDone_, capturedFork_, capturedJoin_}) {
+    gpu::destroyEvent(e);
+  }
+  for (gpu::Stream s : {pushStream_, drainStream_, capturedPushStream_}) {
+    gpu::destroyStream(s);
+  }
 }
 
-std::string CopyEngineRunner::refusal(const PlannedAllgather& planned) {
-  if (gpu::streamCapturing(c10::cuda::getCurrentCUDAStream(planned.device.index()).stream())) {
-    return "CUDA graph capture";
-  }
+size_t CopyEngineRunner::stagingBytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return (staging_ ? staging_->geometry().bytes() : 0) + (captured_ ? captured_->geometry().bytes() : 0);
+}
+
+CollectivePath CopyEngineRunner::pathFor(const PlannedAllgather& planned) {
   if (planned.device.index() != device_) {
-    return "tensor on another GPU than the group's first all-gather";
+    return CollectivePath::inner("tensor on another GPU than the group's first all-gather");
   }
-  return "";
+  if (gpu::streamCapturing(c10::cuda::getCurrentCUDAStream(device_).stream())) {
+    return CollectivePath::dma("captured");
+  }
+  return CollectivePath::dma();
+}
+
+std::unique_ptr<CopyEngineTransport> CopyEngineRunner::connectTransport(const StagingGeometry& geometry) {
+  auto store = c10::make_intrusive<c10d::PrefixStore>("ce/" + std::to_string(connections_++) + "/", store_);
+  return CopyEngineTransport::connect(*store, rank_, size_, device_, geometry, members_);
+}
+
+CopyEngineTransport& CopyEngineRunner::stagingFor(const AllgatherPlan& plan) {
+  const size_t needed = largestChunk(plan, cap_);
+  if (!staging_ || staging_->geometry().chunkBytes < needed) {
+    size_t segment = kSmallestSegment;
+    while (segment < needed) {
+      segment *= 2;
+    }
+    StagingGeometry g = cap_;
+    g.chunkBytes = std::min(segment, cap_.chunkBytes);
+    // The outgrown transport stays alive as long as a collective in flight holds it.
+    staging_ = connectTransport(g);
+    chunks_ = 0;
+  }
+  return *staging_;
 }
 
 c10::intrusive_ptr<c10d::Work> CopyEngineRunner::run(PlannedAllgather& planned, bool asyncOp,
                                                      const CollectiveInfo& info) {
   const AllgatherPlan& plan = planned.plan;
+  c10::cuda::CUDAGuard guard(device_);
+  gpu::Stream caller = c10::cuda::getCurrentCUDAStream(device_).stream();
   // Held through the enqueue: once the watchdog has declared the group broken, nothing more is enqueued, so the
   // serial it releases the streams up to is the last one any stream waits for.
   std::unique_lock<std::mutex> lock(mutex_);
   failure_.refuse(info);
-  c10::cuda::CUDAGuard guard(device_);
-  gpu::Stream caller = c10::cuda::getCurrentCUDAStream(device_).stream();
-  const bool pipelined = chunkCount(plan, transport_->geometry()) > 1;
+  if (gpu::streamCapturing(caller)) {
+    return enqueueCaptured(planned, info, caller);
+  }
+  CopyEngineTransport& transport = stagingFor(plan);
+  const bool pipelined = chunkCount(plan, transport.geometry()) > 1;
 
   // One chunk needs no second lane: everything on one stream, the fewest calls. Several chunks: pushes run on
   // their own stream so that the next chunk's push overlaps this chunk's drain.
@@ -103,10 +166,10 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::run(PlannedAllgather& planned, 
       gpu::streamWaitEvent(push, callerReady_);
     }
   }
-  transport_->bindLanes(push, drain);
-  const uint32_t first = serial_ + 1;
-  scheduleStagingAllgather(*transport_, plan, serial_);
-  transport_->flush();
+  transport.bindLanes(push, drain);
+  const auto first = static_cast<uint32_t>(chunks_ + 1);
+  scheduleStagingAllgather(transport, plan, chunks_);
+  transport.flush();
   if (push != drain) {
     gpu::recordEvent(pushDone_, push);
     gpu::streamWaitEvent(drain, pushDone_);
@@ -123,12 +186,44 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::run(PlannedAllgather& planned, 
   // The watchdog sleeps without a deadline only while nothing is in flight; otherwise it polls on its own, and a
   // wake-up per call would cost the caller a futex syscall.
   const bool watchdogAsleep = inFlight_.empty();
-  inFlight_.push_back({std::move(completion), info, first, serial_, std::chrono::steady_clock::now()});
+  inFlight_.push_back(
+      {std::move(completion), staging_, info, first, static_cast<uint32_t>(chunks_), std::chrono::steady_clock::now()});
   lock.unlock();
   if (watchdogAsleep) {
     wake_.notify_one();
   }
   return work;
+}
+
+c10::intrusive_ptr<c10d::Work> CopyEngineRunner::enqueueCaptured(PlannedAllgather& planned, const CollectiveInfo& info,
+                                                                 gpu::Stream caller) {
+  if (!captured_) {
+    // Every member captures the same collectives in the same order, so they connect here together. Allocating
+    // and mapping memory is refused during a global-mode capture unless this thread relaxes it for the moment.
+    gpu::CaptureRelaxedScope relaxed;
+    captured_ = connectTransport(cap_);
+  }
+  // The whole collective joins the caller's stream before the call returns, whatever asyncOp says: a graph may not
+  // end with a stream it forked still outside it, and the caller may never wait().
+  const bool pipelined = chunkCount(planned.plan, captured_->geometry()) > 1;
+  gpu::Stream push = pipelined ? capturedPushStream_ : caller;
+  if (pipelined) {
+    gpu::recordEvent(capturedFork_, caller);
+    gpu::streamWaitEvent(push, capturedFork_);
+  }
+  captured_->bindLanes(push, caller);
+  scheduleCapturedAllgather(*captured_, planned.plan);
+  captured_->flush();
+  if (pipelined) {
+    gpu::recordEvent(capturedJoin_, push);
+    gpu::streamWaitEvent(caller, capturedJoin_);
+  }
+  gpu::Event end = endEvents_->take();
+  gpu::recordEvent(end, caller);
+  // The graph's memory pool keeps the tensors; the watchdog never sees a captured collective (its events fire
+  // only in replays), as ProcessGroupNCCL keeps captured works from its watchdog.
+  auto completion = std::make_shared<GpuCompletion>(end, endEvents_, std::vector<at::Tensor>{}, /*captured=*/true);
+  return c10::make_intrusive<GpuWork>(info, planned.device, std::move(planned.outputs), completion);
 }
 
 void CopyEngineRunner::watchdogLoop() {
@@ -139,6 +234,9 @@ void CopyEngineRunner::watchdogLoop() {
       wake_.wait(lock, [this] { return stop_ || !inFlight_.empty(); });
       continue;
     }
+    if (injectWatchdogFault_) {
+      throwTestFault("watchdog");
+    }
     InFlight oldest = inFlight_.front();
     lock.unlock();
     const bool done = oldest.completion->pollDone();
@@ -148,10 +246,10 @@ void CopyEngineRunner::watchdogLoop() {
       if (now > oldest.deadline()) {
         failure = "timed out";
       } else if (now - oldest.enqueuedAt > kLivenessCheckAfter) {
-        const auto& pids = transport_->peerPids();
-        for (size_t q = 0; q < pids.size(); ++q) {
-          if (static_cast<int>(q) != transport_->rank() && !processAlive(pids[q])) {
-            failure = "failed: group rank " + std::to_string(q) + " (pid " + std::to_string(pids[q]) + ") exited";
+        for (int q = 0; q < size_; ++q) {
+          if (q != rank_ && !processAlive(members_[q].pid)) {
+            failure =
+                "failed: group rank " + std::to_string(q) + " (pid " + std::to_string(members_[q].pid) + ") exited";
             break;
           }
         }
@@ -173,12 +271,12 @@ void CopyEngineRunner::watchdogLoop() {
 }
 
 void CopyEngineRunner::failInFlight(const InFlight& stuck, const std::string& cause) {
-  const auto ready = transport_->readReadyFlags();
-  const int slots = transport_->geometry().slots;
+  const auto ready = stuck.transport->readReadyFlags();
+  const int slots = stuck.transport->geometry().slots;
   std::vector<int> neverArrived, stalled;
   if (stuck.lastSerial != stuck.firstSerial - 1) {
-    for (int q = 0; q < transport_->geometry().worldSize; ++q) {
-      if (q == transport_->rank()) {
+    for (int q = 0; q < size_; ++q) {
+      if (q == rank_) {
         continue;
       }
       const uint32_t firstFlag = ready[q * slots + (stuck.firstSerial & (slots - 1))];
@@ -203,14 +301,19 @@ void CopyEngineRunner::failInFlight(const InFlight& stuck, const std::string& ca
   // First refuse new collectives, then let every stream stuck on a flag run out, then wait for the copies to
   // stop touching user memory before the works (and the tensors they keep) are let go.
   std::deque<InFlight> failed;
-  uint32_t lastEnqueued = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     failure_.record(reason);
     failed.swap(inFlight_);
-    lastEnqueued = serial_;
   }
-  transport_->releaseWaiters(lastEnqueued);
+  // Each transport's streams wait for serials up to the last one enqueued on it.
+  std::map<CopyEngineTransport*, uint32_t> lastSerial;
+  for (const auto& f : failed) {
+    lastSerial[f.transport.get()] = f.lastSerial;
+  }
+  for (const auto& [transport, serial] : lastSerial) {
+    transport->releaseWaiters(serial);
+  }
   const auto exc = std::make_exception_ptr(C10_BUILD_ERROR(DistBackendError, "torch_sdma: " + reason));
   for (auto& f : failed) {
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -218,6 +321,32 @@ void CopyEngineRunner::failInFlight(const InFlight& stuck, const std::string& ca
       std::this_thread::sleep_for(kPollInterval);
     }
     f.completion->fail(exc);
+  }
+}
+
+void CopyEngineRunner::abandonInFlight(const std::string& why) {
+  std::deque<InFlight> failed;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    failure_.record("its watchdog failed: " + why);
+    failed.swap(inFlight_);
+  }
+  LOG(ERROR) << "torch_sdma: the copy-engine watchdog on GPU " << device_ << " failed: " << why << "; " << failed.size()
+             << " all-gathers in flight fail with it and the group runs no more";
+  for (auto& f : failed) {
+    const auto exc = std::make_exception_ptr(C10_BUILD_ERROR(
+        DistBackendError, "torch_sdma: " + f.info.describe() + " failed: the group's watchdog thread failed: " + why));
+    // The copies may still be running: the kept tensors go only once they are known to be done.
+    bool done = false;
+    try {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (!(done = f.completion->pollDone()) && std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(kPollInterval);
+      }
+    } catch (const std::exception&) {
+      done = false;
+    }
+    f.completion->fail(exc, /*releaseTensors=*/done);
   }
 }
 

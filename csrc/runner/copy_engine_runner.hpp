@@ -1,7 +1,16 @@
-// Runs the all-gather schedule on the copy-engine transport: picks the streams the two lanes use, orders them
-// against the caller's stream with events, and watches every collective in flight so that a missing peer
-// becomes an error (naming it) within the timeout and the GPU streams stuck on it are released.
+// Runs the all-gather schedules on copy-engine transports: picks the streams the two lanes use, orders them against
+// the caller's stream with events, and watches every eager collective in flight so that a missing peer becomes an
+// error (naming it) within the timeout and the GPU streams stuck on it are released.
+//
+// Staging is sized to what the group has needed so far, not to the cap (TORCH_SDMA_STAGING_BYTES): a larger message
+// connects a larger transport, and the old one lives until its last collective completes. Many groups over the same
+// GPUs (Megatron, DeviceMesh, HSDP) that all-gather little then hold little.
+//
+// Collectives captured into a CUDA graph run the captured schedule on a transport of their own, sized to the cap
+// once: a graph keeps the addresses it was captured with, and may be replayed while eager collectives run.
 #pragma once
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
 #include <condition_variable>
@@ -9,10 +18,10 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 
 #include "runner/allgather_runner.hpp"
 #include "runner/group_failure.hpp"
+#include "runner/guarded_thread.hpp"
 #include "transport/copy_engine_transport.hpp"
 #include "work/gpu_completion.hpp"
 
@@ -20,23 +29,24 @@ namespace sdma {
 
 class CopyEngineRunner : public AllgatherRunner {
  public:
-  CopyEngineRunner(std::unique_ptr<CopyEngineTransport> transport, int device);
+  // `members`: every member's identity, from a reachability check that said "" to all. `cap`: the largest staging.
+  CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int rank, int size, int device,
+                   std::vector<MemberIdentity> members, const StagingGeometry& cap);
   ~CopyEngineRunner() override;
 
-  std::string refusal(const PlannedAllgather& planned) override;
+  CollectivePath pathFor(const PlannedAllgather& planned) override;
   // asyncOp=false enqueues on the caller's current stream (NCCL's semantics); asyncOp=true on internal streams
-  // that first wait for the caller's stream. Never blocks the CPU.
+  // that first wait for the caller's stream. Never blocks the CPU on the GPU.
   c10::intrusive_ptr<c10d::Work> run(PlannedAllgather& planned, bool asyncOp, const CollectiveInfo& info) override;
-  size_t stagingBytes() const override {
-    return transport_->geometry().bytes();
-  }
+  size_t stagingBytes() const override;
 
  private:
   // Never the Work itself: see gpu_completion.hpp.
   struct InFlight {
     std::shared_ptr<GpuCompletion> completion;
-    CollectiveInfo info;  // for the failure message
-    uint32_t firstSerial;
+    std::shared_ptr<CopyEngineTransport> transport;  // keeps a transport that was outgrown alive until done
+    CollectiveInfo info;                             // for the failure message
+    uint32_t firstSerial;                            // chunk serials as the flags carry them
     uint32_t lastSerial;
     std::chrono::steady_clock::time_point enqueuedAt;
 
@@ -45,26 +55,47 @@ class CopyEngineRunner : public AllgatherRunner {
     }
   };
 
+  // Collective (every member makes the same call for the same message): a transport whose segments hold the
+  // chunks `plan` is cut into at the cap's geometry, connecting a larger one when the current one is too small.
+  CopyEngineTransport& stagingFor(const AllgatherPlan& plan);
+  std::unique_ptr<CopyEngineTransport> connectTransport(const StagingGeometry& geometry);
+  c10::intrusive_ptr<c10d::Work> enqueueCaptured(PlannedAllgather& planned, const CollectiveInfo& info,
+                                                 gpu::Stream caller);
+
   void watchdogLoop();
   // Names the peers that never reached (or stalled in) the stuck collective, releases the streams, fails all.
   void failInFlight(const InFlight& stuck, const std::string& cause);
+  // The watchdog itself failed: every collective in flight fails with its message; nothing touches the GPU.
+  void abandonInFlight(const std::string& why);
   void drainOnShutdown();
 
-  std::unique_ptr<CopyEngineTransport> transport_;
+  const c10::intrusive_ptr<c10d::Store> store_;
+  const int rank_;
+  const int size_;
   const int device_;
+  const std::vector<MemberIdentity> members_;
+  const StagingGeometry cap_;
+  const bool injectWatchdogFault_;
+  int connections_ = 0;  // store keys of each connection are fresh
+
+  std::shared_ptr<CopyEngineTransport> staging_;   // eager collectives; guarded by mutex_
+  std::unique_ptr<CopyEngineTransport> captured_;  // captured collectives; guarded by mutex_
   gpu::Stream pushStream_ = nullptr;
   gpu::Stream drainStream_ = nullptr;
+  gpu::Stream capturedPushStream_ = nullptr;
   gpu::Event callerReady_ = nullptr;
   gpu::Event pushDone_ = nullptr;
+  gpu::Event capturedFork_ = nullptr;
+  gpu::Event capturedJoin_ = nullptr;
   std::shared_ptr<EventPool> endEvents_ = std::make_shared<EventPool>();
-  uint32_t serial_ = 0;  // last chunk serial enqueued; guarded by mutex_
+  uint64_t chunks_ = 0;  // chunks enqueued on staging_ (the last one's serial); guarded by mutex_
 
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<InFlight> inFlight_;
   GroupFailure failure_;
   bool stop_ = false;
-  std::thread watchdog_;
+  GuardedThread watchdog_;
 };
 
 }  // namespace sdma

@@ -10,8 +10,8 @@ std::string copyEnginePathProblem(c10d::Store&, int, int) {
   return kWhy;
 }
 
-std::unique_ptr<AllgatherRunner> connectCopyEngineRunner(c10d::Store&, int, int, int, const StagingGeometry&,
-                                                         std::string* whyNot) {
+std::unique_ptr<AllgatherRunner> connectCopyEngineRunner(const c10::intrusive_ptr<c10d::Store>&, int, int, int,
+                                                         const StagingGeometry&, std::string* whyNot) {
   *whyNot = kWhy;
   return nullptr;
 }

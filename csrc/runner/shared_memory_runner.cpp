@@ -5,6 +5,7 @@
 
 #include "collective/direct_allgather.hpp"
 #include "collective/staging_allgather.hpp"
+#include "runner/test_faults.hpp"
 
 namespace sdma {
 
@@ -12,10 +13,10 @@ std::string sharedMemoryPathProblem(c10d::Store& store, int rank, int size) {
   return HostShmTransport::checkSameHost(store, "shm/create", rank, size);
 }
 
-std::unique_ptr<AllgatherRunner> connectSharedMemoryRunner(c10d::Store& store, int rank, int size,
-                                                           const StagingGeometry& geometry, bool direct,
+std::unique_ptr<AllgatherRunner> connectSharedMemoryRunner(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                                           int size, const StagingGeometry& geometry, bool direct,
                                                            const std::string& groupName, std::string* whyNot) {
-  auto transport = HostShmTransport::connect(store, rank, size, geometry, direct, whyNot);
+  auto transport = HostShmTransport::connect(*store, rank, size, geometry, direct, whyNot);
   if (!transport) {
     return nullptr;
   }
@@ -26,8 +27,9 @@ std::unique_ptr<AllgatherRunner> connectSharedMemoryRunner(c10d::Store& store, i
   return std::make_unique<SharedMemoryRunner>(std::move(transport));
 }
 
-SharedMemoryRunner::SharedMemoryRunner(std::unique_ptr<HostShmTransport> transport) : transport_(std::move(transport)) {
-  worker_ = std::thread([this] { workerLoop(); });
+SharedMemoryRunner::SharedMemoryRunner(std::unique_ptr<HostShmTransport> transport)
+    : transport_(std::move(transport)), injectWorkerFault_(testFaultRequested("worker")) {
+  worker_ = GuardedThread([this] { workerLoop(); }, [this](const std::string& why) { abandonQueued(why); });
 }
 
 SharedMemoryRunner::~SharedMemoryRunner() {
@@ -61,7 +63,7 @@ c10::intrusive_ptr<c10d::Work> SharedMemoryRunner::run(PlannedAllgather& planned
     }
     scheduleDirectAllgather(*transport_, plan, static_cast<uint32_t>(serial), peers);
   } else {
-    scheduleStagingAllgather(*transport_, plan, serial_);
+    scheduleStagingAllgather(*transport_, plan, chunks_);
   }
   auto work = c10::make_intrusive<HostWork>(info, std::move(planned.outputs), std::move(planned.keepAlive));
   {
@@ -81,8 +83,12 @@ void SharedMemoryRunner::workerLoop() {
     }
     Job job = std::move(queue_.front());
     queue_.pop_front();
+    running_ = job.work;
     const std::string broken = failure_.reason();
     lock.unlock();
+    if (injectWorkerFault_) {
+      throwTestFault("worker");
+    }
     std::exception_ptr error;
     if (!broken.empty()) {
       error = std::make_exception_ptr(
@@ -100,6 +106,28 @@ void SharedMemoryRunner::workerLoop() {
     }
     job.work->complete(error);
     lock.lock();
+    running_.reset();
+  }
+}
+
+void SharedMemoryRunner::abandonQueued(const std::string& why) {
+  std::vector<c10::intrusive_ptr<HostWork>> failed;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    failure_.record("its worker thread failed: " + why);
+    if (running_) {
+      failed.push_back(std::move(running_));
+    }
+    for (auto& job : queue_) {
+      failed.push_back(std::move(job.work));
+    }
+    queue_.clear();
+  }
+  LOG(ERROR) << "torch_sdma: a shared-memory all-gather worker failed: " << why << "; " << failed.size()
+             << " all-gathers fail with it and the group runs no more";
+  for (auto& work : failed) {
+    work->complete(std::make_exception_ptr(C10_BUILD_ERROR(
+        DistBackendError, "torch_sdma: " + work->description() + " failed: the group's worker thread failed: " + why)));
   }
 }
 

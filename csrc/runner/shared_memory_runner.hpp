@@ -7,10 +7,10 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 
 #include "runner/allgather_runner.hpp"
 #include "runner/group_failure.hpp"
+#include "runner/guarded_thread.hpp"
 #include "transport/host_shm_transport.hpp"
 #include "work/host_work.hpp"
 
@@ -21,8 +21,8 @@ class SharedMemoryRunner : public AllgatherRunner {
   explicit SharedMemoryRunner(std::unique_ptr<HostShmTransport> transport);
   ~SharedMemoryRunner() override;
 
-  std::string refusal(const PlannedAllgather&) override {
-    return "";
+  CollectivePath pathFor(const PlannedAllgather&) override {
+    return CollectivePath::dma();
   }
   c10::intrusive_ptr<c10d::Work> run(PlannedAllgather& planned, bool asyncOp, const CollectiveInfo& info) override;
   size_t stagingBytes() const override {
@@ -35,16 +35,20 @@ class SharedMemoryRunner : public AllgatherRunner {
     c10::intrusive_ptr<HostWork> work;
   };
   void workerLoop();
+  // The worker itself failed: the collective it ran and every queued one fail with its message.
+  void abandonQueued(const std::string& why);
 
   std::unique_ptr<HostShmTransport> transport_;
-  uint32_t serial_ = 0;        // staging chunks
+  uint64_t chunks_ = 0;        // staging chunks
   uint64_t directSerial_ = 0;  // collectives on the direct path
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<Job> queue_;
+  c10::intrusive_ptr<HostWork> running_;  // the one the worker holds, so that abandonQueued can fail it too
   GroupFailure failure_;
   bool stop_ = false;
-  std::thread worker_;
+  const bool injectWorkerFault_;
+  GuardedThread worker_;
 };
 
 }  // namespace sdma

@@ -45,14 +45,7 @@ std::string CopyEngineTransport::checkGroupReachable(c10d::Store& store, const s
 
 std::unique_ptr<CopyEngineTransport> CopyEngineTransport::connect(c10d::Store& store, int rank, int size, int device,
                                                                   const StagingGeometry& geometry,
-                                                                  std::string* whyNot) {
-  std::vector<MemberIdentity> members;
-  const std::string reason = checkGroupReachable(store, "ce/connect", rank, size, device, &members);
-  if (!reason.empty()) {
-    *whyNot = reason;
-    return nullptr;
-  }
-
+                                                                  const std::vector<MemberIdentity>& members) {
   std::unique_ptr<CopyEngineTransport> t(new CopyEngineTransport(rank, size, device, geometry));
   for (int q = 0; q < size; ++q) {
     t->peerPids_[q] = members[q].pid;
@@ -64,9 +57,9 @@ std::unique_ptr<CopyEngineTransport> CopyEngineTransport::connect(c10d::Store& s
 
   // Precomputed per (flag, slot), so the per-call path does no address arithmetic beyond indexing.
   const int slots = geometry.slots;
-  t->waitWords_.assign(2 * slots, {});
-  t->signalWords_.assign(2 * slots, {});
-  for (Flag f : {Flag::Ready, Flag::Credit}) {
+  t->waitWords_.assign(kFlagKinds * slots, {});
+  t->signalWords_.assign(kFlagKinds * slots, {});
+  for (Flag f : {Flag::Ready, Flag::Credit, Flag::Arrived, Flag::Done}) {
     for (int slot = 0; slot < slots; ++slot) {
       const int key = static_cast<int>(f) * slots + slot;
       for (int peer : t->pushOrder_) {
@@ -85,8 +78,8 @@ CopyEngineTransport::CopyEngineTransport(int rank, int size, int device, const S
   for (int k = 1; k < size; ++k) {
     pushOrder_.push_back((rank + k) % size);
   }
-  // READY and CREDIT words for every (source, slot).
-  const size_t words = 2 * static_cast<size_t>(size) * geometry.slots;
+  // A word of every flag kind for every (source, slot).
+  const size_t words = kFlagKinds * static_cast<size_t>(size) * geometry.slots;
   flagBytes_ = roundUp(words * sizeof(uint32_t), kPageBytes);
   service_ = gpu::createStream();
 }
@@ -95,7 +88,7 @@ bool CopyEngineTransport::mapWithVmm(c10d::Store& store, size_t bytes) {
   std::vector<gpu::SharedAllocation> maps(size_);
   std::string error = gpu::allocateShareable(device_, bytes, &maps[rank_]);
   if (error.empty()) {
-    gpu::memsetDeviceSync(maps[rank_].ptr, 0, flagBytes_);
+    gpu::memsetSync(maps[rank_].ptr, 0, flagBytes_, service_);
   }
   auto releaseAll = [&] {
     for (auto& m : maps) {
@@ -137,7 +130,7 @@ bool CopyEngineTransport::mapWithVmm(c10d::Store& store, size_t bytes) {
 
 void CopyEngineTransport::mapWithLegacyIpc(c10d::Store& store, size_t bytes) {
   base_ = static_cast<char*>(gpu::mallocDevice(bytes));
-  gpu::memsetDeviceSync(base_, 0, flagBytes_);
+  gpu::memsetSync(base_, 0, flagBytes_, service_);
   const gpu::IpcHandle own = gpu::exportIpc(base_);
   const auto handles = exchangeWithGroup(store, "ce/ipc", rank_, size_, std::string(own.bytes, gpu::kIpcHandleBytes));
   for (int q = 0; q < size_; ++q) {
@@ -229,6 +222,13 @@ void CopyEngineTransport::waitPeers(Lane lane, Flag flag, int slot, uint32_t val
   auto& pending = pendingFor(lane);
   for (uint32_t* word : waitWords_[static_cast<int>(flag) * geometry_.slots + slot]) {
     pending.push_back({false, word, value});
+  }
+}
+
+void CopyEngineTransport::resetOwnFlags(Lane lane, Flag flag, int slot) {
+  auto& pending = pendingFor(lane);
+  for (uint32_t* word : waitWords_[static_cast<int>(flag) * geometry_.slots + slot]) {
+    pending.push_back({true, word, 0});
   }
 }
 

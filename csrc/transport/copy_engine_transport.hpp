@@ -25,10 +25,12 @@ class CopyEngineTransport : public Transport {
   // why not (the same answer on every member). `members` receives every member's identity.
   static std::string checkGroupReachable(c10d::Store& store, const std::string& key, int rank, int size, int device,
                                          std::vector<MemberIdentity>* members = nullptr);
-  // Collective: every member of the group calls it together. Returns null, with the reason in *whyNot, when
-  // some member cannot reach every other by P2P on one host; all members then agree on that.
+  // Collective: every member of the group calls it together, after checkGroupReachable said "" to all. Allocates
+  // this rank's staging and flags for `geometry` and maps every member's (VMM memory shared as file descriptors;
+  // legacy CUDA IPC where some member cannot). Keys are taken under `store`, which must be fresh per connection.
   static std::unique_ptr<CopyEngineTransport> connect(c10d::Store& store, int rank, int size, int device,
-                                                      const StagingGeometry& geometry, std::string* whyNot);
+                                                      const StagingGeometry& geometry,
+                                                      const std::vector<MemberIdentity>& members);
   ~CopyEngineTransport() override;
 
   int rank() const override {
@@ -43,6 +45,7 @@ class CopyEngineTransport : public Transport {
   void pushChunkToPeers(Lane lane, int slot, const void* src, size_t bytes, size_t at) override;
   void signalPeers(Lane lane, Flag flag, int slot, uint32_t value) override;
   void waitPeers(Lane lane, Flag flag, int slot, uint32_t value) override;
+  void resetOwnFlags(Lane lane, Flag flag, int slot) override;
   // The streams the next collective's lanes run on (they may be the same stream).
   void bindLanes(gpu::Stream push, gpu::Stream drain);
   // Issues the flag operations still collected on either lane; call after scheduling a collective.

@@ -213,6 +213,10 @@ void HostShmTransport::waitPeers(Lane, Flag flag, int slot, uint32_t value) {
   recorded_.push_back({Op::Kind::Wait, nullptr, nullptr, 0, flag, slot, value});
 }
 
+void HostShmTransport::resetOwnFlags(Lane, Flag flag, int slot) {
+  recorded_.push_back({Op::Kind::Reset, nullptr, nullptr, 0, flag, slot, 0});
+}
+
 void HostShmTransport::copyToPeer(Lane, int peer, uint64_t peerDst, const void* src, size_t bytes) {
   recorded_.push_back(
       {Op::Kind::CopyToPeer, nullptr, static_cast<const char*>(src), bytes, Flag::Ready, 0, 0, peer, peerDst});
@@ -272,6 +276,13 @@ void HostShmTransport::execute(const std::vector<Op>& ops, std::chrono::steady_c
           const int peer = (rank_ + k) % size_;
           if (op.peer < 0 || op.peer == peer) {
             __atomic_store_n(flagWord(peer, op.flag, rank_, op.slot), op.value, __ATOMIC_RELEASE);
+          }
+        }
+        break;
+      case Op::Kind::Reset:
+        for (int q = 0; q < size_; ++q) {
+          if (q != rank_) {
+            __atomic_store_n(flagWord(rank_, op.flag, q, op.slot), 0u, __ATOMIC_RELEASE);
           }
         }
         break;

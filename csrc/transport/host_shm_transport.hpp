@@ -24,7 +24,7 @@ namespace sdma {
 class HostShmTransport : public Transport, public DirectTransport {
  public:
   struct Op {
-    enum class Kind { Copy, Signal, Wait, CopyToPeer, CopyFromPeer } kind;
+    enum class Kind { Copy, Signal, Wait, Reset, CopyToPeer, CopyFromPeer } kind;
     char* dst;
     const char* src;
     size_t bytes;
@@ -59,6 +59,7 @@ class HostShmTransport : public Transport, public DirectTransport {
   void pushChunkToPeers(Lane lane, int slot, const void* src, size_t bytes, size_t at) override;
   void signalPeers(Lane lane, Flag flag, int slot, uint32_t value) override;
   void waitPeers(Lane lane, Flag flag, int slot, uint32_t value) override;
+  void resetOwnFlags(Lane lane, Flag flag, int slot) override;
   DirectTransport* direct() override {
     return mailbox_ ? this : nullptr;
   }

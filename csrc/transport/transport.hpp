@@ -57,6 +57,9 @@ class Transport {
   virtual void signalPeers(Lane lane, Flag flag, int slot, uint32_t value) = 0;
   // Holds the lane until flag[peer][slot] has reached `value` (flagReached) for every peer.
   virtual void waitPeers(Lane lane, Flag flag, int slot, uint32_t value) = 0;
+  // Sets this rank's own flag[peer][slot] = 0 for every peer, after the lane's earlier operations. A schedule
+  // whose flag values cannot be serials (a captured graph replays the same values) returns them to 0 this way.
+  virtual void resetOwnFlags(Lane lane, Flag flag, int slot) = 0;
 
   // The direct-path operations, or null where this transport (or this group) has none.
   virtual DirectTransport* direct() {

@@ -26,8 +26,9 @@ void EventPool::giveBack(gpu::Event event) {
   free_.push_back(event);
 }
 
-GpuCompletion::GpuCompletion(gpu::Event end, std::shared_ptr<EventPool> pool, std::vector<at::Tensor> keepAlive)
-    : end_(end), pool_(std::move(pool)), keepAlive_(std::move(keepAlive)) {}
+GpuCompletion::GpuCompletion(gpu::Event end, std::shared_ptr<EventPool> pool, std::vector<at::Tensor> keepAlive,
+                             bool captured)
+    : end_(end), pool_(std::move(pool)), captured_(captured), done_(captured), keepAlive_(std::move(keepAlive)) {}
 
 GpuCompletion::~GpuCompletion() {
   pool_->giveBack(end_);
@@ -48,10 +49,16 @@ void GpuCompletion::releaseTensors() {
   dropped.swap(keepAlive_);
 }
 
-void GpuCompletion::fail(std::exception_ptr error) {
+void GpuCompletion::fail(std::exception_ptr error, bool releaseKept) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     error_ = error;
+    if (!releaseKept) {
+      // Deliberately leaked: freeing memory a copy engine may still write into would corrupt whatever the
+      // caching allocator puts there next.
+      new std::vector<at::Tensor>(std::move(keepAlive_));
+      keepAlive_.clear();
+    }
   }
   releaseTensors();
 }

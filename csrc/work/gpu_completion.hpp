@@ -41,7 +41,10 @@ class GpuCompletion {
  public:
   // Owns `end` until it returns it to `pool`. `keepAlive`: tensors the copies touch that nothing else keeps alive
   // for long enough (async calls); empty when the caller's stream already orders the allocator.
-  GpuCompletion(gpu::Event end, std::shared_ptr<EventPool> pool, std::vector<at::Tensor> keepAlive);
+  // `captured`: recorded inside a CUDA graph capture, so it never fires on its own (only replays run the copies);
+  // the CPU counts it complete at once and only a stream inside the same capture waits for it.
+  GpuCompletion(gpu::Event end, std::shared_ptr<EventPool> pool, std::vector<at::Tensor> keepAlive,
+                bool captured = false);
   ~GpuCompletion();
   GpuCompletion(const GpuCompletion&) = delete;
   GpuCompletion& operator=(const GpuCompletion&) = delete;
@@ -49,17 +52,22 @@ class GpuCompletion {
   gpu::Event endEvent() const {
     return end_;
   }
+  bool captured() const {
+    return captured_;
+  }
   // Never blocks: true once the end event fired; the kept tensors are dropped then.
   bool pollDone();
   // The caller's stream now waits for the copies: memory it frees from here on is reused after them.
   void releaseTensors();
 
-  void fail(std::exception_ptr error);
+  // `releaseTensors` false: the copies may still be running, so the kept tensors are never freed.
+  void fail(std::exception_ptr error, bool releaseTensors = true);
   std::exception_ptr error() const;
 
  private:
   const gpu::Event end_;
   const std::shared_ptr<EventPool> pool_;
+  const bool captured_;
   std::atomic<bool> done_{false};
   mutable std::mutex mutex_;
   std::vector<at::Tensor> keepAlive_;

@@ -24,7 +24,10 @@ void GpuWork::synchronize() {
     std::rethrow_exception(e);
   }
   auto current = c10::cuda::getCurrentCUDAStream(device_.index());
-  gpu::streamWaitEvent(current.stream(), completion_->endEvent());
+  // A captured collective's event exists only inside its graph; outside the capture the graph orders itself.
+  if (!completion_->captured() || gpu::streamCapturing(current.stream())) {
+    gpu::streamWaitEvent(current.stream(), completion_->endEvent());
+  }
   completion_->releaseTensors();
 }
 

@@ -1,0 +1,501 @@
+// Runs the all-gather schedules (csrc/collective/) of W ranks against a fake transport that records every call, then
+// executes the recorded operations of all ranks' lanes in a random interleaving that honours only the flags, the
+// way independent streams on W GPUs would. Checks that every rank's output holds every rank's bytes, that no
+// interleaving deadlocks, that flag serials survive wrapping past 2^32, and the call counts the per-call CPU cost
+// rests on. Usage: schedule_simulation SEED CASES; prints "ok <cases>" and exits 0 on success.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "collective/captured_allgather.hpp"
+#include "collective/direct_allgather.hpp"
+#include "collective/staging_allgather.hpp"
+
+using namespace sdma;
+
+namespace {
+
+[[noreturn]] void fail(const std::string& what) {
+  fprintf(stderr, "FAIL: %s\n", what.c_str());
+  exit(1);
+}
+
+struct Op {
+  enum Kind { Copy, Signal, Wait, Reset, SignalOne, WaitOne } kind;
+  char* dst = nullptr;
+  const char* src = nullptr;
+  size_t bytes = 0;
+  Flag flag = Flag::Ready;
+  int slot = 0;
+  uint32_t value = 0;
+  int peer = -1;
+};
+
+struct World;
+
+// One rank's transport: staging and flags in ordinary memory, operations recorded per lane.
+class FakeTransport : public Transport, public DirectTransport {
+ public:
+  FakeTransport(World* world, int rank, const StagingGeometry& g) : world_(world), rank_(rank), g_(g) {
+    staging_.assign(g.bytes(), 0);
+    flags_.assign(static_cast<size_t>(kFlagKinds) * g.worldSize * g.slots, 0);
+  }
+  int rank() const override {
+    return rank_;
+  }
+  const StagingGeometry& geometry() const override {
+    return g_;
+  }
+  char* localSegment(int slot, int src) override {
+    return staging_.data() + g_.segmentOffset(slot, src, rank_);
+  }
+  char* packSegment(int slot) override {
+    if (!g_.hasPackSegment())
+      fail("packSegment on a geometry without one");
+    return staging_.data() + g_.packSegmentOffset(slot);
+  }
+  void copyLocal(Lane lane, void* dst, const void* src, size_t bytes) override {
+    record(lane, {Op::Copy, static_cast<char*>(dst), static_cast<const char*>(src), bytes});
+    ++calls["copyLocal"];
+  }
+  void pushChunkToPeers(Lane lane, int slot, const void* src, size_t bytes, size_t at) override;
+  void signalPeers(Lane lane, Flag flag, int slot, uint32_t value) override {
+    record(lane, {Op::Signal, nullptr, nullptr, 0, flag, slot, value});
+    ++calls["signalPeers"];
+  }
+  void waitPeers(Lane lane, Flag flag, int slot, uint32_t value) override {
+    record(lane, {Op::Wait, nullptr, nullptr, 0, flag, slot, value});
+    ++calls["waitPeers"];
+  }
+  void resetOwnFlags(Lane lane, Flag flag, int slot) override {
+    record(lane, {Op::Reset, nullptr, nullptr, 0, flag, slot});
+  }
+  DirectTransport* direct() override {
+    return this;
+  }
+  void copyToPeer(Lane lane, int, uint64_t peerDst, const void* src, size_t bytes) override {
+    record(lane, {Op::Copy, reinterpret_cast<char*>(peerDst), static_cast<const char*>(src), bytes});
+  }
+  void copyFromPeer(Lane lane, int, void* dst, uint64_t peerSrc, size_t bytes) override {
+    record(lane, {Op::Copy, static_cast<char*>(dst), reinterpret_cast<const char*>(peerSrc), bytes});
+  }
+  void signalPeer(Lane lane, int peer, Flag flag, uint32_t value) override {
+    record(lane, {Op::SignalOne, nullptr, nullptr, 0, flag, 0, value, peer});
+  }
+  void waitPeer(Lane lane, int peer, Flag flag, uint32_t value) override {
+    record(lane, {Op::WaitOne, nullptr, nullptr, 0, flag, 0, value, peer});
+  }
+
+  uint32_t& flag(Flag f, int src, int slot) {
+    return flags_[(static_cast<size_t>(f) * g_.worldSize + src) * g_.slots + slot];
+  }
+  std::deque<Op> lanes[2];
+  std::map<std::string, int> calls;
+
+ private:
+  void record(Lane lane, Op op) {
+    lanes[static_cast<int>(lane)].push_back(op);
+  }
+
+  World* world_;
+  int rank_;
+  StagingGeometry g_;
+  std::vector<char> staging_;
+  std::vector<uint32_t> flags_;
+};
+
+struct World {
+  std::vector<std::unique_ptr<FakeTransport>> ranks;
+
+  // Executes every lane's operations in a random order that respects each lane's order and its waits.
+  void run(std::mt19937& rng, const std::string& what) {
+    const int W = static_cast<int>(ranks.size());
+    while (true) {
+      std::vector<std::pair<int, int>> runnable;
+      bool anyLeft = false;
+      for (int r = 0; r < W; ++r) {
+        for (int l = 0; l < 2; ++l) {
+          auto& q = ranks[r]->lanes[l];
+          if (q.empty())
+            continue;
+          anyLeft = true;
+          if (ready(r, q.front()))
+            runnable.push_back({r, l});
+        }
+      }
+      if (!anyLeft)
+        return;
+      if (runnable.empty())
+        fail(what + ": every lane waits on a flag no lane will set (deadlock)");
+      auto [r, l] = runnable[std::uniform_int_distribution<size_t>(0, runnable.size() - 1)(rng)];
+      Op op = ranks[r]->lanes[l].front();
+      ranks[r]->lanes[l].pop_front();
+      execute(r, op);
+    }
+  }
+
+  bool ready(int r, const Op& op) {
+    const int W = static_cast<int>(ranks.size());
+    if (op.kind == Op::Wait) {
+      for (int q = 0; q < W; ++q) {
+        if (q != r && !flagReached(ranks[r]->flag(op.flag, q, op.slot), op.value))
+          return false;
+      }
+    }
+    if (op.kind == Op::WaitOne)
+      return flagReached(ranks[r]->flag(op.flag, op.peer, 0), op.value);
+    return true;
+  }
+
+  void execute(int r, const Op& op) {
+    const int W = static_cast<int>(ranks.size());
+    switch (op.kind) {
+      case Op::Copy:
+        memmove(op.dst, op.src, op.bytes);
+        break;
+      case Op::Signal:
+        for (int q = 0; q < W; ++q) {
+          if (q != r)
+            ranks[q]->flag(op.flag, r, op.slot) = op.value;
+        }
+        break;
+      case Op::SignalOne:
+        ranks[op.peer]->flag(op.flag, r, 0) = op.value;
+        break;
+      case Op::Reset:
+        for (int q = 0; q < W; ++q) {
+          if (q != r)
+            ranks[r]->flag(op.flag, q, op.slot) = 0;
+        }
+        break;
+      case Op::Wait:
+      case Op::WaitOne:
+        break;
+    }
+  }
+};
+
+void FakeTransport::pushChunkToPeers(Lane lane, int slot, const void* src, size_t bytes, size_t at) {
+  for (int k = 1; k < g_.worldSize; ++k) {
+    const int peer = (rank_ + k) % g_.worldSize;
+    FakeTransport& p = *world_->ranks[peer];
+    record(lane, {Op::Copy, p.staging_.data() + g_.segmentOffset(slot, rank_, peer) + at, static_cast<const char*>(src),
+                  bytes});
+  }
+  ++calls["pushChunkToPeers"];
+}
+
+// One collective's buffers on every rank, in one of the forms the backend reduces to plans.
+struct Buffers {
+  std::vector<std::vector<char>> inputs;   // per rank
+  std::vector<std::vector<char>> outputs;  // per rank
+  std::vector<AllgatherPlan> plans;        // per rank
+  size_t bytesPerRank = 0;
+};
+
+enum class Form { IntoTensor, InPlace, List, Coalesced };
+
+Buffers makeCollective(Form form, int W, size_t bytesPerRank, std::mt19937& rng) {
+  Buffers b;
+  b.bytesPerRank = bytesPerRank;
+  // Coalesced: the rank's stream cut into a few tensors of random sizes, each gathered into its own output.
+  std::vector<size_t> pieces;
+  if (form == Form::Coalesced) {
+    size_t left = bytesPerRank;
+    while (left > 0) {
+      const size_t n = std::min(left, std::uniform_int_distribution<size_t>(1, bytesPerRank / 2 + 1)(rng));
+      pieces.push_back(n);
+      left -= n;
+    }
+  }
+  for (int r = 0; r < W; ++r) {
+    std::vector<char> in(bytesPerRank);
+    for (auto& c : in)
+      c = static_cast<char>(rng());
+    std::vector<char> out(bytesPerRank * W);
+    for (size_t i = 0; i < out.size(); ++i)
+      out[i] = static_cast<char>(~(i * 7 + r));  // poison
+    b.inputs.push_back(std::move(in));
+    b.outputs.push_back(std::move(out));
+  }
+  for (int r = 0; r < W; ++r) {
+    AllgatherPlan p;
+    p.bytesPerRank = bytesPerRank;
+    char* out = b.outputs[r].data();
+    char* in = b.inputs[r].data();
+    if (form == Form::InPlace) {
+      memcpy(out + r * bytesPerRank, in, bytesPerRank);
+      in = out + r * bytesPerRank;
+    }
+    if (form == Form::Coalesced) {
+      // Output tensor i holds W copies of piece i: rank q's piece i at outBase_i + q * size_i.
+      size_t inAt = 0, outAt = 0;
+      p.outputByRank.resize(W);
+      for (size_t n : pieces) {
+        p.input.push_back({in + inAt, n});
+        for (int q = 0; q < W; ++q)
+          p.outputByRank[q].push_back({out + outAt + q * n, n});
+        inAt += n;
+        outAt += n * W;
+      }
+    } else {
+      p.input = {{in, bytesPerRank}};
+      for (int q = 0; q < W; ++q)
+        p.outputByRank.push_back({{out + q * bytesPerRank, bytesPerRank}});
+      if (form != Form::List)
+        p.outputBase = out;
+    }
+    b.plans.push_back(p);
+  }
+  return b;
+}
+
+void checkOutputs(const Buffers& b, const std::vector<std::vector<char>>& original, const std::string& what) {
+  const int W = static_cast<int>(b.outputs.size());
+  for (int r = 0; r < W; ++r) {
+    for (int q = 0; q < W; ++q) {
+      // Walk rank q's stream through rank r's output spans.
+      size_t at = 0;
+      for (const ByteSpan& s : b.plans[r].outputByRank[q]) {
+        if (memcmp(s.ptr, original[q].data() + at, s.bytes) != 0) {
+          fail(what + ": rank " + std::to_string(r) + " holds wrong bytes for rank " + std::to_string(q));
+        }
+        at += s.bytes;
+      }
+    }
+  }
+}
+
+const char* formName(Form f) {
+  switch (f) {
+    case Form::IntoTensor:
+      return "into_tensor";
+    case Form::InPlace:
+      return "in_place";
+    case Form::List:
+      return "list";
+    case Form::Coalesced:
+      return "coalesced";
+  }
+  return "?";
+}
+
+// Several collectives in a row on one group (serials and credits carry over), each checked.
+void stagingCase(std::mt19937& rng, int caseNo) {
+  const int W = std::uniform_int_distribution<int>(1, 5)(rng);
+  StagingGeometry g;
+  g.worldSize = W;
+  g.slots = std::uniform_int_distribution<int>(0, 1)(rng) ? 2 : 4;
+  g.chunkBytes = std::uniform_int_distribution<size_t>(1, 96)(rng);
+  g.pipelineChunkBytes =
+      std::uniform_int_distribution<int>(0, 1)(rng) ? 0 : std::uniform_int_distribution<size_t>(1, 40)(rng);
+  // The chunk count is 64-bit and the flags carry its low 32 bits: starting near 2^32 (flags "given" up to there)
+  // makes them wrap inside the case.
+  const uint64_t start = std::uniform_int_distribution<int>(0, 3)(rng) == 0 ? 0xFFFFFFF0u : 0;
+  World world;
+  std::vector<uint64_t> serials(W, start);
+  for (int r = 0; r < W; ++r) {
+    world.ranks.push_back(std::make_unique<FakeTransport>(&world, r, g));
+    // Credits start "given" for the serials before the first chunk, as zero-initialised flags are for serial 0.
+    for (int q = 0; q < W; ++q)
+      for (int s = 0; s < g.slots; ++s)
+        world.ranks[r]->flag(Flag::Credit, q, s) = static_cast<uint32_t>(start);
+    for (int q = 0; q < W; ++q)
+      for (int s = 0; s < g.slots; ++s)
+        world.ranks[r]->flag(Flag::Ready, q, s) = static_cast<uint32_t>(start);
+  }
+  const int collectives = std::uniform_int_distribution<int>(1, 4)(rng);
+  for (int c = 0; c < collectives; ++c) {
+    const Form form = static_cast<Form>(std::uniform_int_distribution<int>(0, 3)(rng));
+    const size_t bytes =
+        std::uniform_int_distribution<int>(0, 5)(rng) == 0 ? 0 : std::uniform_int_distribution<size_t>(1, 300)(rng);
+    Buffers b = makeCollective(form, W, bytes, rng);
+    std::vector<std::vector<char>> original = b.inputs;
+    for (int r = 0; r < W; ++r) {
+      if (form == Form::InPlace) {
+        original[r].assign(b.plans[r].input[0].ptr, b.plans[r].input[0].ptr + bytes);
+      }
+      scheduleStagingAllgather(*world.ranks[r], b.plans[r], serials[r]);
+    }
+    const std::string what = "case " + std::to_string(caseNo) + " (W=" + std::to_string(W) +
+                             ", slots=" + std::to_string(g.slots) + ", segment=" + std::to_string(g.chunkBytes) +
+                             ", chunk=" + std::to_string(g.pipelineChunkBytes) + ", " + formName(form) + ", " +
+                             std::to_string(bytes) + " B/rank)";
+    for (int r = 1; r < W; ++r) {
+      if (serials[r] != serials[0])
+        fail(what + ": ranks disagree on the chunk serial");
+    }
+    const uint32_t chunks = static_cast<uint32_t>(chunkCount(b.plans[0], g));
+    if (bytes > 0 && serials[0] - start < chunks)
+      fail(what + ": serial advanced by less than the chunk count");
+    world.run(rng, what);
+    checkOutputs(b, original, what);
+  }
+}
+
+// The direct schedule: every pair has a late arriver (maybe two), as the arrival mailbox guarantees.
+void directCase(std::mt19937& rng, int caseNo) {
+  const int W = std::uniform_int_distribution<int>(2, 5)(rng);
+  StagingGeometry g;
+  g.worldSize = W;
+  g.slots = 2;
+  g.chunkBytes = 64;
+  World world;
+  for (int r = 0; r < W; ++r)
+    world.ranks.push_back(std::make_unique<FakeTransport>(&world, r, g));
+  for (uint32_t serial = 1; serial <= 3; ++serial) {
+    const Form form = std::uniform_int_distribution<int>(0, 1)(rng) ? Form::IntoTensor : Form::InPlace;
+    const size_t bytes = std::uniform_int_distribution<size_t>(1, 200)(rng);
+    Buffers b = makeCollective(form, W, bytes, rng);
+    std::vector<std::vector<char>> original = b.inputs;
+    // late[r][q]: r saw q's post (r is late for the pair). Never both early.
+    std::vector<std::vector<bool>> late(W, std::vector<bool>(W, false));
+    for (int r = 0; r < W; ++r) {
+      for (int q = r + 1; q < W; ++q) {
+        const int pick = std::uniform_int_distribution<int>(0, 2)(rng);
+        late[r][q] = pick != 1;
+        late[q][r] = pick != 0;
+      }
+    }
+    for (int r = 0; r < W; ++r) {
+      if (form == Form::InPlace)
+        original[r].assign(b.plans[r].input[0].ptr, b.plans[r].input[0].ptr + bytes);
+      std::vector<PeerBuffers> posts(W);
+      for (int q = 0; q < W; ++q) {
+        if (late[r][q]) {
+          posts[q] = {true, reinterpret_cast<uint64_t>(b.plans[q].input[0].ptr),
+                      reinterpret_cast<uint64_t>(b.plans[q].outputBase)};
+        }
+      }
+      scheduleDirectAllgather(*world.ranks[r], b.plans[r], serial, posts);
+    }
+    const std::string what = "direct case " + std::to_string(caseNo) + " (W=" + std::to_string(W) + ", " +
+                             formName(form) + ", serial " + std::to_string(serial) + ")";
+    world.run(rng, what);
+    checkOutputs(b, original, what);
+  }
+}
+
+// The captured schedule: a "graph" of several collectives is recorded once per rank and replayed several times with
+// new input bytes, every replay in a new random interleaving; each must deliver every byte and leave the flags as it
+// found them.
+void capturedCase(std::mt19937& rng, int caseNo) {
+  const int W = std::uniform_int_distribution<int>(1, 5)(rng);
+  StagingGeometry g;
+  g.worldSize = W;
+  g.slots = std::uniform_int_distribution<int>(0, 1)(rng) ? 2 : 4;
+  g.chunkBytes = std::uniform_int_distribution<size_t>(1, 96)(rng);
+  g.pipelineChunkBytes =
+      std::uniform_int_distribution<int>(0, 1)(rng) ? 0 : std::uniform_int_distribution<size_t>(1, 40)(rng);
+  World world;
+  for (int r = 0; r < W; ++r)
+    world.ranks.push_back(std::make_unique<FakeTransport>(&world, r, g));
+  std::vector<Buffers> graph;
+  std::vector<Form> forms;
+  const int collectives = std::uniform_int_distribution<int>(1, 3)(rng);
+  for (int c = 0; c < collectives; ++c) {
+    const Form form = static_cast<Form>(std::uniform_int_distribution<int>(0, 3)(rng));
+    const size_t bytes =
+        std::uniform_int_distribution<int>(0, 5)(rng) == 0 ? 0 : std::uniform_int_distribution<size_t>(1, 300)(rng);
+    graph.push_back(makeCollective(form, W, bytes, rng));
+    forms.push_back(form);
+    for (int r = 0; r < W; ++r)
+      scheduleCapturedAllgather(*world.ranks[r], graph.back().plans[r]);
+  }
+  std::vector<std::deque<Op>> recorded[2];
+  for (int l = 0; l < 2; ++l)
+    for (int r = 0; r < W; ++r)
+      recorded[l].push_back(world.ranks[r]->lanes[l]);
+  for (int replay = 0; replay < 3; ++replay) {
+    std::vector<std::vector<std::vector<char>>> originals;
+    for (size_t c = 0; c < graph.size(); ++c) {
+      Buffers& b = graph[c];
+      std::vector<std::vector<char>> original(W);
+      for (int r = 0; r < W; ++r) {
+        // New input bytes in the same buffers, as a user refills a graph's static input before each replay.
+        std::vector<char> fresh(b.bytesPerRank);
+        for (auto& x : fresh)
+          x = static_cast<char>(rng());
+        size_t at = 0;
+        for (const ByteSpan& s : b.plans[r].input) {
+          memcpy(s.ptr, fresh.data() + at, s.bytes);
+          at += s.bytes;
+        }
+        original[r] = fresh;
+        for (size_t i = 0; i < b.outputs[r].size(); ++i) {
+          if (forms[c] != Form::InPlace)
+            b.outputs[r][i] = static_cast<char>(~b.outputs[r][i]);  // re-poison
+        }
+      }
+      originals.push_back(original);
+    }
+    for (int l = 0; l < 2; ++l)
+      for (int r = 0; r < W; ++r)
+        world.ranks[r]->lanes[l] = recorded[l][r];
+    const std::string what = "captured case " + std::to_string(caseNo) + " (W=" + std::to_string(W) +
+                             ", slots=" + std::to_string(g.slots) + ", segment=" + std::to_string(g.chunkBytes) +
+                             ", chunk=" + std::to_string(g.pipelineChunkBytes) + ", replay " + std::to_string(replay) +
+                             ")";
+    world.run(rng, what);
+    for (size_t c = 0; c < graph.size(); ++c)
+      checkOutputs(graph[c], originals[c], what + " collective " + std::to_string(c));
+    for (int r = 0; r < W; ++r)
+      for (int f = 0; f < kFlagKinds; ++f)
+        for (int q = 0; q < W; ++q)
+          for (int s = 0; s < g.slots; ++s)
+            if (world.ranks[r]->flag(static_cast<Flag>(f), q, s) != 0)
+              fail(what + ": a flag was left set");
+  }
+}
+
+// What one call costs on the CPU: a one-chunk all-gather on two ranks issues one push, one local copy, one Ready
+// signal and wait, one Credit signal and wait; in place it issues no local copy.
+void callCounts() {
+  std::mt19937 rng(1);
+  StagingGeometry g;
+  g.worldSize = 2;
+  g.slots = 2;
+  g.chunkBytes = 1 << 20;
+  for (Form form : {Form::IntoTensor, Form::InPlace}) {
+    World world;
+    for (int r = 0; r < 2; ++r)
+      world.ranks.push_back(std::make_unique<FakeTransport>(&world, r, g));
+    Buffers b = makeCollective(form, 2, 4096, rng);
+    uint64_t count = 2;  // past the slots' first use, where the credit wait is skipped
+    scheduleStagingAllgather(*world.ranks[0], b.plans[0], count);
+    auto& calls = world.ranks[0]->calls;
+    const int localCopies = form == Form::InPlace ? 0 : 1;
+    // +1 local copy: the drain of the peer's segment into the output.
+    if (calls["pushChunkToPeers"] != 1 || calls["copyLocal"] != localCopies + 1 || calls["signalPeers"] != 2 ||
+        calls["waitPeers"] != 2) {
+      fail(std::string("call counts of a one-chunk ") + formName(form) + " all-gather changed: push " +
+           std::to_string(calls["pushChunkToPeers"]) + ", copyLocal " + std::to_string(calls["copyLocal"]) +
+           ", signal " + std::to_string(calls["signalPeers"]) + ", wait " + std::to_string(calls["waitPeers"]));
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    fprintf(stderr, "usage: %s SEED CASES\n", argv[0]);
+    return 2;
+  }
+  std::mt19937 rng(static_cast<unsigned>(atoi(argv[1])));
+  const int cases = atoi(argv[2]);
+  callCounts();
+  for (int c = 0; c < cases; ++c) {
+    stagingCase(rng, c);
+    directCase(rng, c);
+    capturedCase(rng, c);
+  }
+  printf("ok %d\n", cases);
+  return 0;
+}
