@@ -1,8 +1,9 @@
 """Builds torch_sdma._C against the installed torch.
 
-With a CUDA (or ROCm) build of torch and a CUDA toolkit, the copy-engine transport is compiled in
-(TORCH_SDMA_CUDA); otherwise only the shared-memory transport. TORCH_SDMA_BUILD_CUDA=0/1 forces the choice.
-The module never links libcuda: driver entry points are resolved at run time, so it imports without a driver.
+With a CUDA build of torch and a CUDA toolkit, or a ROCm build of torch and ROCm, the copy-engine transport is
+compiled in (TORCH_SDMA_CUDA); otherwise only the shared-memory transport. TORCH_SDMA_BUILD_CUDA=0/1 forces the
+choice. The module never links libcuda: driver entry points are resolved at run time, so it imports without a
+driver. On ROCm torch hipifies the sources and the HIP layer replaces the CUDA one (docs/amd.md).
 """
 import os
 
@@ -59,19 +60,30 @@ COMMON = [
     "host_shm_transport.cpp",
     "host_allgather_runner.cpp",
 ]
-GPU = ["gpu_api_cuda.cpp", "copy_engine_transport.cpp", "cuda_allgather_runner.cpp", "gpu_completion.cpp"]
+GPU = ["copy_engine_transport.cpp", "cuda_allgather_runner.cpp", "gpu_completion.cpp"]
+
+
+def vendor_sources():
+    """The layer that names the GPU vendor's runtime: HIP on a ROCm build of torch, CUDA otherwise. Never both,
+    and never the CUDA file on ROCm: hipify would write its translation of gpu_api_cuda.cpp under the name
+    gpu_api_hip.cpp, over the hand-written HIP layer once the two files share a folder."""
+    if torch.version.hip is not None:
+        return ["csrc/gpu/gpu_api_hip.cpp"]
+    return ["csrc/gpu_api_cuda.cpp"]
 
 
 def want_cuda():
     forced = os.environ.get("TORCH_SDMA_BUILD_CUDA")
     if forced is not None:
         return forced == "1"
-    return (torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None) or torch.version.hip is not None
+    if torch.version.hip is not None:
+        return cpp_extension.ROCM_HOME is not None  # without it CUDAExtension does not hipify
+    return torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
 
 
 def extension():
     cuda = want_cuda()
-    sources = [os.path.join("csrc", f) for f in COMMON + (GPU if cuda else [])]
+    sources = [os.path.join("csrc", f) for f in COMMON + (GPU if cuda else [])] + (vendor_sources() if cuda else [])
     cxx = ["-O2", "-Wall", "-Wno-unused-function"]  # the C++ standard is the one torch asks for
     macros = [("TORCH_SDMA_CUDA", None)] if cuda else []
     kwargs = dict(
