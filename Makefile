@@ -22,7 +22,7 @@ export NCCL_NVLS_ENABLE := 0
 export TORCH_SYMM_MEM_DISABLE_MULTICAST := 1
 export NVSHMEM_DISABLE_NVLS := 1
 
-.PHONY: all deps build test lint lint-deps format test-torch213 bench gpu-tests gpu-frameworks clean
+.PHONY: all deps build test lint lint-deps format test-torch213 hip-check bench gpu-tests gpu-frameworks clean
 
 all: build
 
@@ -62,6 +62,22 @@ test-torch213:
 	rm -rf build/torch213 && MAX_JOBS=$(JOBS) $(VENV213)/bin/python setup.py -q build_ext --build-lib build/torch213 --build-temp build/torch213-tmp
 	cp -r torch_sdma/*.py build/torch213/torch_sdma/
 	PYTHONPATH=$(CURDIR)/build/torch213 $(VENV213)/bin/pytest tests/test_registration.py $(PYTEST_ARGS)
+
+# The HIP build of the GPU layer, compiled host-only as AMD's platform against Debian's HIP headers
+# (libamdhip64-dev, HIP 5.2; installed when missing, which needs root) and torch's, warnings as errors. It shows
+# that csrc/gpu/gpu_api_hip.cpp compiles; no AMD GPU runs it here. g++, not hipcc: a ROCm build of torch compiles
+# extension .cpp files with the host compiler and -D__HIP_PLATFORM_AMD__=1 too. torch's headers go in as system
+# headers: their warnings are not this check's to fail on.
+HIP_CXX ?= g++
+hip-check: deps
+	@[ -f /usr/include/hip/hip_runtime_api.h ] || { \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -qq --no-install-recommends libamdhip64-dev >/dev/null 2>&1 || \
+	  { apt-get update -qq && apt-get install -y -qq --no-install-recommends libamdhip64-dev >/dev/null; }; }
+	@mkdir -p build
+	$(HIP_CXX) -std=c++20 -D__HIP_PLATFORM_AMD__=1 -DUSE_ROCM=1 -Wall -Wextra -Werror -Icsrc \
+	  $$($(PY) -c "from torch.utils import cpp_extension as c; print(' '.join('-isystem ' + p for p in c.include_paths()))" 2>/dev/null) \
+	  -c csrc/gpu/gpu_api_hip.cpp -o build/gpu_api_hip.o
 
 NGPU  = $(shell $(PY) -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
 NPROC = $(if $(filter 0,$(NGPU)),2,$(NGPU))

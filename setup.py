@@ -1,8 +1,9 @@
 """Builds torch_sdma._C against the installed torch.
 
-With a CUDA (or ROCm) build of torch and a CUDA toolkit, the copy-engine transport is compiled in
-(TORCH_SDMA_CUDA); otherwise only the shared-memory transport. TORCH_SDMA_BUILD_CUDA=0/1 forces the choice.
-The module never links libcuda: driver entry points are resolved at run time, so it imports without a driver.
+With a CUDA build of torch and a CUDA toolkit, or a ROCm build of torch and ROCm, the copy-engine transport is
+compiled in (TORCH_SDMA_CUDA); otherwise only the shared-memory transport. TORCH_SDMA_BUILD_CUDA=0/1 forces the
+choice. The module never links libcuda: driver entry points are resolved at run time, so it imports without a
+driver. On ROCm torch hipifies the sources and the HIP layer replaces the CUDA one (docs/amd.md).
 """
 import os
 
@@ -49,7 +50,7 @@ from setuptools import find_packages, setup  # noqa: E402
 from torch.utils import cpp_extension  # noqa: E402
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-# One list per layer (csrc/README.md); the vendor layer and the copy-engine runner only where CUDA is built.
+# One list per layer (csrc/README.md); the vendor layer and the copy-engine runner only where the GPU code is built.
 SOURCES = {
     "backend": ["process_group_sdma.cpp", "bindings.cpp"],
     "collective": [
@@ -63,13 +64,19 @@ SOURCES = {
     "runner": ["shared_memory_runner.cpp"],
     "work": ["host_work.cpp"],
 }
-CUDA_SOURCES = {
-    "gpu": ["gpu_api_cuda.cpp"],
+GPU_SOURCES = {
     "transport": ["copy_engine_transport.cpp"],
     "runner": ["copy_engine_runner.cpp"],
     "work": ["gpu_work.cpp", "gpu_completion.cpp"],
 }
 CPU_ONLY_SOURCES = {"runner": ["copy_engine_runner_absent.cpp"]}
+
+
+def vendor_sources():
+    """The layer that names the GPU vendor's runtime: HIP on a ROCm build of torch, CUDA otherwise. Never both,
+    and never the CUDA file on ROCm: hipify would write its translation of gpu_api_cuda.cpp under the name
+    gpu_api_hip.cpp, over the hand-written HIP layer beside it."""
+    return {"gpu": ["gpu_api_hip.cpp" if torch.version.hip is not None else "gpu_api_cuda.cpp"]}
 
 
 def source_paths(*layers):
@@ -80,12 +87,14 @@ def want_cuda():
     forced = os.environ.get("TORCH_SDMA_BUILD_CUDA")
     if forced is not None:
         return forced == "1"
-    return (torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None) or torch.version.hip is not None
+    if torch.version.hip is not None:
+        return cpp_extension.ROCM_HOME is not None  # without it CUDAExtension does not hipify
+    return torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
 
 
 def extension():
     cuda = want_cuda()
-    sources = source_paths(SOURCES, CUDA_SOURCES if cuda else CPU_ONLY_SOURCES)
+    sources = source_paths(SOURCES, *((GPU_SOURCES, vendor_sources()) if cuda else (CPU_ONLY_SOURCES,)))
     cxx = ["-O2", "-Wall", "-Wno-unused-function"]  # the C++ standard is the one torch asks for
     macros = [("TORCH_SDMA_CUDA", None)] if cuda else []
     kwargs = dict(
