@@ -258,7 +258,8 @@ CollectivePath ProcessGroupSDMA::choosePath(const PlannedAllgather& planned) {
     return CollectivePath::inner("TORCH_SDMA_DISABLE=1");
   }
   const bool cuda = planned.device.is_cuda();
-  if (static_cast<int64_t>(planned.outputBytes) < (cuda ? options_.minBytesCuda : options_.minBytesCpu)) {
+  if (static_cast<int64_t>(planned.outputBytes) < (cuda ? options_.minBytesCuda : options_.minBytesCpu) &&
+      !planned.innerLacksForm) {
     return CollectivePath::inner("below TORCH_SDMA_MIN_BYTES");
   }
   DevicePath& path = devicePath(planned.device);

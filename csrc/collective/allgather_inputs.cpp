@@ -201,6 +201,7 @@ PlannedAllgather planAllgatherCoalesced(const std::vector<std::vector<at::Tensor
   PlannedAllgather p;
   p.device = device;
   p.innerGathersBytes = anyDtypeGatheredAsBytes(inputs);
+  p.innerLacksForm = device.is_cuda();
   p.plan.outputByRank.resize(size);
   for (const auto& in : inputs) {
     checkSingleTensor(in, device);

@@ -21,6 +21,9 @@ struct PlannedAllgather {
   // The inner backends gather only some dtypes (NCCL and gloo refuse int16, the unsigned types above uint8, and
   // gloo float8); an all-gather only moves bytes, so on the inner path the others travel as byte views.
   bool innerGathersBytes = false;
+  // NCCL has no all_gather_coalesced (the list-of-lists form): on GPUs that form takes the DMA path at every size,
+  // since TORCH_SDMA_MIN_BYTES is a choice of the faster path, not of whether a call works.
+  bool innerLacksForm = false;
 };
 
 // The tensors an inner all-gather receives: the caller's own, or byte views of them (planned.innerGathersBytes).

@@ -460,7 +460,9 @@ def dtype_sweep_cases(g, ref, dev, tag, min_bytes):
             s = torch_sdma.stats(g)
             below = stats_calls(s, lambda k: k == "inner:below TORCH_SDMA_MIN_BYTES")[0]
             above = stats_calls(s, lambda k: k == "dma")[0]
-            assert below == 5 and above == 5, f"{dt}: expected 5 calls on each path, stats: {s}"
+            # NCCL has no all_gather_coalesced: that form stays on the DMA path at every size on GPUs.
+            lacking = 1 if dev.type == "cuda" else 0
+            assert (below, above) == (5 - lacking, 5 + lacking), f"{dt}: calls per path: {s}"
 
         cases.append((f"{tag}/dtype_sweep[{dt}]", sweep))
     return cases
