@@ -52,7 +52,7 @@ from torch.utils import cpp_extension  # noqa: E402
 ROOT = os.path.dirname(os.path.abspath(__file__))
 # One list per layer (csrc/README.md); the vendor layer and the copy-engine runner only where the GPU code is built.
 SOURCES = {
-    "backend": ["process_group_sdma.cpp", "bindings.cpp"],
+    "backend": ["process_group_sdma.cpp", "bindings.cpp", "self_exchange.cpp"],
     "collective": [
         "allgather_inputs.cpp",
         "byte_spans.cpp",
@@ -62,7 +62,7 @@ SOURCES = {
     ],
     "transport": ["peer_rendezvous.cpp", "host_shm_transport.cpp"],
     "runner": ["shared_memory_runner.cpp"],
-    "work": ["host_work.cpp"],
+    "work": ["host_work.cpp", "self_p2p_work.cpp"],
 }
 GPU_SOURCES = {
     "transport": ["copy_engine_transport.cpp"],

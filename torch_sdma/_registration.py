@@ -78,6 +78,7 @@ def _options(opts, backend_options):
         options = _config.options_from_env(opts.group_size)
     options._timeout = opts.timeout
     options.group_name = str(opts.group_id)
+    options.global_ranks = list(opts.global_ranks_in_group or range(opts.group_size))
     return options
 
 

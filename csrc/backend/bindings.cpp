@@ -83,7 +83,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("direct", &sdma::SdmaOptions::direct)
       .def_readwrite("log", &sdma::SdmaOptions::log)
       .def_readwrite("_timeout", &sdma::SdmaOptions::timeout)
-      .def_readwrite("group_name", &sdma::SdmaOptions::groupName);
+      .def_readwrite("group_name", &sdma::SdmaOptions::groupName)
+      .def_readwrite("global_ranks", &sdma::SdmaOptions::globalRanks);
 
   processGroup
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, sdma::SdmaOptions options,

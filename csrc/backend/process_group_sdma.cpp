@@ -19,6 +19,24 @@ int64_t tensorBytes(const std::vector<at::Tensor>& ts) {
   return b;
 }
 
+// What record_param_comms says of the group's ranks, as ProcessGroupNCCL derives it: the first global rank and
+// the stride between them when they are evenly spaced, -1 when not.
+TracedGroup traceGroupOf(const SdmaOptions& options, int rank, int size) {
+  TracedGroup g{options.groupName, rank, size, 0, 1};
+  const auto& ranks = options.globalRanks;
+  if (!ranks.empty()) {
+    g.globalRankStart = static_cast<int>(ranks[0]);
+    g.globalRankStride = ranks.size() > 1 ? static_cast<int>(ranks[1] - ranks[0]) : 1;
+    for (size_t i = 1; i < ranks.size(); ++i) {
+      if (ranks[i] - ranks[i - 1] != g.globalRankStride) {
+        g.globalRankStart = g.globalRankStride = -1;
+        break;
+      }
+    }
+  }
+  return g;
+}
+
 }  // namespace
 
 ProcessGroupSDMA::ProcessGroupSDMA(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -30,7 +48,9 @@ ProcessGroupSDMA::ProcessGroupSDMA(const c10::intrusive_ptr<c10d::Store>& store,
       options_(std::move(options)),
       innerCpu_(std::move(innerCpu)),
       innerCuda_(std::move(innerCuda)),
-      cudaUnavailable_(std::move(cudaUnavailable)) {
+      cudaUnavailable_(std::move(cudaUnavailable)),
+      traceGroup_(traceGroupOf(options_, rank, size)),
+      self_(rank) {
   // Every member runs these exchanges at creation, so the group's log line can say which path it will take.
   auto verdict = [&](const std::string& problem) {
     if (options_.disable) {
@@ -101,74 +121,113 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::trackCoalesced(c10::intrusive_p
 }
 
 template <typename InnerCall>
-c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::delegate(const char* op, const std::vector<at::Tensor>& tensors,
+c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::delegate(const CollectiveNames& names, TracedCollective traced,
                                                           int64_t bytes, InnerCall&& innerCall) {
-  auto& inner = innerFor(tensors, op);
+  const auto& tensors = traced.inputs.empty() ? traced.outputs : traced.inputs;
+  auto& inner = innerFor(tensors, names.stats);
   ++seq_;
-  recordPath(std::string("delegated:") + op, bytes);
-  auto work = innerCall(*inner);
-  // Inside a coalescing block NCCL collects its own works; gloo's run at once, so endCoalescing must return them.
-  return inner == innerCuda_ ? work : trackCoalesced(work);
+  recordPath(std::string("delegated:") + names.stats, bytes);
+  return runTraced(traceGroup_, getGroupDesc(), seq_, traced, [&] {
+    auto work = innerCall(*inner);
+    // Inside a coalescing block NCCL collects its own works; gloo's run at once, so endCoalescing must return them.
+    return inner == innerCuda_ ? work : trackCoalesced(work);
+  });
 }
+
+namespace {
+
+// Stats, trace and record_param_comms names of the delegated collectives (the last two as ProcessGroupNCCL names
+// them after its "nccl:" prefix).
+constexpr CollectiveNames kBroadcast{"broadcast", "broadcast", "broadcast"};
+constexpr CollectiveNames kAllreduce{"allreduce", "all_reduce", "allreduce"};
+constexpr CollectiveNames kAllreduceSparse{"allreduce_sparse", "all_reduce_sparse", "allreduce_sparse"};
+constexpr CollectiveNames kAllreduceCoalesced{"allreduce_coalesced", "allreduce_coalesced", "allreduce_coalesced"};
+constexpr CollectiveNames kReduce{"reduce", "reduce", "reduce"};
+constexpr CollectiveNames kGather{"gather", "gather", "gather"};
+constexpr CollectiveNames kScatter{"scatter", "scatter", "scatter"};
+constexpr CollectiveNames kReduceScatter{"reduce_scatter", "reduce_scatter", "reduce_scatter"};
+constexpr CollectiveNames kReduceScatterTensor{"reduce_scatter_tensor", "_reduce_scatter_base", "_reduce_scatter_base"};
+constexpr CollectiveNames kReduceScatterTensorCoalesced{
+    "reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_coalesced"};
+constexpr CollectiveNames kAlltoallBase{"alltoall_base", "all_to_all", "all_to_allv"};
+constexpr CollectiveNames kAlltoall{"alltoall", "all_to_all", "all_to_all"};
+constexpr CollectiveNames kSend{"send", "send", "send"};
+constexpr CollectiveNames kRecv{"recv", "recv", "recv"};
+constexpr CollectiveNames kRecvAnysource{"recvAnysource", "recv_anysource", "recvAnySource"};
+constexpr CollectiveNames kBarrier{"barrier", "barrier", "barrier"};
+
+std::string title(const CollectiveNames& names) {
+  return std::string("sdma:") + names.trace;
+}
+
+const std::vector<at::Tensor> kNoTensors;
+
+}  // namespace
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::broadcast(std::vector<at::Tensor>& tensors,
                                                            const c10d::BroadcastOptions& opts) {
-  return delegate("broadcast", tensors, tensorBytes(tensors),
+  return delegate(kBroadcast, {title(kBroadcast), kBroadcast.comms, tensors, tensors}, tensorBytes(tensors),
                   [&](c10d::Backend& b) { return b.broadcast(tensors, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allreduce(std::vector<at::Tensor>& tensors,
                                                            const c10d::AllreduceOptions& opts) {
-  return delegate("allreduce", tensors, tensorBytes(tensors),
+  return delegate(kAllreduce, {title(kAllreduce), kAllreduce.comms, tensors, tensors}, tensorBytes(tensors),
                   [&](c10d::Backend& b) { return b.allreduce(tensors, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allreduce_sparse(std::vector<at::Tensor>& tensors,
                                                                   const c10d::AllreduceOptions& opts) {
-  return delegate("allreduce_sparse", tensors, 0, [&](c10d::Backend& b) { return b.allreduce_sparse(tensors, opts); });
+  return delegate(kAllreduceSparse, {title(kAllreduceSparse), kAllreduceSparse.comms, tensors, tensors}, 0,
+                  [&](c10d::Backend& b) { return b.allreduce_sparse(tensors, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                      const c10d::AllreduceCoalescedOptions& opts) {
-  return delegate("allreduce_coalesced", tensors, tensorBytes(tensors),
-                  [&](c10d::Backend& b) { return b.allreduce_coalesced(tensors, opts); });
+  return delegate(kAllreduceCoalesced, {title(kAllreduceCoalesced), kAllreduceCoalesced.comms, tensors, tensors},
+                  tensorBytes(tensors), [&](c10d::Backend& b) { return b.allreduce_coalesced(tensors, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::reduce(std::vector<at::Tensor>& tensors,
                                                         const c10d::ReduceOptions& opts) {
-  return delegate("reduce", tensors, tensorBytes(tensors), [&](c10d::Backend& b) { return b.reduce(tensors, opts); });
+  return delegate(kReduce, {title(kReduce), kReduce.comms, tensors, tensors}, tensorBytes(tensors),
+                  [&](c10d::Backend& b) { return b.reduce(tensors, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                         std::vector<at::Tensor>& inputs,
                                                         const c10d::GatherOptions& opts) {
-  return delegate("gather", inputs, tensorBytes(inputs),
-                  [&](c10d::Backend& b) { return b.gather(outputs, inputs, opts); });
+  return delegate(kGather, {title(kGather), kGather.comms, inputs, outputs.empty() ? kNoTensors : outputs[0]},
+                  tensorBytes(inputs), [&](c10d::Backend& b) { return b.gather(outputs, inputs, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::scatter(std::vector<at::Tensor>& outputs,
                                                          std::vector<std::vector<at::Tensor>>& inputs,
                                                          const c10d::ScatterOptions& opts) {
-  return delegate("scatter", outputs, tensorBytes(outputs),
-                  [&](c10d::Backend& b) { return b.scatter(outputs, inputs, opts); });
+  return delegate(kScatter, {title(kScatter), kScatter.comms, inputs.empty() ? kNoTensors : inputs[0], outputs},
+                  tensorBytes(outputs), [&](c10d::Backend& b) { return b.scatter(outputs, inputs, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                                 std::vector<std::vector<at::Tensor>>& inputs,
                                                                 const c10d::ReduceScatterOptions& opts) {
-  return delegate("reduce_scatter", outputs, tensorBytes(outputs),
-                  [&](c10d::Backend& b) { return b.reduce_scatter(outputs, inputs, opts); });
+  return delegate(kReduceScatter,
+                  {title(kReduceScatter), kReduceScatter.comms, inputs.empty() ? kNoTensors : inputs[0], outputs},
+                  tensorBytes(outputs), [&](c10d::Backend& b) { return b.reduce_scatter(outputs, inputs, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                       const c10d::ReduceScatterOptions& opts) {
-  return delegate("reduce_scatter_tensor", {output}, tensorBytes({output}),
-                  [&](c10d::Backend& b) { return b._reduce_scatter_base(output, input, opts); });
+  const std::vector<at::Tensor> ins{input}, outs{output};
+  return delegate(kReduceScatterTensor, {title(kReduceScatterTensor), kReduceScatterTensor.comms, ins, outs},
+                  tensorBytes(outs), [&](c10d::Backend& b) { return b._reduce_scatter_base(output, input, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
-  return delegate("reduce_scatter_tensor_coalesced", outputs, tensorBytes(outputs),
+  return delegate(kReduceScatterTensorCoalesced,
+                  {title(kReduceScatterTensorCoalesced), kReduceScatterTensorCoalesced.comms, inputs, outputs},
+                  tensorBytes(outputs),
                   [&](c10d::Backend& b) { return b.reduce_scatter_tensor_coalesced(outputs, inputs, opts); });
 }
 
@@ -176,31 +235,52 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::alltoall_base(at::Tensor& outpu
                                                                std::vector<int64_t>& outputSplitSizes,
                                                                std::vector<int64_t>& inputSplitSizes,
                                                                const c10d::AllToAllOptions& opts) {
-  return delegate("alltoall_base", {output}, tensorBytes({output}), [&](c10d::Backend& b) {
-    return b.alltoall_base(output, input, outputSplitSizes, inputSplitSizes, opts);
-  });
+  const std::vector<at::Tensor> ins{input}, outs{output};
+  const bool even = outputSplitSizes.empty() && inputSplitSizes.empty();
+  return delegate(kAlltoallBase,
+                  {title(kAlltoallBase), even ? kAlltoall.comms : kAlltoallBase.comms, ins, outs, inputSplitSizes,
+                   outputSplitSizes},
+                  tensorBytes(outs), [&](c10d::Backend& b) {
+                    return b.alltoall_base(output, input, outputSplitSizes, inputSplitSizes, opts);
+                  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::alltoall(std::vector<at::Tensor>& outputs,
                                                           std::vector<at::Tensor>& inputs,
                                                           const c10d::AllToAllOptions& opts) {
-  return delegate("alltoall", outputs, tensorBytes(outputs),
+  return delegate(kAlltoall, {title(kAlltoall), kAlltoall.comms, inputs, outputs}, tensorBytes(outputs),
                   [&](c10d::Backend& b) { return b.alltoall(outputs, inputs, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
-  return delegate("send", tensors, tensorBytes(tensors),
+  TracedCollective traced{std::string("sdma:send ") + std::to_string(getRank()) + "->" + std::to_string(dstRank),
+                          kSend.comms, tensors, kNoTensors};
+  if (dstRank == getRank()) {
+    ++seq_;
+    recordPath("self:send", tensorBytes(tensors));
+    return runTraced(traceGroup_, getGroupDesc(), seq_, traced,
+                     [&] { return trackCoalesced(self_.send(tensors, tag)); });
+  }
+  return delegate(kSend, std::move(traced), tensorBytes(tensors),
                   [&](c10d::Backend& b) { return b.send(tensors, dstRank, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
-  return delegate("recv", tensors, tensorBytes(tensors),
+  TracedCollective traced{std::string("sdma:recv ") + std::to_string(getRank()) + "<-" + std::to_string(srcRank),
+                          kRecv.comms, kNoTensors, tensors};
+  if (srcRank == getRank()) {
+    ++seq_;
+    recordPath("self:recv", tensorBytes(tensors));
+    return runTraced(traceGroup_, getGroupDesc(), seq_, traced,
+                     [&] { return trackCoalesced(self_.recv(tensors, tag)); });
+  }
+  return delegate(kRecv, std::move(traced), tensorBytes(tensors),
                   [&](c10d::Backend& b) { return b.recv(tensors, srcRank, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  return delegate("recvAnysource", tensors, tensorBytes(tensors),
-                  [&](c10d::Backend& b) { return b.recvAnysource(tensors, tag); });
+  return delegate(kRecvAnysource, {title(kRecvAnysource), kRecvAnysource.comms, kNoTensors, tensors},
+                  tensorBytes(tensors), [&](c10d::Backend& b) { return b.recvAnysource(tensors, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::barrier(const c10d::BarrierOptions& opts) {
@@ -209,7 +289,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::barrier(const c10d::BarrierOpti
   auto& inner = innerFor(at::Device(onGpu ? at::kCUDA : at::kCPU), "barrier");
   ++seq_;
   recordPath("delegated:barrier", 0);
-  return inner->barrier(opts);
+  return runTraced(traceGroup_, getGroupDesc(), seq_, {title(kBarrier), kBarrier.comms, kNoTensors, kNoTensors},
+                   [&] { return inner->barrier(opts); });
 }
 
 void ProcessGroupSDMA::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
@@ -273,27 +354,52 @@ CollectivePath ProcessGroupSDMA::choosePath(const PlannedAllgather& planned) {
 }
 
 template <typename InnerCall>
-c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allgatherCollective(const char* op, c10d::OpType opType,
+c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allgatherCollective(const CollectiveNames& names, c10d::OpType opType,
                                                                      PlannedAllgather planned,
+                                                                     const TracedCollective& traced,
                                                                      const c10d::AllgatherOptions& opts,
                                                                      InnerCall&& innerCall) {
   const CollectivePath path = choosePath(planned);
   const auto bytes = static_cast<int64_t>(planned.outputBytes);
   if (path.isDma()) {
-    auto work = devicePath(planned.device).runner->run(planned, opts.asyncOp, describe(op, opType, opts));
+    const CollectiveInfo info = describe(names.stats, opType, opts);
+    auto work = runTraced(traceGroup_, getGroupDesc(), info.seq, traced,
+                          [&] { return devicePath(planned.device).runner->run(planned, opts.asyncOp, info); });
     recordPath(path.key(), bytes);
     return trackCoalesced(work);
   }
-  auto& inner = innerFor(planned.device, op);
+  auto& inner = innerFor(planned.device, names.stats);
   ++seq_;
   recordPath(path.key(), bytes);
-  return innerCall(*inner, InnerOperands(planned.innerGathersBytes));
+  return runTraced(traceGroup_, getGroupDesc(), seq_, traced,
+                   [&] { return innerCall(*inner, InnerOperands(planned.innerGathersBytes)); });
 }
+
+namespace {
+
+// The first name is the one sdma's errors use, the others NCCL's profiling title and record_param_comms name.
+constexpr CollectiveNames kAllgatherIntoTensor{"all_gather_into_tensor", "_allgather_base", "_allgather_base"};
+constexpr CollectiveNames kAllgatherList{"all_gather", "all_gather", "all_gather"};
+constexpr CollectiveNames kAllgatherIntoTensorCoalesced{
+    "allgather_into_tensor_coalesced", "all_gather_into_tensor_coalesced", "allgather_into_tensor_coalesced"};
+constexpr CollectiveNames kAllgatherCoalesced{"allgather_coalesced", "all_gather_coalesced", "allgather_coalesced"};
+
+std::vector<at::Tensor> flatten(const std::vector<std::vector<at::Tensor>>& lists) {
+  std::vector<at::Tensor> out;
+  for (const auto& l : lists) {
+    out.insert(out.end(), l.begin(), l.end());
+  }
+  return out;
+}
+
+}  // namespace
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                  const c10d::AllgatherOptions& opts) {
-  return allgatherCollective("all_gather_into_tensor", c10d::OpType::_ALLGATHER_BASE,
-                             planAllgatherIntoTensor(output, input, getRank(), getSize()), opts,
+  const std::vector<at::Tensor> ins{input}, outs{output};
+  return allgatherCollective(kAllgatherIntoTensor, c10d::OpType::_ALLGATHER_BASE,
+                             planAllgatherIntoTensor(output, input, getRank(), getSize()),
+                             {title(kAllgatherIntoTensor), kAllgatherIntoTensor.comms, ins, outs}, opts,
                              [&](c10d::Backend& b, const InnerOperands& operands) {
                                at::Tensor out = operands(output), in = operands(input);
                                return b._allgather_base(out, in, opts);
@@ -303,8 +409,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::_allgather_base(at::Tensor& out
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                            std::vector<at::Tensor>& inputs,
                                                            const c10d::AllgatherOptions& opts) {
-  return allgatherCollective("all_gather", c10d::OpType::ALLGATHER,
-                             planAllgatherList(outputs, inputs, getRank(), getSize()), opts,
+  const std::vector<at::Tensor> outs = flatten(outputs);
+  return allgatherCollective(kAllgatherList, c10d::OpType::ALLGATHER,
+                             planAllgatherList(outputs, inputs, getRank(), getSize()),
+                             {title(kAllgatherList), kAllgatherList.comms, inputs, outs}, opts,
                              [&](c10d::Backend& b, const InnerOperands& operands) {
                                auto outs = operands(outputs);
                                auto ins = operands(inputs);
@@ -315,20 +423,24 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allgather(std::vector<std::vect
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                                  std::vector<at::Tensor>& inputs,
                                                                                  const c10d::AllgatherOptions& opts) {
-  return allgatherCollective("allgather_into_tensor_coalesced", c10d::OpType::COALESCED,
-                             planAllgatherIntoTensorCoalesced(outputs, inputs, getRank(), getSize()), opts,
-                             [&](c10d::Backend& b, const InnerOperands& operands) {
-                               auto outs = operands(outputs);
-                               auto ins = operands(inputs);
-                               return b.allgather_into_tensor_coalesced(outs, ins, opts);
-                             });
+  return allgatherCollective(
+      kAllgatherIntoTensorCoalesced, c10d::OpType::COALESCED,
+      planAllgatherIntoTensorCoalesced(outputs, inputs, getRank(), getSize()),
+      {title(kAllgatherIntoTensorCoalesced), kAllgatherIntoTensorCoalesced.comms, inputs, outputs}, opts,
+      [&](c10d::Backend& b, const InnerOperands& operands) {
+        auto outs = operands(outputs);
+        auto ins = operands(inputs);
+        return b.allgather_into_tensor_coalesced(outs, ins, opts);
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputLists,
                                                                      std::vector<at::Tensor>& inputs,
                                                                      const c10d::AllgatherOptions& opts) {
-  return allgatherCollective("allgather_coalesced", c10d::OpType::ALLGATHER_COALESCED,
-                             planAllgatherCoalesced(outputLists, inputs, getRank(), getSize()), opts,
+  const std::vector<at::Tensor> outs = flatten(outputLists);
+  return allgatherCollective(kAllgatherCoalesced, c10d::OpType::ALLGATHER_COALESCED,
+                             planAllgatherCoalesced(outputLists, inputs, getRank(), getSize()),
+                             {title(kAllgatherCoalesced), kAllgatherCoalesced.comms, inputs, outs}, opts,
                              [&](c10d::Backend& b, const InnerOperands& operands) {
                                auto outs = operands(outputLists);
                                auto ins = operands(inputs);
@@ -391,6 +503,10 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupSDMA::split(const c10::intrusive_p
     SdmaOptions child = options_;
     child.timeout = opts->timeout;
     child.groupName = opts->group_name;
+    child.globalRanks.clear();
+    for (int r : ranks) {
+      child.globalRanks.push_back(options_.globalRanks.empty() ? r : options_.globalRanks.at(r));
+    }
     result = c10::make_intrusive<ProcessGroupSDMA>(
         c10::make_intrusive<c10d::PrefixStore>(opts->group_name + "/", store), static_cast<int>(me - ranks.begin()),
         static_cast<int>(ranks.size()), std::move(child), cpu, cuda, cudaUnavailable_);

@@ -13,7 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "backend/collective_trace.hpp"
 #include "backend/sdma_options.hpp"
+#include "backend/self_exchange.hpp"
 #include "collective/allgather_inputs.hpp"
 #include "collective/collective_info.hpp"
 #include "collective/collective_path.hpp"
@@ -126,11 +128,12 @@ class ProcessGroupSDMA : public c10d::Backend {
 
   // The one shape of every all-gather form: decide the path, then run the DMA schedule or call the inner backend.
   template <typename InnerCall>
-  c10::intrusive_ptr<c10d::Work> allgatherCollective(const char* op, c10d::OpType opType, PlannedAllgather planned,
+  c10::intrusive_ptr<c10d::Work> allgatherCollective(const CollectiveNames& names, c10d::OpType opType,
+                                                     PlannedAllgather planned, const TracedCollective& traced,
                                                      const c10d::AllgatherOptions& opts, InnerCall&& innerCall);
   // The one shape of every delegated collective.
   template <typename InnerCall>
-  c10::intrusive_ptr<c10d::Work> delegate(const char* op, const std::vector<at::Tensor>& tensors, int64_t bytes,
+  c10::intrusive_ptr<c10d::Work> delegate(const CollectiveNames& names, TracedCollective traced, int64_t bytes,
                                           InnerCall&& innerCall);
 
   c10::intrusive_ptr<c10d::Backend>& innerFor(const at::Device& device, const char* op);
@@ -149,7 +152,9 @@ class ProcessGroupSDMA : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> innerCpu_;
   c10::intrusive_ptr<c10d::Backend> innerCuda_;
   const std::string cudaUnavailable_;
+  const TracedGroup traceGroup_;
   uint64_t seq_ = 0;
+  SelfExchange self_;
 
   DevicePath cudaPath_;
   DevicePath hostPath_;

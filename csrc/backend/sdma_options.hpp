@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace sdma {
 
@@ -34,6 +35,7 @@ struct SdmaOptions {
 
   std::chrono::milliseconds timeout{600000};
   std::string groupName;
+  std::vector<int64_t> globalRanks;  // the group's members' global ranks, in group-rank order
 };
 
 }  // namespace sdma

@@ -154,8 +154,8 @@ std::string runtimeError(const char* what, hipError_t r) {
 // through the pointer (and would fault on a descriptor passed by value). torch's symmetric memory draws the same
 // line.
 hipError_t importDescriptor(hipMemGenericAllocationHandle_t* handle, int fd) {
-  void* osHandle = runtimeVersion() >= 70100000 ? reinterpret_cast<void*>(static_cast<uintptr_t>(fd))
-                                                : static_cast<void*>(&fd);
+  void* osHandle =
+      runtimeVersion() >= 70100000 ? reinterpret_cast<void*>(static_cast<uintptr_t>(fd)) : static_cast<void*>(&fd);
   return hipMemImportFromShareableHandle(handle, osHandle, hipMemHandleTypePosixFileDescriptor);
 }
 

@@ -550,7 +550,7 @@ def _handles_and_stats(c):
                 dist.barrier(group=g)
             s = sdma_stats(g)
             keys = list(s)
-            assert all(k == "dma" or k.startswith("inner:") or k.startswith("delegated:") for k in keys), keys
+            assert all(k.startswith(("dma", "inner:", "delegated:", "self:")) for k in keys), keys
             c, b = stats_calls(s, lambda k: k.startswith("delegated:") and "allreduce" in normalized(k))
             assert c == 2, f"expected 2 delegated all_reduce calls, stats: {s}"
             assert b == 2 * nbytes(x), f"expected {2 * nbytes(x)} bytes for the all_reduce calls, stats: {s}"

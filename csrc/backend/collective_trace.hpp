@@ -1,0 +1,71 @@
+// What torch's profiler and the execution-trace tools read about a collective, recorded the way ProcessGroupNCCL
+// records its own: a "sdma:<collective>" range (NCCL's names after its "nccl:" prefix) around the call, and inside
+// it a record_param_comms event carrying the collective's name, element counts, dtype, split sizes and group (what
+// Holistic Trace Analysis, Chakra and the profiler's distributed view look for). The copies a DMA collective
+// enqueues inside the range show up as GPU memcpy events correlated with it. Nothing is built while no profiler
+// callback is registered, so a call costs one check then.
+#pragma once
+
+#include <ATen/record_function.h>
+#include <torch/csrc/distributed/c10d/ParamCommsUtils.hpp>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace sdma {
+
+// How one kind of collective is named: in sdma's stats ("delegated:<stats>"), in the trace range ("sdma:<trace>",
+// NCCL's profiling title) and in record_param_comms (NCCL's collective name).
+struct CollectiveNames {
+  const char* stats;
+  const char* trace;
+  const char* comms;
+};
+
+// The group as record_param_comms describes it (its description comes from torch after creation, so apart).
+struct TracedGroup {
+  std::string name;
+  int rank = 0;
+  int size = 0;
+  int globalRankStart = 0;
+  int globalRankStride = 1;
+};
+
+struct TracedCollective {
+  std::string title;  // "sdma:all_reduce"
+  const char* comms;  // "allreduce"
+  const std::vector<at::Tensor>& inputs;
+  const std::vector<at::Tensor>& outputs;
+  std::vector<int64_t> inSplit = {};
+  std::vector<int64_t> outSplit = {};
+};
+
+inline int64_t totalNumel(const std::vector<at::Tensor>& ts) {
+  int64_t n = 0;
+  for (const auto& t : ts) {
+    n += t.numel();
+  }
+  return n;
+}
+
+template <typename Fn>
+auto runTraced(const TracedGroup& group, const std::string& groupDesc, uint64_t seq, const TracedCollective& c,
+               Fn&& fn) -> decltype(fn()) {
+  if (C10_LIKELY(!at::hasCallbacks())) {
+    return fn();
+  }
+  std::vector<c10::IValue> args(c.inputs.begin(), c.inputs.end());
+  RECORD_FUNCTION(c.title.c_str(), args);
+  // A scope of its own: both macros declare a `guard`.
+  return [&] {
+    const auto& some = c.inputs.empty() ? c.outputs : c.inputs;
+    RECORD_PARAM_COMMS_DATA(static_cast<int64_t>(seq), std::make_tuple(group.name, groupDesc), c.inputs, c.outputs,
+                            group.rank, c.comms, totalNumel(c.inputs), totalNumel(c.outputs),
+                            some.empty() ? at::kByte : some.front().scalar_type(), c.inSplit, c.outSplit,
+                            group.globalRankStart, group.globalRankStride, group.size);
+    return fn();
+  }();
+}
+
+}  // namespace sdma

@@ -1,0 +1,76 @@
+#include "backend/self_exchange.hpp"
+
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <c10/util/Exception.h>
+
+#include <string>
+
+namespace sdma {
+
+c10::intrusive_ptr<c10d::Work> SelfExchange::send(const std::vector<at::Tensor>& tensors, int tag) {
+  return post(c10d::OpType::SEND, tensors, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> SelfExchange::recv(const std::vector<at::Tensor>& tensors, int tag) {
+  return post(c10d::OpType::RECV, tensors, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> SelfExchange::post(c10d::OpType opType, const std::vector<at::Tensor>& tensors,
+                                                  int tag) {
+  TORCH_CHECK(tensors.size() == 1,
+              "Expecting one tensor only but got multiple. You are probably using multiple devices under one "
+              "thread. The support for such usage has been deprecated.");
+  const at::Tensor& t = tensors.front();
+  TORCH_CHECK_WITH(ValueError, t.is_contiguous(t.suggest_memory_format()), "Tensors must be contiguous");
+  const bool isSend = opType == c10d::OpType::SEND;
+  auto& mine = isSend ? sends_[tag] : recvs_[tag];
+  auto& theirs = isSend ? recvs_[tag] : sends_[tag];
+  while (!theirs.empty() && theirs.front().match->abandoned) {
+    theirs.pop_front();
+  }
+  std::shared_ptr<SelfMatch> match = std::make_shared<SelfMatch>();
+  if (!theirs.empty()) {
+    Posted other = std::move(theirs.front());
+    theirs.pop_front();
+    if (isSend) {
+      copy(t, other.tensor, *other.match);  // into the waiting recv
+      match = other.match;
+    } else {
+      if (other.match->copied) {  // the kept copy was made on the sender's stream
+        c10::impl::VirtualGuardImpl impl(t.device().type());
+        other.match->copied->block(impl.getStream(t.device()));
+      }
+      copy(other.tensor, t, *match);  // from the send's kept copy
+    }
+  } else if (isSend) {
+    // Keep the bytes as they are now (the caller may reuse the tensor once this send is done).
+    at::Tensor kept = at::empty_like(t);
+    copy(t, kept, *match);
+    mine.push_back({kept, match});
+  } else {
+    mine.push_back({t, match});
+  }
+  const std::string what = std::string(isSend ? "send to" : "recv from") + " rank " + std::to_string(rank_) +
+                           " (this rank itself), tag " + std::to_string(tag);
+  return c10::make_intrusive<SelfP2PWork>(rank_, opType, tensors, std::move(match), what);
+}
+
+void SelfExchange::copy(const at::Tensor& from, const at::Tensor& to, SelfMatch& match) {
+  const int64_t sent = from.numel() * from.element_size();
+  const int64_t room = to.numel() * to.element_size();
+  TORCH_CHECK_WITH(ValueError, sent == room, "torch_sdma: a send to this rank itself carries ", sent,
+                   " bytes, but the recv it matches takes ", room);
+  TORCH_CHECK_WITH(ValueError, from.device() == to.device(), "torch_sdma: a send to this rank itself is on ",
+                   from.device(), ", the recv it matches on ", to.device());
+  to.reshape({-1}).view(at::kByte).copy_(from.reshape({-1}).view(at::kByte));
+  if (to.device().is_cpu()) {
+    match.matched = true;
+    return;
+  }
+  c10::impl::VirtualGuardImpl impl(to.device().type());
+  match.copied.emplace(to.device().type());
+  match.copied->record(impl.getStream(to.device()));
+  match.matched = true;
+}
+
+}  // namespace sdma
