@@ -45,8 +45,15 @@ def _prefer_a_compiler_that_finds_libstdcxx():
 
 _prefer_a_compiler_that_finds_libstdcxx()
 
-import torch  # noqa: E402
-from setuptools import find_packages, setup  # noqa: E402
+try:
+    import torch
+except ImportError:
+    # pip's default isolated build environment has no torch, and must not get one: the extension has to match the
+    # user's torch exactly. One line, so that it stands out in pip's error output.
+    raise SystemExit("torch_sdma builds against the torch you run, which this build cannot import; with torch "
+                     "installed, run: pip install --no-build-isolation "
+                     + os.path.dirname(os.path.abspath(__file__))) from None
+from setuptools import setup  # noqa: E402
 from torch.utils import cpp_extension  # noqa: E402
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -108,12 +115,8 @@ def extension():
     return cpp_extension.CUDAExtension(**kwargs) if cuda else cpp_extension.CppExtension(**kwargs)
 
 
+# Name, version, packages and the entry point are in pyproject.toml.
 setup(
-    name="torch_sdma",
-    version="0.1.0",
-    description="A torch.distributed backend whose all-gathers move data with DMA engines (no SMs)",
-    packages=find_packages(include=["torch_sdma", "torch_sdma.*"]),
     ext_modules=[extension()],
     cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
-    python_requires=">=3.10",
 )

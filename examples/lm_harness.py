@@ -129,6 +129,10 @@ def add_common_args(p, default_out):
     d = ModelConfig()
     p.add_argument("--backend", choices=["nccl", "sdma"], default="nccl",
                    help='sdma: init_process_group("cpu:gloo,cuda:sdma"); nccl: init_process_group("nccl")')
+    p.add_argument("--sdma-load", choices=["import", "entry-point"], default="import",
+                   help="import: `import torch_sdma` before CUDA starts; entry-point: no import, init_process_group "
+                        "loads it after torch.cuda.set_device (torch >= 2.14), as a script that only names the "
+                        "backend does; needs the package installed, e.g. pip install --no-build-isolation -e .")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--batch", type=int, default=4, help="sequences per rank per step")
     p.add_argument("--seq", type=int, default=d.seq)
@@ -165,11 +169,11 @@ def make_deterministic():
     torch.backends.cuda.enable_mem_efficient_sdp(False)
 
 
-def init_distributed(backend):
+def init_distributed(backend, sdma_load="import"):
     """One process per GPU under torchrun. sdma: the string a user would write, CUDA all-gathers on copy engines and
     every other CUDA collective on sdma's inner NCCL, CPU tensors on gloo. nccl: plain NCCL, the reference."""
     local_rank = int(os.environ["LOCAL_RANK"])
-    if backend == "sdma":
+    if backend == "sdma" and sdma_load == "import":
         # Before CUDA starts, as a user's `import torch_sdma` at the top of their script: it registers the backend
         # name and asks CUDA for 32 hardware queues (torch_sdma/_hw_queues.py) unless the environment chose.
         import torch_sdma  # noqa: F401
@@ -241,6 +245,7 @@ def report(args, framework, cfg, losses, times, comm_groups, extra=None):
         "torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "hostname": socket.gethostname(),
         # How many hardware queues CUDA spreads streams over: it moves sdma's step time by several percent (README).
         "cuda_device_max_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
+        "sdma_load": args.sdma_load if args.backend == "sdma" else None,
         "command": " ".join(sys.orig_argv),
     }
     if args.backend == "sdma":
@@ -272,5 +277,5 @@ def start(description, default_out):
     add_common_args(p, default_out)
     args = p.parse_args()
     make_deterministic()
-    device = init_distributed(args.backend)
+    device = init_distributed(args.backend, args.sdma_load)
     return args, device, rank0_logger(), model_config(args)

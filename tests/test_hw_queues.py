@@ -34,7 +34,9 @@ def test_too_late_once_cuda_started(fresh):
     assert _hw_queues.request_before_cuda_starts(env, cuda_started=True) == "late"
     assert env == {}
     assert _hw_queues.queues_in_effect(env) == 8
-    assert "because CUDA started before `import torch_sdma`" in _hw_queues.hint(env)
+    hint = _hw_queues.hint(env)
+    assert "CUDA had started before torch_sdma was loaded" in hint
+    assert "Export CUDA_DEVICE_MAX_CONNECTIONS=32 where the job is launched" in hint
 
 
 def test_decides_once(fresh):

@@ -7,9 +7,13 @@ the peer arrives. NCCL's kernels wait on SMs instead, so they never hold a queue
 5.6% slower than NCCL with 8 queues and 0.3-3.8% faster with 32 (four runs).
 
 The variable is read once, when CUDA creates the process's context, so it can only be set before CUDA starts:
-`import torch_sdma` sets it to 32 when the user has not set it and torch has not initialised CUDA yet. A value the
+loading torch_sdma sets it to 32 when the user has not set it and torch has not initialised CUDA yet. A value the
 user set is never changed (Megatron's tensor-parallel overlap needs 1, for example); the group log line says when
 the value in effect is below 32.
+
+torch_sdma is loaded by `import torch_sdma`, or, on torch >= 2.14 with no import, by init_process_group through
+the package's entry point. The latter usually runs after torch.cuda.set_device has started CUDA: too late, so the
+process keeps CUDA's 8 queues unless the variable was set in the environment that launched it.
 """
 import os
 
@@ -19,8 +23,8 @@ VARIABLE = "CUDA_DEVICE_MAX_CONNECTIONS"
 RECOMMENDED = 32
 CUDA_DEFAULT = 8
 
-# What import did: "set" (we set it to RECOMMENDED), "user" (the user's value was kept), or "late" (CUDA had
-# already started, so the value in effect is whatever the context was created with).
+# What loading torch_sdma did: "set" (we set it to RECOMMENDED), "user" (the user's value was kept), or "late"
+# (CUDA had already started, so the value in effect is whatever the context was created with).
 decision = None
 
 
@@ -53,8 +57,11 @@ def hint(environ=os.environ, how=None) -> str:
     if queues >= RECOMMENDED:
         return ""
     if how == "late":
-        return (f"{VARIABLE} is {queues} because CUDA started before `import torch_sdma`; import it first, or set "
-                f"{VARIABLE}={RECOMMENDED}, or compute streams that share a hardware queue with an all-gather "
-                f"wait for it")
+        # Loaded by init_process_group's entry point after torch.cuda.set_device, most often: say both fixes.
+        return (f"{VARIABLE} unset, and CUDA had started before torch_sdma was loaded (by `import torch_sdma` "
+                f"or by init_process_group), too late to set it; a compute stream that shares a hardware queue "
+                f"with an all-gather waits while the all-gather waits for its peers. Export "
+                f"{VARIABLE}={RECOMMENDED} where the job is launched, or `import torch_sdma` before CUDA starts "
+                f"(before torch.cuda.set_device)")
     return (f"{VARIABLE}={environ.get(VARIABLE, '').strip() or 'unset'} gives {queues} hardware queues; with "
             f"{RECOMMENDED}, compute streams rarely share one with an all-gather that waits for a peer")
