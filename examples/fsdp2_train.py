@@ -37,7 +37,7 @@ def main():
         opt.zero_grad(set_to_none=True)
         return loss
 
-    losses, times = h.train(step, inputs, targets, device, log)
+    losses, times = h.train(step, inputs, targets, device, log, args.trace, args.trace_step)
     h.report(args, "fsdp2", cfg, losses, times, [mesh.get_group()])
     torch.distributed.destroy_process_group()
 

@@ -11,6 +11,7 @@ self-attention through F.scaled_dot_product_attention, SwiGLU MLP; learned posit
 configuration has about 1.06e9 parameters.
 """
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -134,6 +135,9 @@ def add_common_args(p, default_out):
                         "loads it after torch.cuda.set_device (torch >= 2.14), as a script that only names the "
                         "backend does; needs the package installed, e.g. pip install --no-build-isolation -e .")
     p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--trace", help="write a torch.profiler Chrome trace of step --trace-step to this path (rank 0; "
+                                   "examples/trace_timeline.py draws it)")
+    p.add_argument("--trace-step", type=int, default=10)
     p.add_argument("--batch", type=int, default=4, help="sequences per rank per step")
     p.add_argument("--seq", type=int, default=d.seq)
     p.add_argument("--vocab", type=int, default=d.vocab)
@@ -205,19 +209,35 @@ def allgather_paths(groups):
             "dma_share": dma_calls / calls if calls else 0.0, "staging_bytes": staging}
 
 
-def train(step_fn, inputs, targets, device, log):
+def profiled_if(wanted, path):
+    """A torch.profiler context writing a Chrome trace to `path` on rank 0, or a no-op."""
+    if not wanted:
+        return contextlib.nullcontext()
+    from torch.profiler import ProfilerActivity, profile
+
+    def export(prof):
+        if dist.get_rank() == 0:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            prof.export_chrome_trace(str(path))
+
+    return profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], on_trace_ready=export)
+
+
+def train(step_fn, inputs, targets, device, log, trace=None, trace_step=10):
     """Runs step_fn(inputs, targets) -> loss tensor for every batch; times each step between two device
-    synchronizations and returns the mean loss over ranks (full precision) and the time of every step."""
+    synchronizations and returns the mean loss over ranks (full precision) and the time of every step. With
+    `trace`, step `trace_step` runs under torch.profiler and its Chrome trace goes to that path."""
     losses, times = [], []
     world = dist.get_world_size()
     for step in range(inputs.shape[0]):
         x = inputs[step].to(device, non_blocking=True)
         y = targets[step].to(device, non_blocking=True)
         torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        loss = step_fn(x, y)
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
+        with profiled_if(trace is not None and step == trace_step, trace):
+            t0 = time.perf_counter()
+            loss = step_fn(x, y)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
         # Outside the timed region: the mean loss over ranks, in fp32 (one all-reduce, bitwise the same on any
         # backend for a given set of inputs).
         mean = loss.detach().float().clone()

@@ -233,15 +233,20 @@ def capture_body(ctx):
             del x, out
         total = sum(torch_sdma.staging_bytes(grp) for grp in groups)
         free_gathered = free()
+        held = torch_sdma._C._device_staging_bytes()
         for grp in groups:
             dist.destroy_process_group(grp)
         del groups, grp
         free_destroyed = free()
-        info["staging"] = {"eight_groups_staging_bytes": total, "held_by_the_all_gathers": free_created - free_gathered,
-                           "given_back_by_destroy": free_destroyed - free_gathered}
+        left = torch_sdma._C._device_staging_bytes()
+        # Device-wide free memory moves with every other process on the GPU (the suite runs groups in parallel):
+        # reported, not asserted. What this process allocated for staging is counted by the backend itself.
+        info["staging"] = {"eight_groups_staging_bytes": total, "process_staging_before_destroy": held,
+                           "process_staging_after_destroy": left,
+                           "device_free_delta_all_gathers": free_created - free_gathered,
+                           "device_free_delta_destroy": free_destroyed - free_gathered}
         assert total <= 512 * MIB, f"eight groups hold {total / MIB:.0f} MiB of staging per rank"
-        # What the all-gathers took (staging) comes back when the groups are destroyed.
-        assert free_destroyed - free_gathered >= total - 8 * MIB, f"staging not given back: {info['staging']}"
+        assert held - left >= total, f"destroying the groups did not free their staging: {info['staging']}"
 
     cases.append(("staging_bounded_across_groups", staging_bounded_across_groups))
 
