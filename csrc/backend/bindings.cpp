@@ -64,8 +64,6 @@ PYBIND11_DECLARE_HOLDER_TYPE(T, GilFreeIntrusiveHolder<T>, true)
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_sdma: an all-gather over DMA engines as a torch.distributed backend";
-  m.def("_device_staging_bytes", &sdma::copyEngineStagingBytes,
-        "Device memory this process holds in copy-engine staging, over every group");
   py::object backendBase = py::module::import("torch._C._distributed_c10d").attr("Backend");
 
   py::class_<sdma::ProcessGroupSDMA, GilFreeIntrusiveHolder<sdma::ProcessGroupSDMA>> processGroup(

@@ -36,9 +36,6 @@ std::unique_ptr<AllgatherRunner> connectCopyEngineRunner(const c10::intrusive_pt
                                                          int size, int device, const StagingGeometry& geometry,
                                                          std::string* whyNot);
 
-// Device memory this process holds in copy-engine staging, over every group (0 in a build without CUDA).
-int64_t copyEngineStagingBytes();
-
 // Shared memory, for CPU tensors (shared_memory_runner.cpp).
 std::string sharedMemoryPathProblem(c10d::Store& store, int rank, int size);
 std::unique_ptr<AllgatherRunner> connectSharedMemoryRunner(const c10::intrusive_ptr<c10d::Store>& store, int rank,

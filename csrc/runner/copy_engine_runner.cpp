@@ -44,10 +44,6 @@ size_t largestChunk(const AllgatherPlan& plan, const StagingGeometry& geometry) 
 
 }  // namespace
 
-int64_t copyEngineStagingBytes() {
-  return CopyEngineTransport::allocatedStagingBytes();
-}
-
 std::string copyEnginePathProblem(c10d::Store& store, int rank, int size) {
   return CopyEngineTransport::checkGroupReachable(store, "ce/create", rank, size, c10::cuda::current_device());
 }

@@ -6,10 +6,6 @@ namespace {
 constexpr const char* kWhy = "torch_sdma was built without CUDA";
 }  // namespace
 
-int64_t copyEngineStagingBytes() {
-  return 0;
-}
-
 std::string copyEnginePathProblem(c10d::Store&, int, int) {
   return kWhy;
 }

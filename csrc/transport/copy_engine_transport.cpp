@@ -5,15 +5,10 @@
 #include <c10/util/Exception.h>
 #include <c10/util/Logging.h>
 
-#include <atomic>
 #include <cstring>
 
 namespace sdma {
 namespace {
-
-// Device memory this process holds in staging areas it allocated, over every group: what destroying groups must
-// give back, measurable while other processes use the same GPU.
-std::atomic<int64_t> gAllocatedStagingBytes{0};
 
 // Why this rank cannot push into every peer's memory, or "".
 std::string reachabilityProblem(const std::vector<MemberIdentity>& members, int rank, int device) {
@@ -59,8 +54,6 @@ std::unique_ptr<CopyEngineTransport> CopyEngineTransport::connect(c10d::Store& s
   if (!t->mapWithVmm(store, bytes)) {
     t->mapWithLegacyIpc(store, bytes);
   }
-  t->allocatedBytes_ = bytes;
-  gAllocatedStagingBytes += static_cast<int64_t>(bytes);
 
   // Precomputed per (flag, slot), so the per-call path does no address arithmetic beyond indexing.
   const int slots = geometry.slots;
@@ -151,12 +144,7 @@ void CopyEngineTransport::mapWithLegacyIpc(c10d::Store& store, size_t bytes) {
   }
 }
 
-int64_t CopyEngineTransport::allocatedStagingBytes() {
-  return gAllocatedStagingBytes.load();
-}
-
 CopyEngineTransport::~CopyEngineTransport() {
-  gAllocatedStagingBytes -= static_cast<int64_t>(allocatedBytes_);
   if (vmm_) {
     for (auto& m : vmmMappings_) {
       gpu::freeShareable(&m);

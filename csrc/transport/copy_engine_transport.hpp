@@ -32,8 +32,6 @@ class CopyEngineTransport : public Transport {
                                                       const StagingGeometry& geometry,
                                                       const std::vector<MemberIdentity>& members);
   ~CopyEngineTransport() override;
-  // What every live transport of this process allocated for its own staging and flags.
-  static int64_t allocatedStagingBytes();
 
   int rank() const override {
     return rank_;
@@ -80,7 +78,6 @@ class CopyEngineTransport : public Transport {
   char* base_ = nullptr;  // own allocation: flags, then staging
   std::vector<char*> peerBase_;
   bool vmm_ = false;
-  size_t allocatedBytes_ = 0;
   std::vector<gpu::SharedAllocation> vmmMappings_;  // [rank_] is our own allocation
   std::vector<int> peerPids_;
   std::vector<int> pushOrder_;  // (rank + k) % size, so that peers are not all hit by the same sender at once
