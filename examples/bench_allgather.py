@@ -504,19 +504,16 @@ def main():
     where = f"{info['gpu']} x{b.world}" if b.mode == "gpu" else f"{info['cpu']}, {b.world} processes"
     b.log(f"# all-gather: sdma vs {b.base_name}, {b.mode} mode, {where}, torch {torch.__version__}")
     rows = sweep(b)
-    overlap = enqueue = captured = groups = None
-    if b.mode == "gpu" and not args.skip_captured:
-        b.log("# captured replay")
-        captured = captured_replay(b)
-    if b.mode == "gpu" and not args.skip_groups:
-        b.log("# staging across groups")
-        groups = staging_across_groups(b)
-    if b.mode == "gpu" and not args.skip_gemm:
-        b.log("# GEMM overlap")
-        overlap = gemm_overlap(b)
-    if b.mode == "gpu" and not args.skip_enqueue:
-        b.log("# CPU enqueue cost")
-        enqueue = enqueue_cost(b)
+    # The GPU-only measurements, each skippable.
+    extra = {}
+    for key, skip, label, measure in (("captured", args.skip_captured, "captured replay", captured_replay),
+                                      ("groups", args.skip_groups, "staging across groups", staging_across_groups),
+                                      ("overlap", args.skip_gemm, "GEMM overlap", gemm_overlap),
+                                      ("enqueue", args.skip_enqueue, "CPU enqueue cost", enqueue_cost)):
+        if b.mode == "gpu" and not skip:
+            b.log(f"# {label}")
+            extra[key] = measure(b)
+    captured, groups, overlap, enqueue = (extra.get(k) for k in ("captured", "groups", "overlap", "enqueue"))
     b.sync()
     if b.rank == 0:
         tag = f"{b.mode}_w{b.world}"

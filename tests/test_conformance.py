@@ -28,21 +28,16 @@ def self_p2p_cases(ctx, dev, tag):
     def x(name, n=1001, dtype=torch.float32):
         return rand(f"{tag}/{name}", rank, (n,), dtype, dev)
 
-    def isend_then_irecv():
-        s = x("a")
-        r = poison_(torch.empty_like(s))
-        ws = [dist.isend(s, rank, group=g), dist.irecv(r, rank, group=g)]
-        for w in ws:
-            w.wait()
-        assert_bytes_equal(r, s, "isend then irecv to self")
+    def pair(name, dtype, recv_first):
+        def fn():
+            s = x(name, dtype=dtype)
+            r = poison_(torch.empty_like(s))
+            post = [lambda: dist.isend(s, rank, group=g), lambda: dist.irecv(r, rank, group=g)]
+            for w in [p() for p in (post[::-1] if recv_first else post)]:
+                w.wait()
+            assert_bytes_equal(r, s, f"isend/irecv to self, {'recv' if recv_first else 'send'} posted first")
 
-    def irecv_then_isend():
-        s = x("b", dtype=torch.bfloat16)
-        r = poison_(torch.empty_like(s))
-        ws = [dist.irecv(r, rank, group=g), dist.isend(s, rank, group=g)]
-        for w in ws:
-            w.wait()
-        assert_bytes_equal(r, s, "irecv then isend to self")
+        return fn
 
     def isend_waited_then_irecv():
         s = x("c", dtype=torch.int64)
@@ -114,7 +109,8 @@ def self_p2p_cases(ctx, dev, tag):
             w.wait()
         assert_bytes_equal(r2, s, "a pair after a failed recv from oneself")
 
-    for name, fn in [("isend_then_irecv", isend_then_irecv), ("irecv_then_isend", irecv_then_isend),
+    for name, fn in [("isend_then_irecv", pair("a", torch.float32, False)),
+                     ("irecv_then_isend", pair("b", torch.bfloat16, True)),
                      ("isend_waited_then_irecv", isend_waited_then_irecv),
                      ("blocking_forms", blocking_forms),
                      ("batch_self_only", batch_self_only),

@@ -70,6 +70,16 @@ at::Tensor byteView(const at::Tensor& t) {
   return t.reshape({-1}).view(at::kByte);
 }
 
+// The plan of a form whose every rank contributes one tensor (into tensor, list): its bytes are the stream.
+PlannedAllgather planOneInput(const at::Tensor& input, const at::Device& device) {
+  PlannedAllgather p;
+  p.device = device;
+  p.innerGathersBytes = !innerGathersNatively(input.scalar_type());
+  p.plan.bytesPerRank = nbytes(input);
+  p.plan.input = {{bytesOf(input), p.plan.bytesPerRank}};
+  return p;
+}
+
 }  // namespace
 
 at::Tensor InnerOperands::operator()(const at::Tensor& t) const {
@@ -107,12 +117,8 @@ PlannedAllgather planAllgatherIntoTensor(const at::Tensor& output, const at::Ten
   if (input.numel() * size != output.numel()) {
     C10_THROW_ERROR(ValueError, "output tensor size must be equal to world_size times input tensor size");
   }
-  PlannedAllgather p;
-  p.device = device;
-  p.innerGathersBytes = !innerGathersNatively(input.scalar_type());
-  const size_t n = nbytes(input);
-  p.plan.bytesPerRank = n;
-  p.plan.input = {{bytesOf(input), n}};
+  PlannedAllgather p = planOneInput(input, device);
+  const size_t n = p.plan.bytesPerRank;
   for (int q = 0; q < size; ++q) {
     p.plan.outputByRank.push_back({{bytesOf(output) + q * n, n}});
   }
@@ -137,12 +143,8 @@ PlannedAllgather planAllgatherList(const std::vector<std::vector<at::Tensor>>& o
   const auto& outs = outputs[0];
   TORCH_CHECK_WITH(ValueError, static_cast<int>(outs.size()) == size, "all_gather: the output list has ", outs.size(),
                    " tensors but the group has ", size, " ranks; pass one output tensor per rank");
-  PlannedAllgather p;
-  p.device = device;
-  p.innerGathersBytes = !innerGathersNatively(input.scalar_type());
-  const size_t n = nbytes(input);
-  p.plan.bytesPerRank = n;
-  p.plan.input = {{bytesOf(input), n}};
+  PlannedAllgather p = planOneInput(input, device);
+  const size_t n = p.plan.bytesPerRank;
   for (const auto& out : outs) {
     checkSingleTensor(out, device);
     checkSameType(out, input);

@@ -37,17 +37,7 @@ void scheduleCapturedAllgather(Transport& t, const AllgatherPlan& plan) {
       t.waitPeers(Lane::Push, Flag::Credit, slot, 1);
       t.resetOwnFlags(Lane::Push, Flag::Credit, slot);
     }
-    std::vector<ByteSpan> pieces = input.take(len);
-    if (pieces.size() > 1 && g.hasPackSegment()) {
-      char* packed = t.packSegment(slot);
-      copyPieces(t, Lane::Push, {{packed, len}}, pieces);
-      pieces = {{packed, len}};
-    }
-    size_t at = 0;
-    for (const ByteSpan& piece : pieces) {
-      t.pushChunkToPeers(Lane::Push, slot, piece.ptr, piece.bytes, at);
-      at += piece.bytes;
-    }
+    pushChunkToPeers(t, Lane::Push, slot, input.take(len), len);
     t.signalPeers(Lane::Push, Flag::Ready, slot, 1);
 
     if (c == 0 && !ownSlotLast) {
@@ -57,12 +47,7 @@ void scheduleCapturedAllgather(Transport& t, const AllgatherPlan& plan) {
     // Drain, and give the slot back only where this collective uses it again.
     t.waitPeers(Lane::Drain, Flag::Ready, slot, 1);
     t.resetOwnFlags(Lane::Drain, Flag::Ready, slot);
-    for (int q = 0; q < g.worldSize; ++q) {
-      std::vector<ByteSpan> dst = outputs[q].take(len);
-      if (q != me) {
-        copyPieces(t, Lane::Drain, dst, {{t.localSegment(slot, q), len}});
-      }
-    }
+    drainChunkFromPeers(t, Lane::Drain, slot, outputs, len);
     if (c + g.slots < chunks) {
       t.signalPeers(Lane::Drain, Flag::Credit, slot, 1);
     }

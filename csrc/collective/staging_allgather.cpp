@@ -28,6 +28,29 @@ size_t chunkCount(const AllgatherPlan& plan, const StagingGeometry& geometry) {
   return (plan.bytesPerRank + chunk - 1) / chunk;
 }
 
+void pushChunkToPeers(Transport& t, Lane lane, int slot, std::vector<ByteSpan> pieces, size_t len) {
+  if (pieces.size() > 1 && t.geometry().hasPackSegment()) {
+    // A coalesced chunk spans several tensors: pack it once locally, then push one contiguous copy per peer.
+    char* packed = t.packSegment(slot);
+    copyPieces(t, lane, {{packed, len}}, pieces);
+    pieces = {{packed, len}};
+  }
+  size_t at = 0;
+  for (const ByteSpan& piece : pieces) {
+    t.pushChunkToPeers(lane, slot, piece.ptr, piece.bytes, at);
+    at += piece.bytes;
+  }
+}
+
+void drainChunkFromPeers(Transport& t, Lane lane, int slot, std::vector<SpanCursor>& outputs, size_t len) {
+  for (int q = 0; q < t.geometry().worldSize; ++q) {
+    std::vector<ByteSpan> dst = outputs[q].take(len);  // our own stream's range too, to keep the cursors aligned
+    if (q != t.rank()) {
+      copyPieces(t, lane, dst, {{t.localSegment(slot, q), len}});
+    }
+  }
+}
+
 void scheduleStagingAllgather(Transport& t, const AllgatherPlan& plan, uint64_t& chunkCount) {
   const StagingGeometry& g = t.geometry();
   const int me = t.rank();
@@ -56,18 +79,7 @@ void scheduleStagingAllgather(Transport& t, const AllgatherPlan& plan, uint64_t&
     if (count > slots) {
       t.waitPeers(Lane::Push, Flag::Credit, slot, serial - slots);
     }
-    std::vector<ByteSpan> pieces = input.take(len);
-    if (pieces.size() > 1 && g.hasPackSegment()) {
-      // A coalesced chunk spans several tensors: pack it once locally, then push one contiguous copy per peer.
-      char* packed = t.packSegment(slot);
-      copyPieces(t, Lane::Push, {{packed, len}}, pieces);
-      pieces = {{packed, len}};
-    }
-    size_t at = 0;
-    for (const ByteSpan& piece : pieces) {
-      t.pushChunkToPeers(Lane::Push, slot, piece.ptr, piece.bytes, at);
-      at += piece.bytes;
-    }
+    pushChunkToPeers(t, Lane::Push, slot, input.take(len), len);
     t.signalPeers(Lane::Push, Flag::Ready, slot, serial);
 
     if (offset == 0 && !ownSlotLast) {
@@ -78,12 +90,7 @@ void scheduleStagingAllgather(Transport& t, const AllgatherPlan& plan, uint64_t&
 
     // Drain: wait for every peer's chunk, move it to the output, hand the slot back.
     t.waitPeers(Lane::Drain, Flag::Ready, slot, serial);
-    for (int q = 0; q < g.worldSize; ++q) {
-      std::vector<ByteSpan> dst = outputs[q].take(len);
-      if (q != me) {
-        copyPieces(t, Lane::Drain, dst, {{t.localSegment(slot, q), len}});
-      }
-    }
+    drainChunkFromPeers(t, Lane::Drain, slot, outputs, len);
     t.signalPeers(Lane::Drain, Flag::Credit, slot, serial);
   }
   if (ownSlotLast) {

@@ -4,8 +4,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "collective/allgather_plan.hpp"
+#include "collective/byte_spans.hpp"
 #include "transport/transport.hpp"
 
 namespace sdma {
@@ -14,6 +16,13 @@ namespace sdma {
 // agree across ranks.
 size_t chunkBytesFor(const AllgatherPlan& plan, const StagingGeometry& geometry);
 size_t chunkCount(const AllgatherPlan& plan, const StagingGeometry& geometry);
+
+// The two steps every staging schedule takes per chunk. Push: `pieces` (len bytes of this rank's stream) into this
+// rank's segment of `slot` in every peer, packed first into one contiguous copy per peer where the geometry has a
+// pack segment and the chunk spans several tensors. Drain: every peer's segment of `slot` into the next len bytes
+// of that peer's output.
+void pushChunkToPeers(Transport& transport, Lane lane, int slot, std::vector<ByteSpan> pieces, size_t len);
+void drainChunkFromPeers(Transport& transport, Lane lane, int slot, std::vector<SpanCursor>& outputs, size_t len);
 
 // Enqueues the whole collective on `transport` and advances the transport's chunk count by chunkCount(). Flags carry
 // its low 32 bits; the count itself is 64-bit so that a slot's first use (count <= slots) is known even after the

@@ -286,15 +286,27 @@ const char* formName(Form f) {
   return "?";
 }
 
-// Several collectives in a row on one group (serials and credits carry over), each checked.
-void stagingCase(std::mt19937& rng, int caseNo) {
-  const int W = std::uniform_int_distribution<int>(1, 5)(rng);
+// 1 to 5 ranks, 2 or 4 slots, tiny segments and chunks: messages of a few hundred bytes span many chunks.
+StagingGeometry randomGeometry(std::mt19937& rng) {
   StagingGeometry g;
-  g.worldSize = W;
+  g.worldSize = std::uniform_int_distribution<int>(1, 5)(rng);
   g.slots = std::uniform_int_distribution<int>(0, 1)(rng) ? 2 : 4;
   g.chunkBytes = std::uniform_int_distribution<size_t>(1, 96)(rng);
   g.pipelineChunkBytes =
       std::uniform_int_distribution<int>(0, 1)(rng) ? 0 : std::uniform_int_distribution<size_t>(1, 40)(rng);
+  return g;
+}
+
+std::string describe(const char* kind, int caseNo, const StagingGeometry& g, const std::string& rest) {
+  return std::string(kind) + " case " + std::to_string(caseNo) + " (W=" + std::to_string(g.worldSize) +
+         ", slots=" + std::to_string(g.slots) + ", segment=" + std::to_string(g.chunkBytes) +
+         ", chunk=" + std::to_string(g.pipelineChunkBytes) + ", " + rest + ")";
+}
+
+// Several collectives in a row on one group (serials and credits carry over), each checked.
+void stagingCase(std::mt19937& rng, int caseNo) {
+  const StagingGeometry g = randomGeometry(rng);
+  const int W = g.worldSize;
   // The chunk count is 64-bit and the flags carry its low 32 bits: starting near 2^32 (flags "given" up to there)
   // makes them wrap inside the case.
   const uint64_t start = std::uniform_int_distribution<int>(0, 3)(rng) == 0 ? 0xFFFFFFF0u : 0;
@@ -323,10 +335,8 @@ void stagingCase(std::mt19937& rng, int caseNo) {
       }
       scheduleStagingAllgather(*world.ranks[r], b.plans[r], serials[r]);
     }
-    const std::string what = "case " + std::to_string(caseNo) + " (W=" + std::to_string(W) +
-                             ", slots=" + std::to_string(g.slots) + ", segment=" + std::to_string(g.chunkBytes) +
-                             ", chunk=" + std::to_string(g.pipelineChunkBytes) + ", " + formName(form) + ", " +
-                             std::to_string(bytes) + " B/rank)";
+    const std::string what =
+        describe("staging", caseNo, g, std::string(formName(form)) + ", " + std::to_string(bytes) + " B/rank");
     for (int r = 1; r < W; ++r) {
       if (serials[r] != serials[0])
         fail(what + ": ranks disagree on the chunk serial");
@@ -386,13 +396,8 @@ void directCase(std::mt19937& rng, int caseNo) {
 // new input bytes, every replay in a new random interleaving; each must deliver every byte and leave the flags as it
 // found them.
 void capturedCase(std::mt19937& rng, int caseNo) {
-  const int W = std::uniform_int_distribution<int>(1, 5)(rng);
-  StagingGeometry g;
-  g.worldSize = W;
-  g.slots = std::uniform_int_distribution<int>(0, 1)(rng) ? 2 : 4;
-  g.chunkBytes = std::uniform_int_distribution<size_t>(1, 96)(rng);
-  g.pipelineChunkBytes =
-      std::uniform_int_distribution<int>(0, 1)(rng) ? 0 : std::uniform_int_distribution<size_t>(1, 40)(rng);
+  const StagingGeometry g = randomGeometry(rng);
+  const int W = g.worldSize;
   World world;
   for (int r = 0; r < W; ++r)
     world.ranks.push_back(std::make_unique<FakeTransport>(&world, r, g));
@@ -438,10 +443,7 @@ void capturedCase(std::mt19937& rng, int caseNo) {
     for (int l = 0; l < 2; ++l)
       for (int r = 0; r < W; ++r)
         world.ranks[r]->lanes[l] = recorded[l][r];
-    const std::string what = "captured case " + std::to_string(caseNo) + " (W=" + std::to_string(W) +
-                             ", slots=" + std::to_string(g.slots) + ", segment=" + std::to_string(g.chunkBytes) +
-                             ", chunk=" + std::to_string(g.pipelineChunkBytes) + ", replay " + std::to_string(replay) +
-                             ")";
+    const std::string what = describe("captured", caseNo, g, "replay " + std::to_string(replay));
     world.run(rng, what);
     for (size_t c = 0; c < graph.size(); ++c)
       checkOutputs(graph[c], originals[c], what + " collective " + std::to_string(c));
