@@ -80,6 +80,8 @@ def knobs_body(ctx):
         ag.into_tensor("a", (1000,), torch.float32)
         ag.as_list("b", (10,), torch.int64)
         ag.coalesced_cm("c", [((5,), torch.float32), ((7,), torch.float32)])
+        # mixed dtypes: gloo's coalesced all-gather would convert the bf16 NaNs among these random bits
+        ag.coalesced_cm("m", [((5000,), torch.float32), ((3,), torch.uint8), ((7001,), torch.bfloat16)])
         ag.into_tensor("d", (4096,), torch.uint8, inplace=True)
         s = torch_sdma.stats(g)
         assert "dma" not in s, f"TORCH_SDMA_DISABLE=1 but all-gathers took the dma path: {s}"

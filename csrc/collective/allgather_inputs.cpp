@@ -58,7 +58,9 @@ bool innerGathersNatively(at::ScalarType type) {
 
 bool anyDtypeGatheredAsBytes(const std::vector<at::Tensor>& inputs) {
   for (const auto& t : inputs) {
-    if (!innerGathersNatively(t.scalar_type())) {
+    if (!innerGathersNatively(t.scalar_type()) || t.scalar_type() != inputs.front().scalar_type()) {
+      // Mixed dtypes too: gloo's coalesced all-gathers flatten their inputs into one tensor, converting them to a
+      // common dtype and back, which changes the bits of some values (bf16 NaNs beside float32 came back as 0xff).
       return true;
     }
   }
