@@ -93,7 +93,18 @@ int duplicateDescriptorOf(int pid, int fd, std::string* error) {
 }
 
 bool processAlive(int pid) {
-  return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM);
+  if (pid <= 0 || (kill(pid, 0) != 0 && errno != EPERM)) {
+    return false;
+  }
+  // A killed process stays a zombie until its parent reaps it, and kill() still finds a zombie; its sockets are
+  // already closed, so an inner backend reports it gone before kill() does.
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) {
+    return true;  // no procfs here: trust kill()
+  }
+  const size_t close = line.rfind(')');  // the command name may hold spaces and parentheses
+  return close == std::string::npos || close + 2 >= line.size() || (line[close + 2] != 'Z' && line[close + 2] != 'X');
 }
 
 }  // namespace sdma

@@ -35,7 +35,7 @@ std::string memberOnAnotherHost(const std::vector<MemberIdentity>& members, int 
 // process of the same user normally has). -1 with *error set when that is refused.
 int duplicateDescriptorOf(int pid, int fd, std::string* error);
 
-// True if `pid` is alive and visible from this process (same pid namespace).
+// True if `pid` is alive (not a zombie) and visible from this process (same pid namespace).
 bool processAlive(int pid);
 
 }  // namespace sdma
