@@ -59,6 +59,8 @@ SOURCES = {
         "staging_allgather.cpp",
         "direct_allgather.cpp",
         "captured_allgather.cpp",
+        "node_layout.cpp",
+        "hierarchical_allgather.cpp",
     ],
     "transport": ["peer_rendezvous.cpp", "host_shm_transport.cpp"],
     "runner": ["shared_memory_runner.cpp"],
