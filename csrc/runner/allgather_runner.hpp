@@ -45,6 +45,19 @@ struct HierarchicalSetup {
   int localIndex() const {
     return layout.localIndexOf(groupRank);
   }
+  // When the runner goes, after its last collective: NCCL's communicators are destroyed in order rather than found
+  // still alive by the backend's destructor, or aborted when a collective of the group failed (one may be stuck in
+  // them). A failure here only leaves them to that destructor.
+  void closeRail(bool groupFailed) const noexcept {
+    try {
+      if (groupFailed) {
+        rail->abort();
+      } else {
+        rail->shutdown();
+      }
+    } catch (const std::exception&) {
+    }
+  }
   // "rail [1, 3] (gloo)", for messages.
   std::string railName() const {
     std::string ranks;

@@ -122,6 +122,12 @@ CopyEngineRunner::~CopyEngineRunner() {
   }
   wake_.notify_all();
   watchdog_.join();
+  if (hierarchy_) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const bool failed = failure_.happened();
+    lock.unlock();
+    hierarchy_->closeRail(failed);
+  }
   c10::cuda::CUDAGuard guard(device_);
   for (gpu::Event e : {callerReady_, pushDone_, capturedFork_, capturedJoin_}) {
     gpu::destroyEvent(e);

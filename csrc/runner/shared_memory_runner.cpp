@@ -59,6 +59,12 @@ SharedMemoryRunner::~SharedMemoryRunner() {
   }
   wake_.notify_all();
   worker_.join();
+  if (rail_) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const bool failed = failure_.happened();
+    lock.unlock();
+    rail_->setup().closeRail(failed);
+  }
 }
 
 c10::intrusive_ptr<c10d::Work> SharedMemoryRunner::run(PlannedAllgather& planned, bool /*asyncOp*/,
