@@ -3,9 +3,9 @@
 // way independent streams on W GPUs would. Checks that every rank's output holds every rank's bytes, that no
 // interleaving deadlocks, that flag serials survive wrapping past 2^32, and the call counts the per-call CPU cost
 // rests on. The hierarchical schedule runs over fake nodes with a fake inner all-gather on rails (a rendezvous of
-// the rail's members), its gathers on a third lane, or with all of a rank's operations in one queue, as the host
-// runner's single worker runs them. Usage: schedule_simulation SEED CASES; prints "ok <cases>" and exits 0 on
-// success.
+// the rail's members), its gathers on a third lane, with push and drain sharing a lane (one GPU stream), or with all
+// of a rank's operations in one queue, as the host runner's single worker runs them. Usage: schedule_simulation SEED
+// CASES; prints "ok <cases>" and exits 0 on success.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -107,10 +107,20 @@ class FakeTransport : public Transport, public DirectTransport {
   uint32_t& flag(Flag f, int src, int slot) {
     return flags_[(static_cast<size_t>(f) * g_.worldSize + src) * g_.slots + slot];
   }
-  // All of this rank's operations in one queue, in the order they were scheduled (the host runner's worker).
-  bool serial = false;
+  // Which lanes share a queue: none (three GPU streams), the push and drain lanes (a one-chunk or synchronous
+  // collective on one GPU stream, its gathers on another), or all (the host runner's worker).
+  enum class Queues { PerLane, OneStreamAndGathers, One };
+  Queues queues = Queues::PerLane;
   int queueOf(int lane) const {
-    return serial ? 0 : lane;
+    switch (queues) {
+      case Queues::PerLane:
+        return lane;
+      case Queues::OneStreamAndGathers:
+        return lane == kGatherQueue ? kGatherQueue : 0;
+      case Queues::One:
+        break;
+    }
+    return 0;
   }
   void recordOn(int lane, Op op) {
     const int q = queueOf(lane);
@@ -653,14 +663,14 @@ struct HierarchicalWorld {
 };
 
 // The hierarchical schedule: N nodes of L ranks, the ranks spread over the nodes in any order (contiguous, strided or
-// shuffled), gathers on a lane of their own or everything of a rank in one queue, every form, several collectives in
-// a row, serials wrapping. The node layout is built by NodeLayout::group from shuffled node names, as the backend
-// builds it from the exchanged identities.
+// shuffled), the lanes and gathers in queues of their own or sharing them (FakeTransport::Queues), every form, several
+// collectives in a row, serials wrapping. The node layout is built by NodeLayout::group from shuffled node names, as
+// the backend builds it from the exchanged identities.
 void hierarchicalCase(std::mt19937& rng, int caseNo) {
   const int N = std::uniform_int_distribution<int>(1, 4)(rng);
   const int L = std::uniform_int_distribution<int>(1, 4)(rng);
   const int W = N * L;
-  const bool serial = std::uniform_int_distribution<int>(0, 1)(rng);
+  const auto queues = static_cast<FakeTransport::Queues>(std::uniform_int_distribution<int>(0, 2)(rng));
   std::vector<std::string> names;
   for (int m = 0; m < N; ++m)
     for (int j = 0; j < L; ++j)
@@ -691,7 +701,7 @@ void hierarchicalCase(std::mt19937& rng, int caseNo) {
     for (int j = 0; j < L; ++j) {
       world.nodes[m]->ranks.push_back(std::make_unique<FakeTransport>(world.nodes[m].get(), j, g));
       FakeTransport& t = *world.nodes[m]->ranks[j];
-      t.serial = serial;
+      t.queues = queues;
       for (int p = 0; p < L; ++p)
         for (int s = 0; s < g.slots; ++s)
           t.flag(Flag::Credit, p, s) = t.flag(Flag::Ready, p, s) = static_cast<uint32_t>(start);
@@ -718,7 +728,10 @@ void hierarchicalCase(std::mt19937& rng, int caseNo) {
     for (int q = 0; q < W; ++q)
       order += (q ? "," : "") + std::to_string(layout.nodeOf(q));
     const std::string what = "hierarchical case " + std::to_string(caseNo) + " (" + layout.describe() +
-                             ", node of each rank " + order + (serial ? ", one queue a rank" : ", three lanes") +
+                             ", node of each rank " + order +
+                             (queues == FakeTransport::Queues::PerLane               ? ", three lanes"
+                              : queues == FakeTransport::Queues::OneStreamAndGathers ? ", push and drain on one lane"
+                                                                                     : ", one queue a rank") +
                              ", slots=" + std::to_string(g.slots) + ", segment=" + std::to_string(g.chunkBytes) +
                              ", chunk=" + std::to_string(g.pipelineChunkBytes) + ", " + formName(form) + ", " +
                              std::to_string(bytes) + " B/rank)";
