@@ -30,7 +30,9 @@ def _layout_line(nodes_of_rank):
 
 
 def _node_layout(g):
-    return g._get_backend(CPU)._sdma_node_layout()
+    import torch_sdma
+
+    return torch_sdma.node_layout(g)
 
 
 def hierarchical_body(ctx, layout, quick):

@@ -192,7 +192,7 @@ def hierarchical_cuda_body(ctx, layout):
         for q, name in enumerate(layout.split(",")):
             nodes.setdefault(name, []).append(q)
         rails = ",".join("[" + ",".join(str(m[i]) for m in nodes.values()) + "]" for i in range(2))
-        got = world._get_backend(dev)._sdma_node_layout()
+        got = torch_sdma.node_layout(world)
         assert got == f"2 nodes x 2 ranks (rails {rails})", got
 
     cases.append(("path_and_layout", path_and_layout))
