@@ -8,6 +8,11 @@ slowdown each inflicts on bf16 GEMMs running beside it, and the CPU cost of enqu
 sdma (POSIX shared memory) with gloo on CPU tensors. Both backends are timed alternately in one process, so the
 figures share the machine's state at the time; compare them inside one run only.
 
+--pseudo-nodes LAYOUT (e.g. 0,1,0,1 with 4 processes on 2 GPUs) splits this ONE host into pseudo-nodes and times the
+hierarchical all-gather (docs/multinode.md) beside flat NCCL (gloo in CPU mode), the size sweep only. Its rails cross
+NVLink or loopback, not a network: it shows the schedule working and what it costs on one host, not what it does on
+a cluster.
+
 Writes to --out-dir: allgather_<mode>_w<world>.{csv,json,png} (the PNG only where matplotlib imports).
 """
 import argparse
@@ -85,6 +90,10 @@ def parse_args():
                    default=[256 * MIB, GIB], help="GPU: output sizes of the captured all-gathers")
     p.add_argument("--captured-calls", type=int, default=10, help="GPU: all-gathers in one captured graph")
     p.add_argument("--skip-groups", action="store_true", help="GPU: skip the staging-across-groups measurement")
+    p.add_argument("--pseudo-nodes", metavar="LAYOUT",
+                   help="one node name per rank (e.g. 0,1,0,1): split this one host into pseudo-nodes "
+                        "(TORCH_SDMA_TEST_PSEUDO_NODES, test-only) and time the hierarchical all-gather beside flat "
+                        "NCCL (gloo in CPU mode); several processes may share a GPU")
     p.add_argument("--out-dir", type=Path, default=Path("results"))
     return p.parse_args()
 
@@ -101,6 +110,16 @@ class Bench:
         if mode == "auto":
             mode = "gpu" if torch.cuda.is_available() and torch.cuda.device_count() > 0 else "cpu"
         self.mode = mode
+        self.pseudo = args.pseudo_nodes
+        if self.pseudo:
+            if len(self.pseudo.split(",")) != self.world:
+                raise SystemExit(f"--pseudo-nodes {self.pseudo} names {len(self.pseudo.split(','))} ranks, "
+                                 f"not {self.world}")
+            # Read at group creation; every size on the hierarchical path.
+            os.environ["TORCH_SDMA_TEST_PSEUDO_NODES"] = self.pseudo
+            os.environ["TORCH_SDMA_MIN_BYTES"] = "0"
+            if mode == "gpu":
+                local_rank %= torch.cuda.device_count()  # two processes may share a GPU
         if mode == "gpu":
             torch.cuda.set_device(local_rank)
             self.device = torch.device("cuda", local_rank)
@@ -112,6 +131,14 @@ class Bench:
             dist.init_process_group("cpu:sdma")
             self.base_name = "gloo"
         self.base_group = dist.new_group(backend=self.base_name)
+        # The baseline's members: every rank, unless processes share GPUs, which NCCL refuses within a communicator:
+        # then one process per GPU gathers the same output bytes (--pseudo-nodes only).
+        self.base_ranks = list(range(self.world))
+        if self.pseudo and mode == "gpu" and self.world > torch.cuda.device_count():
+            self.base_ranks = list(range(torch.cuda.device_count()))
+            self.base_group = dist.new_group(ranks=self.base_ranks, backend="nccl")
+        # Barriers on gloo: with processes sharing GPUs the default group's NCCL could not run.
+        self.cpu_group = dist.new_group(backend="gloo") if self.pseudo else None
         # The enqueue cost is that of the copy-engine path, which the default group leaves to NCCL below
         # TORCH_SDMA_MIN_BYTES: a second sdma group, with the threshold at 0, takes every size on DMA.
         saved = os.environ.get("TORCH_SDMA_MIN_BYTES")
@@ -133,7 +160,7 @@ class Bench:
         """Quiesce: local device work done, then all ranks line up (the default group's barrier runs on the CPU)."""
         if self.mode == "gpu":
             torch.cuda.synchronize()
-        dist.barrier()
+        dist.barrier(group=self.cpu_group)
 
     def groups(self):
         """(name, group) of both backends; sdma is the default group."""
@@ -219,6 +246,92 @@ def sweep(b):
         b.log(f"  {row['size']:>8}: sdma {row['sdma_us']:10.1f} us ({path}), "
               f"{b.base_name} {row[f'{b.base_name}_us']:10.1f} us, ratio {row['ratio_busbw']:.2f}, match {match}")
     return rows
+
+
+def hashed_bytes(rank, n, device):
+    """Rank `rank`'s input of n bytes: a hash of (position, rank), so that every rank rebuilds every rank's input."""
+    x = torch.arange(n, dtype=torch.int64, device=device) * 0x9E3779B1 + 7919 * (rank + 1)
+    x ^= x >> 15
+    x *= 0x2C1B3C6D
+    x ^= x >> 12
+    return (x & 0xFF).to(torch.uint8)
+
+
+def slowest(b, seconds):
+    """The slowest rank's figure: a call is done when the slowest rank is. Ranks outside the timed group send 0."""
+    t = torch.tensor([seconds], dtype=torch.float64)
+    gathered = [torch.zeros_like(t) for _ in range(b.world)]
+    dist.all_gather(gathered, t, group=b.cpu_group)
+    return max(x.item() for x in gathered)
+
+
+def pseudo_node_sweep(b):
+    """--pseudo-nodes: all_gather_into_tensor on the hierarchical path (the default group) and on the baseline, in
+    alternating rounds, uint8 so that every byte pattern occurs and is checked exactly."""
+    a = b.args
+    base_member = b.rank in b.base_ranks
+    rows = []
+    for size in b.sizes:
+        n = max(1, size // b.world)
+        out_bytes = n * b.world
+        inp = hashed_bytes(b.rank, n, b.device)
+        out = torch.empty(out_bytes, dtype=torch.uint8, device=b.device)
+        before = torch_sdma.stats()
+        dist.all_gather_into_tensor(out, inp)
+        match = torch.equal(out, torch.cat([hashed_bytes(q, n, b.device) for q in range(b.world)]))
+        base_n = out_bytes // len(b.base_ranks)
+        base_in = torch.empty(base_n, dtype=torch.uint8, device=b.device)
+        base_out = torch.empty(base_n * len(b.base_ranks), dtype=torch.uint8, device=b.device)
+        iters = max(a.min_iters, min(a.max_iters, ITER_BUDGET[b.mode] // out_bytes))
+        calls = {"sdma": lambda: dist.all_gather_into_tensor(out, inp),
+                 b.base_name: lambda: dist.all_gather_into_tensor(base_out, base_in, group=b.base_group)}
+        for name, fn in calls.items():
+            for _ in range(a.warmup if name == "sdma" or base_member else 0):
+                fn()
+        per_round = {name: [] for name in calls}
+        for r in range(a.rounds):
+            for name in (list(calls) if r % 2 == 0 else list(calls)[::-1]):
+                b.sync()
+                if name == "sdma" or base_member:
+                    per_round[name].append(b.time_calls(calls[name], iters))
+        b.sync()
+        path = sdma_path(before, torch_sdma.stats())
+        med = {name: slowest(b, statistics.median(ts) if ts else 0.0) for name, ts in per_round.items()}
+        all_match = torch.tensor([int(match)])
+        dist.all_reduce(all_match, op=dist.ReduceOp.MIN, group=b.cpu_group)
+        row = {"bytes": out_bytes, "size": human_bytes(out_bytes), "dtype": "uint8", "iters": iters,
+               "rounds": a.rounds, "sdma_path": path, "match": bool(all_match.item()),
+               "baseline_ranks": len(b.base_ranks)}
+        for name, t in med.items():
+            row[f"{name}_us"] = t * 1e6
+            row[f"{name}_algbw_GBps"] = out_bytes / t / 1e9
+        row["ratio_algbw"] = row["sdma_algbw_GBps"] / row[f"{b.base_name}_algbw_GBps"]
+        rows.append(row)
+        b.log(f"  {row['size']:>8}: sdma {row['sdma_us']:10.1f} us ({path}), {b.base_name} "
+              f"{row[f'{b.base_name}_us']:10.1f} us, ratio {row['ratio_algbw']:.2f}, match {match}")
+    return rows
+
+
+def pseudo_node_report(b, rows, where):
+    layout = ",".join(f"[{','.join(str(q) for q, n in enumerate(b.pseudo.split(',')) if n == name)}]"
+                      for name in dict.fromkeys(b.pseudo.split(",")))
+    rails = "NVLink" if b.mode == "gpu" else "loopback TCP"
+    base = (f"flat {b.base_name} over all {b.world} ranks" if len(b.base_ranks) == b.world else
+            f"flat {b.base_name} over one process per GPU ({len(b.base_ranks)} ranks; NCCL refuses two ranks of one "
+            f"communicator on one GPU), the same output bytes")
+    lines = [f"## all_gather_into_tensor on ONE host split into pseudo-nodes {layout} ({where})",
+             "",
+             f"The hierarchical path's rails cross {rails} here, not a network: this shows the schedule at work on "
+             f"one host, not what it does on a cluster. Baseline: {base}. algbw = output bytes / time.",
+             "",
+             f"| output | sdma (hierarchical) us | {b.base_name} us | sdma algbw | {b.base_name} algbw | ratio | "
+             f"sdma path | match |",
+             "|" + "---|" * 8]
+    for r in rows:
+        lines.append(f"| {r['size']} | {r['sdma_us']:.1f} | {r[f'{b.base_name}_us']:.1f} | "
+                     f"{fmt_bw(r['sdma_algbw_GBps'])} | {fmt_bw(r[f'{b.base_name}_algbw_GBps'])} | "
+                     f"{r['ratio_algbw']:.2f} | {r['sdma_path']} | {'yes' if r['match'] else 'NO'} |")
+    return "\n".join(lines), base
 
 
 def gemm_overlap(b):
@@ -503,6 +616,9 @@ def main():
     info = machine_info(b)
     where = f"{info['gpu']} x{b.world}" if b.mode == "gpu" else f"{info['cpu']}, {b.world} processes"
     b.log(f"# all-gather: sdma vs {b.base_name}, {b.mode} mode, {where}, torch {torch.__version__}")
+    if b.pseudo:
+        pseudo_main(b, info, where)
+        return
     rows = sweep(b)
     # The GPU-only measurements, each skippable.
     extra = {}
@@ -579,6 +695,27 @@ def main():
             "enqueue_cost": enqueue, "captured_replay": captured, "staging_across_groups": groups,
             "markdown": table}, indent=2))
         print("wrote", ", ".join(str(p) for p in (csv_path, json_path, png) if p))
+    dist.destroy_process_group()
+
+
+def pseudo_main(b, info, where):
+    b.log(f"# pseudo-nodes {b.pseudo} on ONE host (test-only TORCH_SDMA_TEST_PSEUDO_NODES): not a multi-node result")
+    rows = pseudo_node_sweep(b)
+    b.sync()
+    if b.rank == 0:
+        table, base = pseudo_node_report(b, rows, where)
+        print("\n" + table + "\n")
+        b.args.out_dir.mkdir(parents=True, exist_ok=True)
+        stem = b.args.out_dir / f"allgather_{b.mode}_w{b.world}_pseudo_nodes"
+        with open(f"{stem}.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else [])
+            w.writeheader()
+            w.writerows(rows)
+        Path(f"{stem}.json").write_text(json.dumps({
+            "command": " ".join(sys.orig_argv), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": info,
+            "one_host": True, "pseudo_nodes": b.pseudo, "baseline": base, "sweep": rows, "markdown": table},
+            indent=2))
+        print(f"wrote {stem}.csv, {stem}.json")
     dist.destroy_process_group()
 
 

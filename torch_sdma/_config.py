@@ -58,6 +58,25 @@ def options_from_env(group_size: int) -> "_C.ProcessGroupSDMA.Options":
     return o
 
 
+def pseudo_node(global_rank: int) -> str:
+    """Test-only (docs/api.md): the pseudo-node TORCH_SDMA_TEST_PSEUDO_NODES places this process on, "" when unset.
+
+    The variable lists one node name per global rank (the rank in the default group), e.g. "0,0,1,1" (contiguous),
+    "0,1,0,1" (strided) or "a,b,c,a,b,c". A node is a property of a process, as a host is: indexing by global rank
+    gives every group, subgroups and strided ones included, the layout real hosts would give it.
+    """
+    name = "TORCH_SDMA_TEST_PSEUDO_NODES"
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return ""
+    names = [n.strip() for n in raw.split(",")]
+    if any(not re.fullmatch(r"[A-Za-z0-9_.-]+", n) for n in names):
+        raise ValueError(f"{name}={raw!r}: node names are letters, digits, '_', '.' or '-', separated by commas")
+    if global_rank >= len(names):
+        raise ValueError(f"{name}={raw!r} names {len(names)} ranks; global rank {global_rank} has no node")
+    return names[global_rank]
+
+
 def validate(o, group_size: int) -> None:
     """Refuses options the C++ side could not honour, naming the variable that sets each."""
     if o.slots < 2 or o.slots & (o.slots - 1):

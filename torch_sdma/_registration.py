@@ -69,6 +69,27 @@ def _inner_nccl(store, opts, backend_options):
     return nccl
 
 
+def _rail_backend(store, rank, size, device, timeout, name):
+    """The inner backend of one rail of a group that spans nodes (docs/multinode.md): the ranks with one local index
+    on every node, over a store of the rail's own. The C++ side calls it at the group's first hierarchical
+    all-gather, on every member at once."""
+    if device == "cuda":
+        nccl_opts = dist.ProcessGroupNCCL.Options()
+        nccl_opts.is_high_priority_stream = False
+        nccl_opts._timeout = timeout
+        nccl_opts.group_name = name
+        backend = dist.ProcessGroupNCCL(store, rank, size, nccl_opts)
+    else:
+        backend = dist.ProcessGroupGloo(store, rank, size, timeout=timeout)
+    _sync_sequence_numbers(backend)
+    return backend
+
+
+def _global_rank(opts) -> int:
+    # torch passes no list for the default group, whose ranks are the global ones.
+    return opts.global_ranks_in_group[opts.group_rank] if opts.global_ranks_in_group else opts.group_rank
+
+
 def _options(opts, backend_options):
     """The group's knobs: a ProcessGroupSDMA.Options passed as pg_options as it is, else the environment's."""
     if isinstance(backend_options, _C.ProcessGroupSDMA.Options):
@@ -79,6 +100,7 @@ def _options(opts, backend_options):
     options._timeout = opts.timeout
     options.group_name = str(opts.group_id)
     options.global_ranks = list(opts.global_ranks_in_group or range(opts.group_size))
+    options.test_pseudo_node = _config.pseudo_node(_global_rank(opts))
     return options
 
 
@@ -89,7 +111,7 @@ def create_backend(opts, backend_options):
     cuda_unavailable = _cuda_unavailable_reason()
     inner_cuda = None if cuda_unavailable else _inner_nccl(store, opts, backend_options)
     pg = _C.ProcessGroupSDMA(store, opts.group_rank, opts.group_size, options, inner_cpu, inner_cuda,
-                             cuda_unavailable)
+                             cuda_unavailable, _rail_backend)
     pg._inner_cpu = inner_cpu
     pg._inner_cuda = inner_cuda
     if options.log and opts.group_rank == 0:
@@ -97,9 +119,13 @@ def create_backend(opts, backend_options):
     return pg
 
 
-def _describe(verdict, dma: str) -> str:
+def _describe(verdict, dma: str, between_nodes: str, layout: str) -> str:
     kind, reason = verdict
-    return dma if kind == "dma" else f"the inner backend ({reason})"
+    if kind == "dma" and reason == "hierarchical":
+        return f"{dma} inside each node, {between_nodes} between nodes: hierarchical over {layout}"
+    if kind == "dma":
+        return dma
+    return f"the inner backend ({reason}{'; ' + layout if layout else ''})"
 
 
 def _queues_part() -> str:
@@ -111,16 +137,17 @@ def _queues_part() -> str:
 
 def _log_group_paths(pg, opts, options) -> None:
     parts = []
+    layout = pg._sdma_node_layout()
     cuda = pg._sdma_creation_verdict("cuda")
     if cuda[0]:
-        parts.append("CUDA all-gathers -> " + _describe(cuda, "copy engines"))
+        parts.append("CUDA all-gathers -> " + _describe(cuda, "copy engines", "NCCL", layout))
         if cuda[0] == "dma":
             parts.append(_queues_part())
     if not cuda[0] and pg._inner_cpu is None:
         parts.append("CUDA collectives unavailable in this process: " + _cuda_unavailable_reason())
     cpu = pg._sdma_creation_verdict("cpu")
     if cpu[0]:
-        parts.append("CPU all-gathers -> " + _describe(cpu, "shared memory"))
+        parts.append("CPU all-gathers -> " + _describe(cpu, "shared memory", "gloo", layout))
     line = (
         f"torch_sdma: group '{opts.group_id}' ({opts.group_size} ranks): " + "; ".join(parts)
         + f"; staging {options.staging_bytes_cuda >> 20} MiB (CUDA) / {options.staging_bytes_cpu >> 20} MiB (CPU)"

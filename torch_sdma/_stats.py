@@ -43,6 +43,14 @@ def group_path(group: Optional[dist.ProcessGroup] = None, device: str = "cuda") 
     return "unknown"
 
 
+def node_layout(group: Optional[dist.ProcessGroup] = None) -> str:
+    """How `group`'s members fall into nodes when they span several (docs/multinode.md), e.g.
+    "2 nodes x 8 ranks (rails [0,8],[1,9],...)"; "" when they are all on one node."""
+    for backend in _sdma_backends(group):
+        return backend._sdma_node_layout()
+    return ""
+
+
 def staging_bytes(group: Optional[dist.ProcessGroup] = None) -> int:
     """Staging memory this process holds for `group` (device memory for CUDA, shared memory for CPU)."""
     return sum(b._sdma_staging_bytes() for b in _sdma_backends(group))

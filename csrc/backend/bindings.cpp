@@ -58,6 +58,30 @@ c10::DeviceType deviceType(const std::string& device) {
   return device == "cuda" ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
 }
 
+// A Python callable(store, rank, size, device, timeout, name) -> Backend as the factory of rail backends. The group
+// that holds it may be destroyed on a thread without the GIL (GilFreeIntrusiveHolder), so the callable is let go of
+// under the GIL, and not at all once the interpreter is finalizing.
+sdma::InnerBackendFactory railBackendFactory(py::object make) {
+  if (make.is_none()) {
+    return nullptr;
+  }
+  std::shared_ptr<py::object> held(new py::object(std::move(make)), [](py::object* p) {
+    if (interpreterFinalizing()) {
+      p->release();  // leaked: taking the GIL now would end this thread
+      delete p;
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    delete p;
+  });
+  return [held](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, c10::DeviceType device,
+                std::chrono::milliseconds timeout, const std::string& name) {
+    py::gil_scoped_acquire gil;
+    py::object backend = (*held)(store, rank, size, device == c10::DeviceType::CUDA ? "cuda" : "cpu", timeout, name);
+    return adopt(backend.cast<c10d::Backend*>());
+  };
+}
+
 }  // namespace
 
 PYBIND11_DECLARE_HOLDER_TYPE(T, GilFreeIntrusiveHolder<T>, true)
@@ -82,18 +106,21 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("chunk_bytes", &sdma::SdmaOptions::chunkBytes)
       .def_readwrite("direct", &sdma::SdmaOptions::direct)
       .def_readwrite("log", &sdma::SdmaOptions::log)
+      .def_readwrite("test_pseudo_node", &sdma::SdmaOptions::testPseudoNode)
       .def_readwrite("_timeout", &sdma::SdmaOptions::timeout)
       .def_readwrite("group_name", &sdma::SdmaOptions::groupName)
       .def_readwrite("global_ranks", &sdma::SdmaOptions::globalRanks);
 
   processGroup
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, sdma::SdmaOptions options,
-                       c10d::Backend* innerCpu, c10d::Backend* innerCuda, std::string cudaUnavailable) {
+                       c10d::Backend* innerCpu, c10d::Backend* innerCuda, std::string cudaUnavailable,
+                       py::object railBackends) {
              return GilFreeIntrusiveHolder<sdma::ProcessGroupSDMA>(c10::make_intrusive<sdma::ProcessGroupSDMA>(
-                 store, rank, size, std::move(options), adopt(innerCpu), adopt(innerCuda), std::move(cudaUnavailable)));
+                 store, rank, size, std::move(options), adopt(innerCpu), adopt(innerCuda), std::move(cudaUnavailable),
+                 railBackendFactory(std::move(railBackends))));
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("options"), py::arg("inner_cpu"),
-           py::arg("inner_cuda"), py::arg("cuda_unavailable") = "")
+           py::arg("inner_cuda"), py::arg("cuda_unavailable") = "", py::arg("rail_backends") = py::none())
       .def_property_readonly("_sdma_options", &sdma::ProcessGroupSDMA::options)
       .def("_sdma_stats",
            [](const sdma::ProcessGroupSDMA& self) {
@@ -117,6 +144,7 @@ PYBIND11_MODULE(_C, m) {
              return py::make_tuple(kind, path.reason);
            })
       .def("_sdma_staging_bytes", &sdma::ProcessGroupSDMA::stagingBytesInUse)
+      .def("_sdma_node_layout", &sdma::ProcessGroupSDMA::nodeLayoutDescription)
       // torch <= 2.13's split_group (and so DeviceMesh) deep-copies `parent_backend.options` as the child's options,
       // as ProcessGroupNCCL binds it. These are the inner NCCL's (gloo's on a CPU-only group): a split then
       // carries the caller's NCCL settings on to the child's inner NCCL.

@@ -41,7 +41,8 @@ TracedGroup traceGroupOf(const SdmaOptions& options, int rank, int size) {
 
 ProcessGroupSDMA::ProcessGroupSDMA(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                    SdmaOptions options, c10::intrusive_ptr<c10d::Backend> innerCpu,
-                                   c10::intrusive_ptr<c10d::Backend> innerCuda, std::string cudaUnavailable)
+                                   c10::intrusive_ptr<c10d::Backend> innerCuda, std::string cudaUnavailable,
+                                   InnerBackendFactory railBackends)
     : Backend(rank, size),
       store_(store),
       sdmaStore_(c10::make_intrusive<c10d::PrefixStore>("sdma/", store)),
@@ -49,21 +50,54 @@ ProcessGroupSDMA::ProcessGroupSDMA(const c10::intrusive_ptr<c10d::Store>& store,
       innerCpu_(std::move(innerCpu)),
       innerCuda_(std::move(innerCuda)),
       cudaUnavailable_(std::move(cudaUnavailable)),
+      railBackends_(std::move(railBackends)),
       traceGroup_(traceGroupOf(options_, rank, size)),
       self_(rank) {
-  // Every member runs these exchanges at creation, so the group's log line can say which path it will take.
-  auto verdict = [&](const std::string& problem) {
-    if (options_.disable) {
-      return CollectivePath::inner("TORCH_SDMA_DISABLE=1");
+  if (!options_.disable) {
+    // The node layout follows from this one exchange alone, by one rule, so every member derives the same.
+    members_ = exchangeIdentities(*sdmaStore_, "members", rank, size, "", options_.testPseudoNode);
+    std::vector<std::string> nodeOfRank;
+    for (const auto& m : members_) {
+      nodeOfRank.push_back(m.nodeIdentity());
     }
-    return problem.empty() ? CollectivePath::dma() : CollectivePath::inner(problem);
-  };
+    layout_ = NodeLayout::group(nodeOfRank);
+  }
+  // Every member runs these exchanges at creation, so the group's log line can say which path it will take.
   if (innerCuda_) {
-    cudaPath_.atCreation = verdict(options_.disable ? "" : copyEnginePathProblem(*sdmaStore_, rank, size));
+    cudaPath_.atCreation = predictPath(/*cuda=*/true);
   }
   if (innerCpu_) {
-    hostPath_.atCreation = verdict(options_.disable ? "" : sharedMemoryPathProblem(*sdmaStore_, rank, size));
+    hostPath_.atCreation = predictPath(/*cuda=*/false);
   }
+}
+
+CollectivePath ProcessGroupSDMA::predictPath(bool cuda) {
+  if (options_.disable) {
+    return CollectivePath::inner("TORCH_SDMA_DISABLE=1");
+  }
+  if (!spansNodes()) {
+    const std::string problem = cuda ? copyEnginePathProblem(*sdmaStore_, getRank(), getSize())
+                                     : sharedMemoryPathProblem(*sdmaStore_, getRank(), getSize());
+    return problem.empty() ? CollectivePath::dma() : CollectivePath::inner(problem);
+  }
+  std::string problem = layout_.hierarchyProblem();
+  if (!problem.empty()) {
+    return CollectivePath::inner(problem);  // the same on every member, as the layout is
+  }
+  const int local = layout_.localIndexOf(getRank());
+  const int perNode = layout_.ranksPerNode();
+  auto node = nodeStore(cuda);
+  problem = cuda ? copyEnginePathProblem(*node, local, perNode) : sharedMemoryPathProblem(*node, local, perNode);
+  // Each node answered for itself; all must take the path, or none.
+  problem = agreeOnPath(*sdmaStore_, std::string("hier/") + (cuda ? "cuda" : "cpu") + "/create", getRank(), getSize(),
+                        problem);
+  return problem.empty() ? CollectivePath::dma("hierarchical") : CollectivePath::inner(problem);
+}
+
+c10::intrusive_ptr<c10d::Store> ProcessGroupSDMA::nodeStore(bool cuda) const {
+  return c10::make_intrusive<c10d::PrefixStore>(
+      std::string("hier/") + (cuda ? "cuda" : "cpu") + "/node/" + std::to_string(layout_.nodeOf(getRank())) + "/",
+      sdmaStore_);
 }
 
 ProcessGroupSDMA::~ProcessGroupSDMA() = default;
@@ -83,7 +117,9 @@ c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupSDMA::getBackendOptions()
 
 StagingGeometry ProcessGroupSDMA::geometry(const at::Device& device) const {
   const int64_t staging = device.is_cuda() ? options_.stagingBytesCuda : options_.stagingBytesCpu;
-  return StagingGeometry::fit(getSize(), options_.slots, static_cast<size_t>(staging),
+  // Hierarchical: the transport spans one node.
+  const int members = spansNodes() ? layout_.ranksPerNode() : getSize();
+  return StagingGeometry::fit(members, options_.slots, static_cast<size_t>(staging),
                               static_cast<size_t>(options_.chunkBytes));
 }
 
@@ -316,12 +352,16 @@ CollectiveInfo ProcessGroupSDMA::describe(const char* op, c10d::OpType opType, c
 void ProcessGroupSDMA::connect(const at::Device& device) {
   DevicePath& path = devicePath(device);
   std::string why;
-  path.runner = device.is_cuda()
-                    ? connectCopyEngineRunner(sdmaStore_, getRank(), getSize(), device.index(), geometry(device), &why)
-                    : connectSharedMemoryRunner(sdmaStore_, getRank(), getSize(), geometry(device), options_.direct,
-                                                options_.groupName, &why);
+  if (spansNodes()) {
+    path.runner = connectHierarchical(device, &why);
+  } else {
+    path.runner = device.is_cuda() ? connectCopyEngineRunner(sdmaStore_, getRank(), getSize(), device.index(),
+                                                             geometry(device), &why)
+                                   : connectSharedMemoryRunner(sdmaStore_, getRank(), getSize(), geometry(device),
+                                                               options_.direct, options_.groupName, &why);
+  }
   if (path.runner) {
-    path.decided = CollectivePath::dma();
+    path.decided = spansNodes() ? CollectivePath::dma("hierarchical") : CollectivePath::dma();
     return;
   }
   path.decided = CollectivePath::inner(why);
@@ -329,6 +369,39 @@ void ProcessGroupSDMA::connect(const at::Device& device) {
     LOG(WARNING) << "torch_sdma: group '" << options_.groupName << "' sends " << (device.is_cuda() ? "CUDA" : "CPU")
                  << " all-gathers to the inner backend: " << why;
   }
+}
+
+std::unique_ptr<AllgatherRunner> ProcessGroupSDMA::connectHierarchical(const at::Device& device, std::string* whyNot) {
+  *whyNot = layout_.hierarchyProblem();
+  if (!whyNot->empty()) {
+    return nullptr;  // the same on every member, as the layout is
+  }
+  const bool cuda = device.is_cuda();
+  const std::string prefix = std::string("hier/") + (cuda ? "cuda" : "cpu") + "/";
+  std::unique_ptr<AllgatherRunner> runner;
+  if (!railBackends_) {
+    *whyNot = "the group was made without a way to create the inner backends of its rails";
+  } else {
+    HierarchicalSetup setup;
+    setup.layout = layout_;
+    setup.groupRank = getRank();
+    setup.members = members_;
+    const int local = setup.localIndex();
+    // Each rail is a group of its own over the group's store: rail r's members share "rail/r/".
+    setup.rail = railBackends_(
+        c10::make_intrusive<c10d::PrefixStore>(prefix + "rail/" + std::to_string(local) + "/", sdmaStore_),
+        setup.node(), layout_.nodeCount(), device.type(), options_.timeout,
+        options_.groupName + ":rail" + std::to_string(local));
+    runner = cuda ? connectHierarchicalCopyEngineRunner(nodeStore(true), device.index(), geometry(device),
+                                                        std::move(setup), whyNot)
+                  : connectHierarchicalSharedMemoryRunner(nodeStore(false), geometry(device), std::move(setup), whyNot);
+  }
+  // Each node connected on its own: all must take the path, or none.
+  *whyNot = agreeOnPath(*sdmaStore_, prefix + "connected", getRank(), getSize(), *whyNot);
+  if (!whyNot->empty()) {
+    runner.reset();
+  }
+  return runner;
 }
 
 CollectivePath ProcessGroupSDMA::choosePath(const PlannedAllgather& planned) {
@@ -509,7 +582,7 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupSDMA::split(const c10::intrusive_p
     }
     result = c10::make_intrusive<ProcessGroupSDMA>(
         c10::make_intrusive<c10d::PrefixStore>(opts->group_name + "/", store), static_cast<int>(me - ranks.begin()),
-        static_cast<int>(ranks.size()), std::move(child), cpu, cuda, cudaUnavailable_);
+        static_cast<int>(ranks.size()), std::move(child), cpu, cuda, cudaUnavailable_, railBackends_);
   }
   splits_[opts->group_name] = result;
   return result;
@@ -587,6 +660,10 @@ CollectivePath ProcessGroupSDMA::pathFor(c10::DeviceType device) const {
 
 CollectivePath ProcessGroupSDMA::creationVerdict(c10::DeviceType device) const {
   return device == c10::DeviceType::CUDA ? cudaPath_.atCreation : hostPath_.atCreation;
+}
+
+std::string ProcessGroupSDMA::nodeLayoutDescription() const {
+  return spansNodes() ? layout_.describe() : "";
 }
 
 int64_t ProcessGroupSDMA::stagingBytesInUse() const {

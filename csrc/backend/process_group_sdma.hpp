@@ -1,7 +1,8 @@
 // The `sdma` c10d backend: all-gathers over DMA transports, every other collective handed to an inner backend
 // (NCCL/RCCL for CUDA tensors, gloo for CPU tensors) created by the Python registration over its own
 // sub-store. One object may serve both devices (backend string "sdma"), so every method dispatches on the
-// device of its tensors.
+// device of its tensors. A group whose members span nodes runs the hierarchical all-gather (docs/multinode.md):
+// the DMA transport inside each node, an inner backend per rail between nodes.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -14,21 +15,26 @@
 #include <vector>
 
 #include "backend/collective_trace.hpp"
+#include "backend/inner_backend_factory.hpp"
 #include "backend/sdma_options.hpp"
 #include "backend/self_exchange.hpp"
 #include "collective/allgather_inputs.hpp"
 #include "collective/collective_info.hpp"
 #include "collective/collective_path.hpp"
+#include "collective/node_layout.hpp"
 #include "runner/allgather_runner.hpp"
+#include "transport/peer_rendezvous.hpp"
 
 namespace sdma {
 
 class ProcessGroupSDMA : public c10d::Backend {
  public:
   // `cudaUnavailable`: why `innerCuda` is null ("" when it is not), for the error of a CUDA collective.
+  // `railBackends`: makes the inner backends of the rails when the group spans nodes (null: such a group's
+  // all-gathers go to the inner backend).
   ProcessGroupSDMA(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, SdmaOptions options,
                    c10::intrusive_ptr<c10d::Backend> innerCpu, c10::intrusive_ptr<c10d::Backend> innerCuda,
-                   std::string cudaUnavailable = "");
+                   std::string cudaUnavailable = "", InnerBackendFactory railBackends = nullptr);
   ~ProcessGroupSDMA() override;
 
   const std::string getBackendName() const override {
@@ -113,6 +119,8 @@ class ProcessGroupSDMA : public c10d::Backend {
   // that device.
   CollectivePath creationVerdict(c10::DeviceType device) const;
   int64_t stagingBytesInUse() const;
+  // "2 nodes x 2 ranks (rails [0,2],[1,3])" when the members span several nodes, else "".
+  std::string nodeLayoutDescription() const;
 
  private:
   // One device's side of the DMA path: the verdict at creation, the path decided at the first eligible
@@ -141,6 +149,14 @@ class ProcessGroupSDMA : public c10d::Backend {
   // Connects the device's transport on first use.
   CollectivePath choosePath(const PlannedAllgather& planned);
   void connect(const at::Device& device);
+  // Collective, at creation: the path the device's all-gathers will take, for the group's log line.
+  CollectivePath predictPath(bool cuda);
+  bool spansNodes() const {
+    return layout_.nodeCount() > 1;
+  }
+  // Hierarchical: this rank's node's own store (one per device), and the runner over the node and this rank's rail.
+  c10::intrusive_ptr<c10d::Store> nodeStore(bool cuda) const;
+  std::unique_ptr<AllgatherRunner> connectHierarchical(const at::Device& device, std::string* whyNot);
   CollectiveInfo describe(const char* op, c10d::OpType opType, const c10d::AllgatherOptions& opts);
   StagingGeometry geometry(const at::Device& device) const;
   void recordPath(const std::string& key, int64_t bytes);
@@ -152,7 +168,11 @@ class ProcessGroupSDMA : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> innerCpu_;
   c10::intrusive_ptr<c10d::Backend> innerCuda_;
   const std::string cudaUnavailable_;
+  const InnerBackendFactory railBackends_;
   const TracedGroup traceGroup_;
+  // Every member's identity and the nodes they form, from one exchange at creation (empty when disabled).
+  std::vector<MemberIdentity> members_;
+  NodeLayout layout_;
   uint64_t seq_ = 0;
   SelfExchange self_;
 

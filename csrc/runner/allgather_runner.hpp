@@ -2,15 +2,19 @@
 // threads that watch it and the per-group serials; the backend never sees which device's runner it holds.
 #pragma once
 
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "collective/allgather_inputs.hpp"
 #include "collective/collective_info.hpp"
 #include "collective/collective_path.hpp"
+#include "collective/node_layout.hpp"
+#include "transport/peer_rendezvous.hpp"
 #include "transport/staging_geometry.hpp"
 
 namespace sdma {
@@ -24,6 +28,44 @@ class AllgatherRunner {
   // Enqueues the collective; never blocks on the peers. Consumes planned's tensors.
   virtual c10::intrusive_ptr<c10d::Work> run(PlannedAllgather& planned, bool asyncOp, const CollectiveInfo& info) = 0;
   virtual size_t stagingBytes() const = 0;
+};
+
+// What a runner of the hierarchical path (docs/multinode.md) knows beyond its node: the group's layout over nodes,
+// who every member is, and the inner backend over this rank's rail (the ranks with its local index on every node),
+// which carries the bytes between nodes.
+struct HierarchicalSetup {
+  NodeLayout layout;
+  int groupRank = 0;
+  std::vector<MemberIdentity> members;     // by group rank
+  c10::intrusive_ptr<c10d::Backend> rail;  // gloo for CPU tensors, NCCL for CUDA tensors
+
+  int node() const {
+    return layout.nodeOf(groupRank);
+  }
+  int localIndex() const {
+    return layout.localIndexOf(groupRank);
+  }
+  // When the runner goes, after its last collective: NCCL's communicators are destroyed in order rather than found
+  // still alive by the backend's destructor, or aborted when a collective of the group failed (one may be stuck in
+  // them). A failure here only leaves them to that destructor.
+  void closeRail(bool groupFailed) const noexcept {
+    try {
+      if (groupFailed) {
+        rail->abort();
+      } else {
+        rail->shutdown();
+      }
+    } catch (const std::exception&) {
+    }
+  }
+  // "rail [1, 3] (gloo)", for messages.
+  std::string railName() const {
+    std::string ranks;
+    for (int q : layout.rail(localIndex())) {
+      ranks += (ranks.empty() ? "" : ", ") + std::to_string(q);
+    }
+    return "rail [" + ranks + "] (" + rail->getBackendName() + ")";
+  }
 };
 
 // Copy engines, for CUDA tensors (copy_engine_runner.cpp; a build without CUDA says why not).
@@ -41,5 +83,14 @@ std::string sharedMemoryPathProblem(c10d::Store& store, int rank, int size);
 std::unique_ptr<AllgatherRunner> connectSharedMemoryRunner(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                                            int size, const StagingGeometry& geometry, bool direct,
                                                            const std::string& groupName, std::string* whyNot);
+
+// The hierarchical path: collective over the group, each node connecting its transport over `nodeStore` (a store of
+// its own per node) at `nodeGeometry` (the node's size), with the rail backend in `setup` between nodes.
+std::unique_ptr<AllgatherRunner> connectHierarchicalCopyEngineRunner(const c10::intrusive_ptr<c10d::Store>& nodeStore,
+                                                                     int device, const StagingGeometry& nodeGeometry,
+                                                                     HierarchicalSetup setup, std::string* whyNot);
+std::unique_ptr<AllgatherRunner> connectHierarchicalSharedMemoryRunner(const c10::intrusive_ptr<c10d::Store>& nodeStore,
+                                                                       const StagingGeometry& nodeGeometry,
+                                                                       HierarchicalSetup setup, std::string* whyNot);
 
 }  // namespace sdma

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "collective/captured_allgather.hpp"
+#include "collective/hierarchical_allgather.hpp"
 #include "collective/staging_allgather.hpp"
 #include "runner/test_faults.hpp"
 #include "transport/peer_rendezvous.hpp"
@@ -60,19 +61,47 @@ std::unique_ptr<AllgatherRunner> connectCopyEngineRunner(const c10::intrusive_pt
   return std::make_unique<CopyEngineRunner>(store, rank, size, device, std::move(members), geometry);
 }
 
+std::unique_ptr<AllgatherRunner> connectHierarchicalCopyEngineRunner(const c10::intrusive_ptr<c10d::Store>& nodeStore,
+                                                                     int device, const StagingGeometry& nodeGeometry,
+                                                                     HierarchicalSetup setup, std::string* whyNot) {
+  c10::cuda::CUDAGuard guard(device);
+  std::vector<MemberIdentity> nodeMembers;
+  *whyNot = CopyEngineTransport::checkGroupReachable(*nodeStore, "ce/connect", setup.localIndex(),
+                                                     setup.layout.ranksPerNode(), device, &nodeMembers);
+  if (!whyNot->empty()) {
+    return nullptr;
+  }
+  return std::make_unique<CopyEngineRunner>(nodeStore, device, std::move(nodeMembers), nodeGeometry, std::move(setup));
+}
+
 CopyEngineRunner::CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int rank, int size, int device,
                                    std::vector<MemberIdentity> members, const StagingGeometry& cap)
+    : CopyEngineRunner(std::move(store), rank, size, device, std::move(members), cap, nullptr) {}
+
+CopyEngineRunner::CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int device,
+                                   std::vector<MemberIdentity> nodeMembers, const StagingGeometry& cap,
+                                   HierarchicalSetup setup)
+    : CopyEngineRunner(std::move(store), setup.localIndex(), setup.layout.ranksPerNode(), device,
+                       std::move(nodeMembers), cap, std::make_shared<const HierarchicalSetup>(std::move(setup))) {}
+
+CopyEngineRunner::CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int rank, int size, int device,
+                                   std::vector<MemberIdentity> members, const StagingGeometry& cap,
+                                   std::shared_ptr<const HierarchicalSetup> hierarchy)
     : store_(std::move(store)),
       rank_(rank),
       size_(size),
       device_(device),
       members_(std::move(members)),
       cap_(cap),
-      injectWatchdogFault_(testFaultRequested("watchdog")) {
+      injectWatchdogFault_(testFaultRequested("watchdog")),
+      hierarchy_(std::move(hierarchy)) {
   c10::cuda::CUDAGuard guard(device_);
   pushStream_ = gpu::createStream();
   drainStream_ = gpu::createStream();
   capturedPushStream_ = gpu::createStream();
+  if (hierarchy_) {
+    networkStream_ = gpu::createStream();
+  }
   callerReady_ = gpu::createEvent();
   pushDone_ = gpu::createEvent();
   capturedFork_ = gpu::createEvent();
@@ -93,12 +122,22 @@ CopyEngineRunner::~CopyEngineRunner() {
   }
   wake_.notify_all();
   watchdog_.join();
+  if (hierarchy_) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const bool failed = failure_.happened();
+    lock.unlock();
+    hierarchy_->closeRail(failed);
+  }
   c10::cuda::CUDAGuard guard(device_);
   for (gpu::Event e : {callerReady_, pushDone_, capturedFork_, capturedJoin_}) {
     gpu::destroyEvent(e);
   }
-  for (gpu::Stream s : {pushStream_, drainStream_, capturedPushStream_}) {
-    gpu::destroyStream(s);
+  // The gather buffers go before the streams that may still name them (nothing is in flight any more).
+  railStaging_.reset();
+  for (gpu::Stream s : {pushStream_, drainStream_, capturedPushStream_, networkStream_}) {
+    if (s) {
+      gpu::destroyStream(s);
+    }
   }
 }
 
@@ -112,9 +151,24 @@ CollectivePath CopyEngineRunner::pathFor(const PlannedAllgather& planned) {
     return CollectivePath::inner("tensor on another GPU than the group's first all-gather");
   }
   if (gpu::streamCapturing(c10::cuda::getCurrentCUDAStream(device_).stream())) {
+    if (hierarchy_) {
+      return CollectivePath::inner("the hierarchical path is not captured into CUDA graphs yet");
+    }
     return CollectivePath::dma("captured");
   }
-  return CollectivePath::dma();
+  return hierarchy_ ? CollectivePath::dma("hierarchical") : CollectivePath::dma();
+}
+
+int CopyEngineRunner::groupRankOf(int member) const {
+  return hierarchy_ ? hierarchy_->layout.rankAt(hierarchy_->node(), member) : member;
+}
+
+size_t CopyEngineRunner::chunksOf(const AllgatherPlan& plan, const CopyEngineTransport& transport) const {
+  if (!hierarchy_) {
+    return chunkCount(plan, transport.geometry());
+  }
+  const size_t chunk = hierarchicalChunkBytes(plan, transport.geometry(), hierarchy_->layout.nodeCount());
+  return (plan.bytesPerRank + chunk - 1) / chunk;
 }
 
 std::unique_ptr<CopyEngineTransport> CopyEngineRunner::connectTransport(const StagingGeometry& geometry) {
@@ -123,7 +177,9 @@ std::unique_ptr<CopyEngineTransport> CopyEngineRunner::connectTransport(const St
 }
 
 CopyEngineTransport& CopyEngineRunner::stagingFor(const AllgatherPlan& plan) {
-  const size_t needed = largestChunk(plan, cap_);
+  const size_t needed = hierarchy_
+                            ? std::max(kPageBytes, hierarchicalSegmentBytes(plan, cap_, hierarchy_->layout.nodeCount()))
+                            : largestChunk(plan, cap_);
   if (!staging_ || staging_->geometry().chunkBytes < needed) {
     size_t segment = kSmallestSegment;
     while (segment < needed) {
@@ -133,6 +189,9 @@ CopyEngineTransport& CopyEngineRunner::stagingFor(const AllgatherPlan& plan) {
     g.chunkBytes = std::min(segment, cap_.chunkBytes);
     // The outgrown transport stays alive as long as a collective in flight holds it.
     staging_ = connectTransport(g);
+    if (hierarchy_) {
+      railStaging_ = std::make_shared<GpuRailAllgather>(*staging_, hierarchy_, device_, networkStream_);
+    }
     chunks_ = 0;
   }
   return *staging_;
@@ -151,7 +210,7 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::run(PlannedAllgather& planned, 
     return enqueueCaptured(planned, info, caller);
   }
   CopyEngineTransport& transport = stagingFor(plan);
-  const bool pipelined = chunkCount(plan, transport.geometry()) > 1;
+  const bool pipelined = chunksOf(plan, transport) > 1;
 
   // One chunk needs no second lane: everything on one stream, the fewest calls. Several chunks: pushes run on
   // their own stream so that the next chunk's push overlaps this chunk's drain.
@@ -168,7 +227,12 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::run(PlannedAllgather& planned, 
   }
   transport.bindLanes(push, drain);
   const auto first = static_cast<uint32_t>(chunks_ + 1);
-  scheduleStagingAllgather(transport, plan, chunks_);
+  if (hierarchy_) {
+    // Every gather is awaited on the push lane, which the drain lane joins below: the end event covers them too.
+    scheduleHierarchicalAllgather(transport, *railStaging_, hierarchy_->layout, plan, chunks_);
+  } else {
+    scheduleStagingAllgather(transport, plan, chunks_);
+  }
   transport.flush();
   if (push != drain) {
     gpu::recordEvent(pushDone_, push);
@@ -186,8 +250,8 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::run(PlannedAllgather& planned, 
   // The watchdog sleeps without a deadline only while nothing is in flight; otherwise it polls on its own, and a
   // wake-up per call would cost the caller a futex syscall.
   const bool watchdogAsleep = inFlight_.empty();
-  inFlight_.push_back(
-      {std::move(completion), staging_, info, first, static_cast<uint32_t>(chunks_), std::chrono::steady_clock::now()});
+  inFlight_.push_back({std::move(completion), staging_, railStaging_, info, first, static_cast<uint32_t>(chunks_),
+                       std::chrono::steady_clock::now()});
   lock.unlock();
   if (watchdogAsleep) {
     wake_.notify_one();
@@ -248,8 +312,8 @@ void CopyEngineRunner::watchdogLoop() {
       } else if (now - oldest.enqueuedAt > kLivenessCheckAfter) {
         for (int q = 0; q < size_; ++q) {
           if (q != rank_ && !processAlive(members_[q].pid)) {
-            failure =
-                "failed: group rank " + std::to_string(q) + " (pid " + std::to_string(members_[q].pid) + ") exited";
+            failure = "failed: group rank " + std::to_string(groupRankOf(q)) + " (pid " +
+                      std::to_string(members_[q].pid) + ") exited";
             break;
           }
         }
@@ -282,9 +346,9 @@ void CopyEngineRunner::failInFlight(const InFlight& stuck, const std::string& ca
       const uint32_t firstFlag = ready[q * slots + (stuck.firstSerial & (slots - 1))];
       const uint32_t lastFlag = ready[q * slots + (stuck.lastSerial & (slots - 1))];
       if (!flagReached(firstFlag, stuck.firstSerial)) {
-        neverArrived.push_back(q);
+        neverArrived.push_back(groupRankOf(q));
       } else if (!flagReached(lastFlag, stuck.lastSerial)) {
-        stalled.push_back(q);
+        stalled.push_back(groupRankOf(q));
       }
     }
   }
@@ -293,8 +357,12 @@ void CopyEngineRunner::failInFlight(const InFlight& stuck, const std::string& ca
       << std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - stuck.enqueuedAt)
              .count()
       << " ms; peers that never reached it: " << rankList(neverArrived)
-      << "; peers that stalled inside it: " << rankList(stalled)
-      << ". Its GPU streams were released; this group cannot run further all-gathers.";
+      << "; peers that stalled inside it: " << rankList(stalled);
+  if (hierarchy_) {
+    why << " (of this node; the gathers between nodes run on the NCCL of " << hierarchy_->railName()
+        << ", whose own watchdog reports a rank missing there)";
+  }
+  why << ". Its GPU streams were released; this group cannot run further all-gathers.";
   const std::string reason = why.str();
   LOG(ERROR) << "torch_sdma: " << reason;
 

@@ -8,6 +8,11 @@
 //
 // Collectives captured into a CUDA graph run the captured schedule on a transport of their own, sized to the cap
 // once: a graph keeps the addresses it was captured with, and may be replayed while eager collectives run.
+//
+// In a group that spans nodes (docs/multinode.md) the transport spans this rank's node, and the hierarchical
+// schedule runs with NCCL on this rank's rail between nodes (gpu_rail_allgather.hpp), on a third stream. The
+// watchdog then sees the node's ranks only: a rank missing on another node shows as a rail gather that never ends,
+// which the rail's NCCL watchdog reports (and ends, as for any NCCL collective).
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -20,6 +25,7 @@
 #include <string>
 
 #include "runner/allgather_runner.hpp"
+#include "runner/gpu_rail_allgather.hpp"
 #include "runner/group_failure.hpp"
 #include "runner/guarded_thread.hpp"
 #include "transport/copy_engine_transport.hpp"
@@ -32,6 +38,9 @@ class CopyEngineRunner : public AllgatherRunner {
   // `members`: every member's identity, from a reachability check that said "" to all. `cap`: the largest staging.
   CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int rank, int size, int device,
                    std::vector<MemberIdentity> members, const StagingGeometry& cap);
+  // Hierarchical: rank, size and members are those of this rank's node.
+  CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int device, std::vector<MemberIdentity> nodeMembers,
+                   const StagingGeometry& cap, HierarchicalSetup setup);
   ~CopyEngineRunner() override;
 
   CollectivePath pathFor(const PlannedAllgather& planned) override;
@@ -41,10 +50,15 @@ class CopyEngineRunner : public AllgatherRunner {
   size_t stagingBytes() const override;
 
  private:
+  CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int rank, int size, int device,
+                   std::vector<MemberIdentity> members, const StagingGeometry& cap,
+                   std::shared_ptr<const HierarchicalSetup> hierarchy);
+
   // Never the Work itself: see gpu_completion.hpp.
   struct InFlight {
     std::shared_ptr<GpuCompletion> completion;
     std::shared_ptr<CopyEngineTransport> transport;  // keeps a transport that was outgrown alive until done
+    std::shared_ptr<GpuRailAllgather> rail;          // and the gather buffers that go with it (hierarchical)
     CollectiveInfo info;                             // for the failure message
     uint32_t firstSerial;                            // chunk serials as the flags carry them
     uint32_t lastSerial;
@@ -58,6 +72,10 @@ class CopyEngineRunner : public AllgatherRunner {
   // Collective (every member makes the same call for the same message): a transport whose segments hold the
   // chunks `plan` is cut into at the cap's geometry, connecting a larger one when the current one is too small.
   CopyEngineTransport& stagingFor(const AllgatherPlan& plan);
+  // The chunks `plan` is cut into on `transport`, by the flat or the hierarchical schedule.
+  size_t chunksOf(const AllgatherPlan& plan, const CopyEngineTransport& transport) const;
+  // "group rank 3" for a member of the transport (a rank of this node, when hierarchical).
+  int groupRankOf(int member) const;
   std::unique_ptr<CopyEngineTransport> connectTransport(const StagingGeometry& geometry);
   c10::intrusive_ptr<c10d::Work> enqueueCaptured(PlannedAllgather& planned, const CollectiveInfo& info,
                                                  gpu::Stream caller);
@@ -76,13 +94,16 @@ class CopyEngineRunner : public AllgatherRunner {
   const std::vector<MemberIdentity> members_;
   const StagingGeometry cap_;
   const bool injectWatchdogFault_;
-  int connections_ = 0;  // store keys of each connection are fresh
+  const std::shared_ptr<const HierarchicalSetup> hierarchy_;  // null: the flat schedule
+  int connections_ = 0;                                       // store keys of each connection are fresh
 
   std::shared_ptr<CopyEngineTransport> staging_;   // eager collectives; guarded by mutex_
+  std::shared_ptr<GpuRailAllgather> railStaging_;  // the gathers between nodes on staging_ (hierarchical)
   std::unique_ptr<CopyEngineTransport> captured_;  // captured collectives; guarded by mutex_
   gpu::Stream pushStream_ = nullptr;
   gpu::Stream drainStream_ = nullptr;
   gpu::Stream capturedPushStream_ = nullptr;
+  gpu::Stream networkStream_ = nullptr;  // the gathers between nodes (hierarchical)
   gpu::Event callerReady_ = nullptr;
   gpu::Event pushDone_ = nullptr;
   gpu::Event capturedFork_ = nullptr;

@@ -16,4 +16,11 @@ std::unique_ptr<AllgatherRunner> connectCopyEngineRunner(const c10::intrusive_pt
   return nullptr;
 }
 
+std::unique_ptr<AllgatherRunner> connectHierarchicalCopyEngineRunner(const c10::intrusive_ptr<c10d::Store>&, int,
+                                                                     const StagingGeometry&, HierarchicalSetup,
+                                                                     std::string* whyNot) {
+  *whyNot = kWhy;
+  return nullptr;
+}
+
 }  // namespace sdma

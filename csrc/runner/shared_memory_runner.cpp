@@ -4,6 +4,7 @@
 #include <c10/util/Logging.h>
 
 #include "collective/direct_allgather.hpp"
+#include "collective/hierarchical_allgather.hpp"
 #include "collective/staging_allgather.hpp"
 #include "runner/test_faults.hpp"
 
@@ -27,8 +28,27 @@ std::unique_ptr<AllgatherRunner> connectSharedMemoryRunner(const c10::intrusive_
   return std::make_unique<SharedMemoryRunner>(std::move(transport));
 }
 
+std::unique_ptr<AllgatherRunner> connectHierarchicalSharedMemoryRunner(const c10::intrusive_ptr<c10d::Store>& nodeStore,
+                                                                       const StagingGeometry& nodeGeometry,
+                                                                       HierarchicalSetup setup, std::string* whyNot) {
+  const int L = setup.layout.ranksPerNode();
+  auto transport = HostShmTransport::connect(*nodeStore, setup.localIndex(), L, nodeGeometry, /*direct=*/false, whyNot);
+  if (!transport) {
+    return nullptr;
+  }
+  transport->setGroup(setup.layout.node(setup.node()), setup.members);
+  return std::make_unique<SharedMemoryRunner>(std::move(transport), std::move(setup));
+}
+
 SharedMemoryRunner::SharedMemoryRunner(std::unique_ptr<HostShmTransport> transport)
     : transport_(std::move(transport)), injectWorkerFault_(testFaultRequested("worker")) {
+  worker_ = GuardedThread([this] { workerLoop(); }, [this](const std::string& why) { abandonQueued(why); });
+}
+
+SharedMemoryRunner::SharedMemoryRunner(std::unique_ptr<HostShmTransport> transport, HierarchicalSetup setup)
+    : transport_(std::move(transport)),
+      rail_(std::make_unique<HostRailAllgather>(*transport_, std::move(setup), transport_->geometry().chunkBytes)),
+      injectWorkerFault_(testFaultRequested("worker")) {
   worker_ = GuardedThread([this] { workerLoop(); }, [this](const std::string& why) { abandonQueued(why); });
 }
 
@@ -39,6 +59,12 @@ SharedMemoryRunner::~SharedMemoryRunner() {
   }
   wake_.notify_all();
   worker_.join();
+  if (rail_) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const bool failed = failure_.happened();
+    lock.unlock();
+    rail_->setup().closeRail(failed);
+  }
 }
 
 c10::intrusive_ptr<c10d::Work> SharedMemoryRunner::run(PlannedAllgather& planned, bool /*asyncOp*/,
@@ -62,6 +88,8 @@ c10::intrusive_ptr<c10d::Work> SharedMemoryRunner::run(PlannedAllgather& planned
       }
     }
     scheduleDirectAllgather(*transport_, plan, static_cast<uint32_t>(serial), peers);
+  } else if (rail_) {
+    scheduleHierarchicalAllgather(*transport_, *rail_, rail_->setup().layout, plan, chunks_);
   } else {
     scheduleStagingAllgather(*transport_, plan, chunks_);
   }

@@ -1,5 +1,7 @@
 // Runs the all-gather schedules on the shared-memory transport: records a collective's operations on the caller's
-// thread and hands them to one worker thread per group, which executes collectives in call order.
+// thread and hands them to one worker thread per group, which executes collectives in call order. In a group that
+// spans nodes the transport spans this rank's node and the hierarchical schedule runs, its gathers between nodes on
+// the same worker (host_rail_allgather.hpp).
 #pragma once
 
 #include <condition_variable>
@@ -11,6 +13,7 @@
 #include "runner/allgather_runner.hpp"
 #include "runner/group_failure.hpp"
 #include "runner/guarded_thread.hpp"
+#include "runner/host_rail_allgather.hpp"
 #include "transport/host_shm_transport.hpp"
 #include "work/host_work.hpp"
 
@@ -19,10 +22,12 @@ namespace sdma {
 class SharedMemoryRunner : public AllgatherRunner {
  public:
   explicit SharedMemoryRunner(std::unique_ptr<HostShmTransport> transport);
+  // Hierarchical: `transport` spans this rank's node.
+  SharedMemoryRunner(std::unique_ptr<HostShmTransport> transport, HierarchicalSetup setup);
   ~SharedMemoryRunner() override;
 
   CollectivePath pathFor(const PlannedAllgather&) override {
-    return CollectivePath::dma();
+    return rail_ ? CollectivePath::dma("hierarchical") : CollectivePath::dma();
   }
   c10::intrusive_ptr<c10d::Work> run(PlannedAllgather& planned, bool asyncOp, const CollectiveInfo& info) override;
   size_t stagingBytes() const override {
@@ -39,8 +44,9 @@ class SharedMemoryRunner : public AllgatherRunner {
   void abandonQueued(const std::string& why);
 
   std::unique_ptr<HostShmTransport> transport_;
-  uint64_t chunks_ = 0;        // staging chunks
-  uint64_t directSerial_ = 0;  // collectives on the direct path
+  std::unique_ptr<HostRailAllgather> rail_;  // hierarchical only
+  uint64_t chunks_ = 0;                      // staging chunks
+  uint64_t directSerial_ = 0;                // collectives on the direct path
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<Job> queue_;

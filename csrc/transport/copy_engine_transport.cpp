@@ -183,7 +183,7 @@ std::vector<gpu::FlagOp>& CopyEngineTransport::pendingFor(Lane lane) {
   return pendingFlags_[lanes_[0] == lanes_[1] ? 0 : static_cast<int>(lane)];
 }
 
-gpu::Stream CopyEngineTransport::flushed(Lane lane) {
+gpu::Stream CopyEngineTransport::laneStream(Lane lane) {
   auto& pending = pendingFor(lane);
   gpu::Stream s = lanes_[static_cast<int>(lane)];
   if (!pending.empty()) {
@@ -194,16 +194,16 @@ gpu::Stream CopyEngineTransport::flushed(Lane lane) {
 }
 
 void CopyEngineTransport::flush() {
-  flushed(Lane::Push);
-  flushed(Lane::Drain);
+  laneStream(Lane::Push);
+  laneStream(Lane::Drain);
 }
 
 void CopyEngineTransport::copyLocal(Lane lane, void* dst, const void* src, size_t bytes) {
-  gpu::copyAsync(dst, src, bytes, flushed(lane));
+  gpu::copyAsync(dst, src, bytes, laneStream(lane));
 }
 
 void CopyEngineTransport::pushChunkToPeers(Lane lane, int slot, const void* src, size_t bytes, size_t at) {
-  gpu::Stream s = flushed(lane);
+  gpu::Stream s = laneStream(lane);
   for (int peer : pushOrder_) {
     gpu::copyAsync(peerBase_[peer] + flagBytes_ + geometry_.segmentOffset(slot, rank_, peer) + at, src, bytes, s);
   }

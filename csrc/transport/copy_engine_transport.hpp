@@ -50,6 +50,9 @@ class CopyEngineTransport : public Transport {
   void bindLanes(gpu::Stream push, gpu::Stream drain);
   // Issues the flag operations still collected on either lane; call after scheduling a collective.
   void flush();
+  // The lane's stream, with the flag operations collected on it issued, so that what is enqueued on the stream next
+  // (an event of the hierarchical schedule's gathers) comes after them.
+  gpu::Stream laneStream(Lane lane);
 
   // For the watchdog, on a private stream: the READY flags peers wrote here, flags[src][slot].
   std::vector<uint32_t> readReadyFlags();
@@ -66,8 +69,6 @@ class CopyEngineTransport : public Transport {
   // Collective; the fallback when VMM was refused (it throws, rather than return, if even this fails).
   void mapWithLegacyIpc(c10d::Store& store, size_t bytes);
   size_t flagIndex(Flag flag, int src, int slot) const;
-  // The lane's stream, with its collected flag operations issued first.
-  gpu::Stream flushed(Lane lane);
   std::vector<gpu::FlagOp>& pendingFor(Lane lane);
 
   const int rank_;

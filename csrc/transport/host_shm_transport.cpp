@@ -164,7 +164,11 @@ std::unique_ptr<HostShmTransport> HostShmTransport::connect(c10d::Store& store, 
 }
 
 HostShmTransport::HostShmTransport(int rank, int size, const StagingGeometry& geometry, bool direct)
-    : rank_(rank), size_(size), geometry_(geometry), base_(size, nullptr), pids_(size, 0) {
+    : rank_(rank), size_(size), geometry_(geometry), base_(size, nullptr), pids_(size, 0), groupRankOf_(size) {
+  for (int q = 0; q < size; ++q) {
+    groupRankOf_[q] = q;
+  }
+  groupRank_ = rank;
   const size_t words = kFlagKinds * static_cast<size_t>(size) * geometry.slots;
   flagWordBytes_ = roundUp(words * sizeof(uint32_t), kPageBytes);
   flagBytes_ = flagWordBytes_ + (direct ? roundUp(ArrivalMailbox::bytesFor(size, kMailboxDepth), kPageBytes) : 0);
@@ -251,10 +255,21 @@ void HostShmTransport::copyWithPeer(const Op& op, const std::string& description
       n = process_vm_readv(pids_[op.peer], &local, 1, &remote, 1, 0);
     }
     TORCH_CHECK_WITH(DistBackendError, n > 0, "torch_sdma: ", description, " failed: copying ",
-                     op.kind == Op::Kind::CopyToPeer ? "to" : "from", " group rank ", op.peer, " (pid ", pids_[op.peer],
-                     "): ", n < 0 ? strerror(errno) : "no progress");
+                     op.kind == Op::Kind::CopyToPeer ? "to" : "from", " group rank ", groupRankOf_[op.peer], " (pid ",
+                     pids_[op.peer], "): ", n < 0 ? strerror(errno) : "no progress");
     done += static_cast<size_t>(n);
   }
+}
+
+void HostShmTransport::recordTask(Task task) {
+  recorded_.push_back({Op::Kind::RunTask, nullptr, nullptr, 0, Flag::Ready, 0, 0, -1, 0,
+                       std::make_shared<const Task>(std::move(task))});
+}
+
+void HostShmTransport::setGroup(std::vector<int> groupRankOf, std::vector<MemberIdentity> group) {
+  groupRankOf_ = std::move(groupRankOf);
+  group_ = std::move(group);
+  groupRank_ = groupRankOf_[rank_];
 }
 
 std::vector<HostShmTransport::Op> HostShmTransport::takeRecorded() {
@@ -293,6 +308,9 @@ void HostShmTransport::execute(const std::vector<Op>& ops, std::chrono::steady_c
       case Op::Kind::Wait:
         waitFor(op, deadline, description);
         break;
+      case Op::Kind::RunTask:
+        (*op.task)(deadline, description);
+        break;
     }
   }
 }
@@ -320,15 +338,20 @@ void HostShmTransport::waitFor(const Op& op, std::chrono::steady_clock::time_poi
       nextLivenessCheck = now + std::chrono::milliseconds(10);
       for (int q : pending) {
         if (!processAlive(pids_[q])) {
-          TORCH_CHECK_WITH(DistBackendError, false, "torch_sdma: ", description, " failed: group rank ", q, " (pid ",
-                           pids_[q], ") exited while this rank was waiting for it");
+          TORCH_CHECK_WITH(DistBackendError, false, "torch_sdma: ", description, " failed: group rank ",
+                           groupRankOf_[q], " (pid ", pids_[q], ") exited while this rank was waiting for it");
         }
       }
+      std::ostringstream os;
+      for (size_t i = 0; i < pending.size(); ++i) {
+        os << (i ? ", " : "") << groupRankOf_[pending[i]];
+      }
+      if (!group_.empty()) {
+        const std::string exited = exitedMembersOnThisHost(group_, groupRank_);
+        TORCH_CHECK_WITH(DistBackendError, exited.empty(), "torch_sdma: ", description, " failed: ", exited,
+                         " exited while this rank was waiting for group ranks [", os.str(), "] of its node");
+      }
       if (now >= deadline) {
-        std::ostringstream os;
-        for (size_t i = 0; i < pending.size(); ++i) {
-          os << (i ? ", " : "") << pending[i];
-        }
         TORCH_CHECK_WITH(DistBackendError, false, "torch_sdma: ", description, " timed out after ",
                          std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count(),
                          " ms waiting for group ranks [", os.str(), "], which never reached it");

@@ -5,6 +5,10 @@
 //
 // The schedule's operations are recorded, not run: the host runner's worker thread executes a collective's
 // operations in order, the way a GPU stream runs them, so the calling thread never does the copies itself.
+//
+// In a group that spans nodes (docs/multinode.md) a transport spans one node: its members are that node's ranks,
+// and setGroup() tells it who they are in the group, for its messages and for noticing that a rank of another node
+// on the same host (a pseudo-node of tests) has gone.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -23,8 +27,12 @@ namespace sdma {
 
 class HostShmTransport : public Transport, public DirectTransport {
  public:
+  // Work of another kind that runs in its place among the transport's operations, on the worker (the hierarchical
+  // schedule's gathers between nodes). It throws to fail the collective.
+  using Task = std::function<void(std::chrono::steady_clock::time_point deadline, const std::string& description)>;
+
   struct Op {
-    enum class Kind { Copy, Signal, Wait, Reset, CopyToPeer, CopyFromPeer } kind;
+    enum class Kind { Copy, Signal, Wait, Reset, CopyToPeer, CopyFromPeer, RunTask } kind;
     char* dst;
     const char* src;
     size_t bytes;
@@ -33,6 +41,7 @@ class HostShmTransport : public Transport, public DirectTransport {
     uint32_t value;
     int peer = -1;        // Signal/Wait of one peer (slot 0), or the peer whose memory a CopyTo/FromPeer touches
     uint64_t remote = 0;  // CopyToPeer/CopyFromPeer: the address in that peer's process
+    std::shared_ptr<const Task> task = nullptr;  // RunTask
   };
 
   // Collective: "" when all members run on this host, else why not (the same answer on every member).
@@ -78,6 +87,13 @@ class HostShmTransport : public Transport, public DirectTransport {
     return directUnavailable_;
   }
 
+  // Records `task` to run in its place among the operations.
+  void recordTask(Task task);
+  // The transport spans one node of a larger group: `groupRankOf[member]` is each member's group rank, `group` every
+  // group member's identity. Messages then name group ranks, and a wait also gives up once a group member on this host
+  // has exited (it may be what the awaited peer waits for, through the inner backend).
+  void setGroup(std::vector<int> groupRankOf, std::vector<MemberIdentity> group);
+
   // The operations recorded since the last call.
   std::vector<Op> takeRecorded();
   // Runs operations in order on the calling thread. A wait gives up, throwing an error that names the peers
@@ -100,6 +116,9 @@ class HostShmTransport : public Transport, public DirectTransport {
   std::vector<char*> base_;  // every member's segment, mapped here; base_[rank_] is our own
   std::vector<int> pids_;
   std::vector<Op> recorded_;
+  std::vector<int> groupRankOf_;       // member -> group rank (the identity unless setGroup)
+  std::vector<MemberIdentity> group_;  // empty unless setGroup
+  int groupRank_ = 0;
   std::unique_ptr<ArrivalMailbox> mailbox_;
   std::string directUnavailable_;
 };

@@ -47,16 +47,24 @@ std::string hostIdentity() {
 }
 
 std::vector<MemberIdentity> exchangeIdentities(c10d::Store& store, const std::string& key, int rank, int size,
-                                               const std::string& gpuBusId) {
-  // host|pid|bus: the host identity holds no '|', and the bus id comes last, so it may be empty.
-  const std::string mine = hostIdentity() + "|" + std::to_string(getpid()) + "|" + gpuBusId;
+                                               const std::string& gpuBusId, const std::string& pseudoNode) {
+  TORCH_CHECK(pseudoNode.find('|') == std::string::npos, "torch_sdma: pseudo-node name '", pseudoNode,
+              "' contains '|'");
+  // host|pid|pseudo-node|bus: the host identity holds no '|', and the bus id comes last, so it may be empty.
+  const std::string mine = hostIdentity() + "|" + std::to_string(getpid()) + "|" + pseudoNode + "|" + gpuBusId;
   std::vector<MemberIdentity> members;
   for (const std::string& encoded : exchangeWithGroup(store, key, rank, size, mine)) {
     const size_t a = encoded.find('|');
-    const size_t b = encoded.find('|', a + 1);
-    TORCH_CHECK(a != std::string::npos && b != std::string::npos, "torch_sdma: a group member published '", encoded,
-                "' under ", key, ": not a torch_sdma member identity");
-    members.push_back({encoded.substr(0, a), std::stoi(encoded.substr(a + 1, b - a - 1)), encoded.substr(b + 1)});
+    const size_t b = a == std::string::npos ? a : encoded.find('|', a + 1);
+    const size_t c = b == std::string::npos ? b : encoded.find('|', b + 1);
+    TORCH_CHECK(c != std::string::npos, "torch_sdma: a group member published '", encoded, "' under ", key,
+                ": not a torch_sdma member identity");
+    MemberIdentity m;
+    m.host = encoded.substr(0, a);
+    m.pid = std::stoi(encoded.substr(a + 1, b - a - 1));
+    m.pseudoNode = encoded.substr(b + 1, c - b - 1);
+    m.gpuBusId = encoded.substr(c + 1);
+    members.push_back(std::move(m));
   }
   return members;
 }
@@ -68,6 +76,17 @@ std::string memberOnAnotherHost(const std::vector<MemberIdentity>& members, int 
     }
   }
   return "";
+}
+
+std::string exitedMembersOnThisHost(const std::vector<MemberIdentity>& members, int rank) {
+  std::string exited;
+  for (size_t q = 0; q < members.size(); ++q) {
+    if (static_cast<int>(q) != rank && members[q].host == members[rank].host && !processAlive(members[q].pid)) {
+      exited += (exited.empty() ? "" : ", ") + std::string("group rank ") + std::to_string(q) + " (pid " +
+                std::to_string(members[q].pid) + ")";
+    }
+  }
+  return exited;
 }
 
 int duplicateDescriptorOf(int pid, int fd, std::string* error) {
@@ -93,7 +112,18 @@ int duplicateDescriptorOf(int pid, int fd, std::string* error) {
 }
 
 bool processAlive(int pid) {
-  return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM);
+  if (pid <= 0 || (kill(pid, 0) != 0 && errno != EPERM)) {
+    return false;
+  }
+  // A killed process stays a zombie until its parent reaps it, and kill() still finds a zombie; its sockets are
+  // already closed, so an inner backend reports it gone before kill() does.
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) {
+    return true;  // no procfs here: trust kill()
+  }
+  const size_t end = line.rfind(')');  // the command name may hold spaces and parentheses
+  return end == std::string::npos || end + 2 >= line.size() || (line[end + 2] != 'Z' && line[end + 2] != 'X');
 }
 
 }  // namespace sdma

@@ -24,18 +24,28 @@ struct MemberIdentity {
   std::string host;  // hostIdentity()
   int pid = 0;
   std::string gpuBusId;  // the PCI bus id of the member's GPU; "" in a group of CPU tensors
+  // The pseudo-node of the host this member was placed on (TORCH_SDMA_TEST_PSEUDO_NODES, tests only), or "".
+  std::string pseudoNode;
+
+  // Members with the same node identity form a node of the hierarchical path (collective/node_layout.hpp).
+  std::string nodeIdentity() const {
+    return pseudoNode.empty() ? host : host + "#" + pseudoNode;
+  }
 };
-// Collective: every member's identity, indexed by group rank.
+// Collective: every member's identity, indexed by group rank. `pseudoNode` must not contain '|'.
 std::vector<MemberIdentity> exchangeIdentities(c10d::Store& store, const std::string& key, int rank, int size,
-                                               const std::string& gpuBusId);
+                                               const std::string& gpuBusId, const std::string& pseudoNode = "");
 // "" when every member runs on this rank's host, else which one does not.
 std::string memberOnAnotherHost(const std::vector<MemberIdentity>& members, int rank);
+// The members on this rank's host whose process has exited, as "group rank 3 (pid 1234), ..."; "" when none. A
+// member on another host cannot be checked from here.
+std::string exitedMembersOnThisHost(const std::vector<MemberIdentity>& members, int rank);
 
 // A copy, in this process, of descriptor `fd` of process `pid` (pidfd_getfd; needs ptrace rights over it, which a
 // process of the same user normally has). -1 with *error set when that is refused.
 int duplicateDescriptorOf(int pid, int fd, std::string* error);
 
-// True if `pid` is alive and visible from this process (same pid namespace).
+// True if `pid` is alive (not a zombie) and visible from this process (same pid namespace).
 bool processAlive(int pid);
 
 }  // namespace sdma

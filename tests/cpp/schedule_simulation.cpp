@@ -2,7 +2,11 @@
 // executes the recorded operations of all ranks' lanes in a random interleaving that honours only the flags, the
 // way independent streams on W GPUs would. Checks that every rank's output holds every rank's bytes, that no
 // interleaving deadlocks, that flag serials survive wrapping past 2^32, and the call counts the per-call CPU cost
-// rests on. Usage: schedule_simulation SEED CASES; prints "ok <cases>" and exits 0 on success.
+// rests on. The hierarchical schedule runs over fake nodes with a fake inner all-gather on rails (a rendezvous of
+// the rail's members), its gathers on a third lane, with push and drain sharing a lane (one GPU stream), or with all
+// of a rank's operations in one queue, as the host runner's single worker runs them. Usage: schedule_simulation SEED
+// CASES; prints "ok <cases>" and exits 0 on success.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +19,7 @@
 
 #include "collective/captured_allgather.hpp"
 #include "collective/direct_allgather.hpp"
+#include "collective/hierarchical_allgather.hpp"
 #include "collective/staging_allgather.hpp"
 
 using namespace sdma;
@@ -26,8 +31,9 @@ namespace {
   exit(1);
 }
 
+// Gather and AwaitGather are the fake inner all-gather's (FakeRail below).
 struct Op {
-  enum Kind { Copy, Signal, Wait, Reset, SignalOne, WaitOne } kind;
+  enum Kind { Copy, Signal, Wait, Reset, SignalOne, WaitOne, Gather, AwaitGather } kind;
   char* dst = nullptr;
   const char* src = nullptr;
   size_t bytes = 0;
@@ -35,7 +41,13 @@ struct Op {
   int slot = 0;
   uint32_t value = 0;
   int peer = -1;
+  std::vector<ByteSpan> pieces;  // Gather: this rank's part
+  uint64_t fence = 0;            // Gather: runs once this many operations of queue `peer` ran
 };
+
+// The queues a rank's operations go to: one per lane, and the inner all-gathers' own.
+constexpr int kQueues = 3;
+constexpr int kGatherQueue = 2;
 
 struct World;
 
@@ -95,12 +107,34 @@ class FakeTransport : public Transport, public DirectTransport {
   uint32_t& flag(Flag f, int src, int slot) {
     return flags_[(static_cast<size_t>(f) * g_.worldSize + src) * g_.slots + slot];
   }
-  std::deque<Op> lanes[2];
+  // Which lanes share a queue: none (three GPU streams), the push and drain lanes (a one-chunk or synchronous
+  // collective on one GPU stream, its gathers on another), or all (the host runner's worker).
+  enum class Queues { PerLane, OneStreamAndGathers, One };
+  Queues queues = Queues::PerLane;
+  int queueOf(int lane) const {
+    switch (queues) {
+      case Queues::PerLane:
+        return lane;
+      case Queues::OneStreamAndGathers:
+        return lane == kGatherQueue ? kGatherQueue : 0;
+      case Queues::One:
+        break;
+    }
+    return 0;
+  }
+  void recordOn(int lane, Op op) {
+    const int q = queueOf(lane);
+    lanes[q].push_back(op);
+    ++recorded[q];
+  }
+  std::deque<Op> lanes[kQueues];
+  uint64_t recorded[kQueues] = {0, 0, 0};
+  uint64_t executed[kQueues] = {0, 0, 0};
   std::map<std::string, int> calls;
 
  private:
   void record(Lane lane, Op op) {
-    lanes[static_cast<int>(lane)].push_back(op);
+    recordOn(static_cast<int>(lane), op);
   }
 
   World* world_;
@@ -176,6 +210,8 @@ struct World {
         break;
       case Op::Wait:
       case Op::WaitOne:
+      case Op::Gather:  // the fake rail's (HierarchicalWorld below)
+      case Op::AwaitGather:
         break;
     }
   }
@@ -483,6 +519,232 @@ void callCounts() {
   }
 }
 
+// The inner all-gather of one rank's rail: its gathers go to the rank's gather queue, and run as one rendezvous of the
+// whole rail (HierarchicalWorld::run), each once the lane it follows has run what was scheduled on it before.
+class FakeRail : public InnerAllgather {
+ public:
+  FakeRail(FakeTransport* t, int size, int rank, int slots, size_t segment)
+      : t_(t),
+        size_(size),
+        rank_(rank),
+        segment_(segment),
+        buffer_(slots * segment),
+        issued(slots, 0),
+        landed(slots, 0) {}
+  int railSize() const override {
+    return size_;
+  }
+  int railRank() const override {
+    return rank_;
+  }
+  char* gathered(int slot) override {
+    return buffer_.data() + slot * segment_;
+  }
+  void gather(int slot, Lane after, const std::vector<ByteSpan>& mine, size_t bytes) override {
+    if (static_cast<size_t>(size_) * bytes > segment_)
+      fail("a gather larger than the gathered buffer");
+    Op op{Op::Gather, nullptr, nullptr, bytes, Flag::Ready, slot};
+    op.pieces = mine;
+    op.peer = t_->queueOf(static_cast<int>(after));
+    op.fence = t_->recorded[op.peer];
+    op.value = ++sequence_;
+    ++issued[slot];
+    t_->recordOn(kGatherQueue, op);
+  }
+  void awaitGathered(Lane lane, int slot) override {
+    t_->recordOn(static_cast<int>(lane),
+                 {Op::AwaitGather, nullptr, nullptr, 0, Flag::Ready, slot, static_cast<uint32_t>(issued[slot])});
+  }
+
+  FakeTransport* transport() {
+    return t_;
+  }
+
+ private:
+  FakeTransport* t_;
+  int size_;
+  int rank_;
+  size_t segment_;
+  std::vector<char> buffer_;
+  uint32_t sequence_ = 0;
+
+ public:
+  std::vector<uint64_t> issued;  // per slot: gathers scheduled
+  std::vector<uint64_t> landed;  // per slot: gathers run
+};
+
+// Nodes of FakeTransports (a World each, for their flags and pushes) and a FakeRail per group rank.
+struct HierarchicalWorld {
+  NodeLayout layout;
+  std::vector<std::unique_ptr<World>> nodes;
+  std::vector<std::unique_ptr<FakeRail>> rails;  // by group rank
+
+  FakeTransport& transportOf(int q) {
+    return *nodes[layout.nodeOf(q)]->ranks[layout.localIndexOf(q)];
+  }
+
+  // A gather may run once it heads the gather queue of every member of its rail, each past its fence.
+  bool gatherReady(int q) {
+    const Op& mine = transportOf(q).lanes[transportOf(q).queueOf(kGatherQueue)].front();
+    for (int p : layout.rail(layout.localIndexOf(q))) {
+      FakeTransport& t = transportOf(p);
+      auto& queue = t.lanes[t.queueOf(kGatherQueue)];
+      if (queue.empty() || queue.front().kind != Op::Gather || queue.front().value != mine.value)
+        return false;
+      if (t.executed[queue.front().peer] < queue.front().fence)
+        return false;
+    }
+    return true;
+  }
+
+  bool ready(int q, int l) {
+    FakeTransport& t = transportOf(q);
+    const Op& op = t.lanes[l].front();
+    if (op.kind == Op::Gather)
+      return gatherReady(q);
+    if (op.kind == Op::AwaitGather)
+      return rails[q]->landed[op.slot] >= op.value;
+    return nodes[layout.nodeOf(q)]->ready(layout.localIndexOf(q), op);
+  }
+
+  void runGather(int q, const std::string& what) {
+    const std::vector<int> members = layout.rail(layout.localIndexOf(q));
+    const Op first = transportOf(q).lanes[transportOf(q).queueOf(kGatherQueue)].front();
+    for (size_t m = 0; m < members.size(); ++m) {
+      FakeTransport& src = transportOf(members[m]);
+      const Op& part = src.lanes[src.queueOf(kGatherQueue)].front();
+      if (part.slot != first.slot || part.bytes != first.bytes)
+        fail(what + ": the members of a rail disagree on a gather's slot or size");
+      for (int p : members) {
+        char* dst = rails[p]->gathered(part.slot) + m * part.bytes;
+        for (const ByteSpan& piece : part.pieces) {
+          memmove(dst, piece.ptr, piece.bytes);
+          dst += piece.bytes;
+        }
+      }
+    }
+    for (int p : members) {
+      FakeTransport& t = transportOf(p);
+      const int queue = t.queueOf(kGatherQueue);
+      ++rails[p]->landed[t.lanes[queue].front().slot];
+      t.lanes[queue].pop_front();
+      ++t.executed[queue];
+    }
+  }
+
+  void run(std::mt19937& rng, const std::string& what) {
+    const int W = layout.size();
+    while (true) {
+      std::vector<std::pair<int, int>> runnable;
+      bool anyLeft = false;
+      for (int q = 0; q < W; ++q) {
+        for (int l = 0; l < kQueues; ++l) {
+          if (transportOf(q).lanes[l].empty())
+            continue;
+          anyLeft = true;
+          if (ready(q, l))
+            runnable.push_back({q, l});
+        }
+      }
+      if (!anyLeft)
+        return;
+      if (runnable.empty())
+        fail(what + ": every queue waits on a flag or a gather no queue will provide (deadlock)");
+      auto [q, l] = runnable[std::uniform_int_distribution<size_t>(0, runnable.size() - 1)(rng)];
+      FakeTransport& t = transportOf(q);
+      if (t.lanes[l].front().kind == Op::Gather) {
+        runGather(q, what);
+        continue;
+      }
+      Op op = t.lanes[l].front();
+      t.lanes[l].pop_front();
+      ++t.executed[l];
+      nodes[layout.nodeOf(q)]->execute(layout.localIndexOf(q), op);
+    }
+  }
+};
+
+// The hierarchical schedule: N nodes of L ranks, the ranks spread over the nodes in any order (contiguous, strided or
+// shuffled), the lanes and gathers in queues of their own or sharing them (FakeTransport::Queues), every form, several
+// collectives in a row, serials wrapping. The node layout is built by NodeLayout::group from shuffled node names, as
+// the backend builds it from the exchanged identities.
+void hierarchicalCase(std::mt19937& rng, int caseNo) {
+  const int N = std::uniform_int_distribution<int>(1, 4)(rng);
+  const int L = std::uniform_int_distribution<int>(1, 4)(rng);
+  const int W = N * L;
+  const auto queues = static_cast<FakeTransport::Queues>(std::uniform_int_distribution<int>(0, 2)(rng));
+  std::vector<std::string> names;
+  for (int m = 0; m < N; ++m)
+    for (int j = 0; j < L; ++j)
+      names.push_back("node" + std::to_string(m));
+  std::shuffle(names.begin(), names.end(), rng);
+  HierarchicalWorld world;
+  world.layout = NodeLayout::group(names);
+  const NodeLayout& layout = world.layout;
+  if (layout.nodeCount() != N || layout.ranksPerNode() != L || layout.size() != W)
+    fail("NodeLayout::group miscounted nodes");
+  for (int q = 0; q < W; ++q) {
+    if (layout.rankAt(layout.nodeOf(q), layout.localIndexOf(q)) != q ||
+        names[layout.rankAt(layout.nodeOf(q), 0)] != names[q] ||
+        layout.rail(layout.localIndexOf(q))[layout.nodeOf(q)] != q)
+      fail("NodeLayout::group misplaced group rank " + std::to_string(q));
+  }
+  if (layout.hierarchyProblem() != (L == 1 ? "one rank per node" : ""))
+    fail("NodeLayout::hierarchyProblem refused nodes of one size: " + layout.hierarchyProblem());
+  StagingGeometry g;
+  g.worldSize = L;
+  g.slots = std::uniform_int_distribution<int>(0, 1)(rng) ? 2 : 4;
+  g.chunkBytes = std::uniform_int_distribution<size_t>(N, 96)(rng);  // a segment holds a chunk of every node
+  g.pipelineChunkBytes =
+      std::uniform_int_distribution<int>(0, 1)(rng) ? 0 : std::uniform_int_distribution<size_t>(1, 40)(rng);
+  const uint64_t start = std::uniform_int_distribution<int>(0, 3)(rng) == 0 ? 0xFFFFFFF0u : 0;
+  for (int m = 0; m < N; ++m) {
+    world.nodes.push_back(std::make_unique<World>());
+    for (int j = 0; j < L; ++j) {
+      world.nodes[m]->ranks.push_back(std::make_unique<FakeTransport>(world.nodes[m].get(), j, g));
+      FakeTransport& t = *world.nodes[m]->ranks[j];
+      t.queues = queues;
+      for (int p = 0; p < L; ++p)
+        for (int s = 0; s < g.slots; ++s)
+          t.flag(Flag::Credit, p, s) = t.flag(Flag::Ready, p, s) = static_cast<uint32_t>(start);
+    }
+  }
+  for (int q = 0; q < W; ++q)
+    world.rails.push_back(
+        std::make_unique<FakeRail>(&world.transportOf(q), N, layout.nodeOf(q), g.slots, g.chunkBytes));
+  std::vector<uint64_t> serials(W, start);
+  const int collectives = std::uniform_int_distribution<int>(1, 3)(rng);
+  for (int c = 0; c < collectives; ++c) {
+    const Form form = static_cast<Form>(std::uniform_int_distribution<int>(0, 3)(rng));
+    // Up to 16 ranks: fewer bytes than the flat cases take keep its share of the run's time small.
+    const size_t bytes =
+        std::uniform_int_distribution<int>(0, 5)(rng) == 0 ? 0 : std::uniform_int_distribution<size_t>(1, 120)(rng);
+    Buffers b = makeCollective(form, W, bytes, rng);
+    std::vector<std::vector<char>> original = b.inputs;
+    for (int q = 0; q < W; ++q) {
+      if (form == Form::InPlace)
+        original[q].assign(b.plans[q].input[0].ptr, b.plans[q].input[0].ptr + bytes);
+      scheduleHierarchicalAllgather(world.transportOf(q), *world.rails[q], layout, b.plans[q], serials[q]);
+    }
+    std::string order;
+    for (int q = 0; q < W; ++q)
+      order += (q ? "," : "") + std::to_string(layout.nodeOf(q));
+    const std::string what = "hierarchical case " + std::to_string(caseNo) + " (" + layout.describe() +
+                             ", node of each rank " + order +
+                             (queues == FakeTransport::Queues::PerLane               ? ", three lanes"
+                              : queues == FakeTransport::Queues::OneStreamAndGathers ? ", push and drain on one lane"
+                                                                                     : ", one queue a rank") +
+                             ", slots=" + std::to_string(g.slots) + ", segment=" + std::to_string(g.chunkBytes) +
+                             ", chunk=" + std::to_string(g.pipelineChunkBytes) + ", " + formName(form) + ", " +
+                             std::to_string(bytes) + " B/rank)";
+    for (int q = 1; q < W; ++q) {
+      if (serials[q] != serials[0])
+        fail(what + ": ranks disagree on the chunk serial");
+    }
+    world.run(rng, what);
+    checkOutputs(b, original, what);
+  }
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -497,6 +759,7 @@ int main(int argc, char** argv) {
     stagingCase(rng, c);
     directCase(rng, c);
     capturedCase(rng, c);
+    hierarchicalCase(rng, c);
   }
   printf("ok %d\n", cases);
   return 0;
