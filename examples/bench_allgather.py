@@ -189,6 +189,22 @@ def sdma_path(before, after):
     return "+".join(sorted(moved)) or "none"
 
 
+def timing_fields(name, seconds, out_bytes, world):
+    """A backend's time per call and bandwidths in a row; busbw only where the group's size means something."""
+    fields = {f"{name}_us": seconds * 1e6, f"{name}_algbw_GBps": out_bytes / seconds / 1e9}
+    if world:
+        fields[f"{name}_busbw_GBps"] = out_bytes * (world - 1) / world / seconds / 1e9
+    return fields
+
+
+def with_ratio(b, row, bw, path, match):
+    """The row with sdma's bandwidth over the baseline's, logged as it is measured."""
+    row[f"ratio_{bw}"] = row[f"sdma_{bw}_GBps"] / row[f"{b.base_name}_{bw}_GBps"]
+    b.log(f"  {row['size']:>8}: sdma {row['sdma_us']:10.1f} us ({path}), {b.base_name} "
+          f"{row[f'{b.base_name}_us']:10.1f} us, ratio {row[f'ratio_{bw}']:.2f}, match {match}")
+    return row
+
+
 def sweep(b):
     """all_gather_into_tensor over the size list; both backends per round, alternating which one goes first."""
     a = b.args
@@ -237,14 +253,9 @@ def sweep(b):
                "iters": iters, "rounds": a.rounds, "sdma_path": path, "match": bool(all_match.item())}
         for name in per_round:
             t = med[name]
-            row[f"{name}_us"] = t * 1e6
-            row[f"{name}_algbw_GBps"] = out_bytes / t / 1e9
-            row[f"{name}_busbw_GBps"] = out_bytes * (b.world - 1) / b.world / t / 1e9
+            row.update(timing_fields(name, t, out_bytes, b.world))
             row[f"{name}_rounds_us"] = [x * 1e6 for x in per_round[name]]
-        row["ratio_busbw"] = row["sdma_busbw_GBps"] / row[f"{b.base_name}_busbw_GBps"]
-        rows.append(row)
-        b.log(f"  {row['size']:>8}: sdma {row['sdma_us']:10.1f} us ({path}), "
-              f"{b.base_name} {row[f'{b.base_name}_us']:10.1f} us, ratio {row['ratio_busbw']:.2f}, match {match}")
+        rows.append(with_ratio(b, row, "busbw", path, match))
     return rows
 
 
@@ -303,12 +314,8 @@ def pseudo_node_sweep(b):
                "rounds": a.rounds, "sdma_path": path, "match": bool(all_match.item()),
                "baseline_ranks": len(b.base_ranks)}
         for name, t in med.items():
-            row[f"{name}_us"] = t * 1e6
-            row[f"{name}_algbw_GBps"] = out_bytes / t / 1e9
-        row["ratio_algbw"] = row["sdma_algbw_GBps"] / row[f"{b.base_name}_algbw_GBps"]
-        rows.append(row)
-        b.log(f"  {row['size']:>8}: sdma {row['sdma_us']:10.1f} us ({path}), {b.base_name} "
-              f"{row[f'{b.base_name}_us']:10.1f} us, ratio {row['ratio_algbw']:.2f}, match {match}")
+            row.update(timing_fields(name, t, out_bytes, None))
+        rows.append(with_ratio(b, row, "algbw", path, match))
     return rows
 
 

@@ -3,10 +3,7 @@ with poisoned outputs (every case of the protocol suite, bf16/fp8/complex, > sta
 dtypes, 100 in flight on a side stream, two groups over the same GPUs at once), stream semantics (async_op=False
 orders on the caller's stream, wait() does not block the CPU, get_future(), allocator safety), the zero-kernel
 check with torch.profiler, a peer that never calls, and bad input with NCCL's exact errors."""
-import json
-import os
 import re
-import tempfile
 import threading
 import time
 
@@ -17,6 +14,7 @@ import torch.distributed as dist
 from checks.allgather import AG, allgather_cases, interleaved_groups_case, stats_cases
 from checks.bad_input import bad_input_cases
 from checks.data import assert_bytes_equal, poison_, rand, raw
+from checks.trace import exported_events
 from conftest import cuda_count
 from mp_harness import run_group
 
@@ -90,17 +88,9 @@ def _calibrate_chain(dev, target_s=0.4):
 
 
 def _trace_kinds(prof):
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            trace = json.load(f)
-    finally:
-        os.unlink(path)
     kinds = {}
     names = {}
-    for e in trace.get("traceEvents", []):
+    for e in exported_events(prof):
         cat = str(e.get("cat", "")).lower()
         if cat in ("kernel", "gpu_memcpy", "gpu_memset"):
             kinds[cat] = kinds.get(cat, 0) + 1

@@ -7,14 +7,12 @@ test_conformance_cuda.py).
   names after its prefix) and with a record_param_comms event carrying the collective's name, element counts,
   dtype and group, as NCCL's do.
 - The backend's own name where torch asks the backend for it."""
-import json
-import os
-import tempfile
 
 import torch
 import torch.distributed as dist
 
 from checks.data import assert_bytes_equal, poison_, rand
+from checks.trace import exported_events
 from mp_harness import run_group
 
 CPU = torch.device("cpu")
@@ -127,14 +125,7 @@ def profiled_events(fn):
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with profile(activities=activities, record_shapes=True) as prof:
         fn()
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            return json.load(f).get("traceEvents", [])
-    finally:
-        os.unlink(path)
+    return exported_events(prof)
 
 
 def profiler_cases(ctx, dev, tag):

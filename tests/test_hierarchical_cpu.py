@@ -80,23 +80,18 @@ def hierarchical_body(ctx, layout, quick):
     return ctx.run_cases(cases, barrier_tag="world")
 
 
-@pytest.mark.parametrize("layout", ["0,0,1,1", "0,1,0,1"], ids=["contiguous", "strided"])
-def test_two_pseudo_nodes_match_gloo(layout):
-    res = run_group(hierarchical_body, 4, "sdma", kwargs={"layout": layout, "quick": False},
+@pytest.mark.parametrize("layout,quick,pg_timeout", [("0,0,1,1", False, 30), ("0,1,0,1", False, 30),
+                                                     ("0,0,1,1,2,2", True, 60), ("0,1,2,0,1,2", True, 60)],
+                         ids=["2-contiguous", "2-strided", "3-contiguous", "3-strided"])
+def test_pseudo_nodes_match_gloo(layout, quick, pg_timeout):
+    nodes = layout.split(",")
+    res = run_group(hierarchical_body, len(nodes), "sdma", kwargs={"layout": layout, "quick": quick},
                     env={"TORCH_SDMA_TEST_PSEUDO_NODES": layout, "TORCH_SDMA_STAGING_BYTES": str(STAGING)},
-                    timeout=400, pg_timeout_s=30)
+                    timeout=400, pg_timeout_s=pg_timeout)
     res.check()
-    line = f"hierarchical over {_layout_line(layout.split(','))}"
+    line = f"hierarchical over {_layout_line(nodes)}"
     assert "CPU all-gathers -> shared memory inside each node, gloo between nodes: " + line in res.ranks[0].log_tail, \
         res.ranks[0].log_tail[-3000:]
-
-
-@pytest.mark.parametrize("layout", ["0,0,1,1,2,2", "0,1,2,0,1,2"], ids=["contiguous", "strided"])
-def test_three_pseudo_nodes_match_gloo(layout):
-    res = run_group(hierarchical_body, 6, "sdma", kwargs={"layout": layout, "quick": True},
-                    env={"TORCH_SDMA_TEST_PSEUDO_NODES": layout, "TORCH_SDMA_STAGING_BYTES": str(STAGING)},
-                    timeout=400, pg_timeout_s=60)
-    res.check()
 
 
 def fallback_body(ctx):

@@ -19,9 +19,7 @@ rank from a per-rank hash computed on the GPU, with outputs poisoned (bitwise NO
 all-gather of these four processes cannot run, NCCL refusing two ranks on one GPU. The small sizes are also checked
 against gloo on CPU copies of the same tensors.
 """
-import json
 import os
-import tempfile
 import zlib
 
 import pytest
@@ -29,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from checks.data import coalescing_manager
+from checks.trace import exported_events
 from conftest import cuda_count
 from mp_harness import run_group
 
@@ -159,16 +158,8 @@ class Forms:
 
 
 def kernel_names(prof):
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            trace = json.load(f)
-    finally:
-        os.unlink(path)
     kernels, copies = [], 0
-    for e in trace.get("traceEvents", []):
+    for e in exported_events(prof):
         cat = str(e.get("cat", "")).lower()
         if cat == "kernel":
             kernels.append(str(e.get("name", "")))

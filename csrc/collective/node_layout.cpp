@@ -3,20 +3,9 @@
 #include <map>
 #include <sstream>
 
+#include "collective/rank_list.hpp"
+
 namespace sdma {
-namespace {
-
-std::string rankList(const std::vector<int>& ranks) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    os << (i ? "," : "") << ranks[i];
-  }
-  os << "]";
-  return os.str();
-}
-
-}  // namespace
 
 NodeLayout NodeLayout::group(const std::vector<std::string>& nodeOfRank) {
   NodeLayout layout;
@@ -61,7 +50,7 @@ std::string NodeLayout::describe() const {
   if (hierarchyProblem() == "nodes of unequal size") {
     os << nodeCount() << " nodes of unequal size (";
     for (int m = 0; m < nodeCount(); ++m) {
-      os << (m ? "," : "") << rankList(nodes_[m]);
+      os << (m ? "," : "") << rankList(nodes_[m], ",");
     }
     os << ")";
     return os.str();
@@ -70,7 +59,7 @@ std::string NodeLayout::describe() const {
   os << nodeCount() << (nodeCount() == 1 ? " node x " : " nodes x ") << per << (per == 1 ? " rank" : " ranks")
      << " (rails ";
   for (int r = 0; r < per; ++r) {
-    os << (r ? "," : "") << rankList(rail(r));
+    os << (r ? "," : "") << rankList(rail(r), ",");
   }
   os << ")";
   return os.str();

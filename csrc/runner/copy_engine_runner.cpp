@@ -14,6 +14,7 @@
 
 #include "collective/captured_allgather.hpp"
 #include "collective/hierarchical_allgather.hpp"
+#include "collective/rank_list.hpp"
 #include "collective/staging_allgather.hpp"
 #include "runner/test_faults.hpp"
 #include "transport/peer_rendezvous.hpp"
@@ -27,16 +28,6 @@ constexpr auto kPollInterval = std::chrono::milliseconds(5);
 constexpr auto kLivenessCheckAfter = std::chrono::milliseconds(1000);
 // Staging grows in powers of two from here, so a group connects a handful of times at most.
 constexpr size_t kSmallestSegment = size_t{1} << 20;
-
-std::string rankList(const std::vector<int>& ranks) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    os << (i ? ", " : "") << ranks[i];
-  }
-  os << "]";
-  return os.str();
-}
 
 // The largest chunk `plan` is cut into at `geometry` (a message smaller than a segment is one chunk of its size).
 size_t largestChunk(const AllgatherPlan& plan, const StagingGeometry& geometry) {
@@ -116,12 +107,7 @@ CopyEngineRunner::CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int ra
 
 CopyEngineRunner::~CopyEngineRunner() {
   drainOnShutdown();
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
-  }
-  wake_.notify_all();
-  watchdog_.join();
+  watchdog_.stopAndJoin(mutex_, wake_, stop_);
   if (hierarchy_) {
     std::unique_lock<std::mutex> lock(mutex_);
     const bool failed = failure_.happened();

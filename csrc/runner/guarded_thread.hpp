@@ -4,8 +4,10 @@
 
 #include <c10/util/Logging.h>
 
+#include <condition_variable>
 #include <exception>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -46,6 +48,16 @@ class GuardedThread {
     if (thread_.joinable()) {
       thread_.join();
     }
+  }
+
+  // Sets the loop's `stop` under its mutex, wakes it, and waits for it to end.
+  void stopAndJoin(std::mutex& mutex, std::condition_variable& wake, bool& stop) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      stop = true;
+    }
+    wake.notify_all();
+    join();
   }
 
  private:

@@ -53,12 +53,7 @@ SharedMemoryRunner::SharedMemoryRunner(std::unique_ptr<HostShmTransport> transpo
 }
 
 SharedMemoryRunner::~SharedMemoryRunner() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
-  }
-  wake_.notify_all();
-  worker_.join();
+  worker_.stopAndJoin(mutex_, wake_, stop_);
   if (rail_) {
     std::unique_lock<std::mutex> lock(mutex_);
     const bool failed = failure_.happened();
