@@ -336,20 +336,22 @@ void HostShmTransport::waitFor(const Op& op, std::chrono::steady_clock::time_poi
     const auto now = std::chrono::steady_clock::now();
     if (now >= nextLivenessCheck) {
       nextLivenessCheck = now + std::chrono::milliseconds(10);
+      std::ostringstream os;
+      for (size_t i = 0; i < pending.size(); ++i) {
+        os << (i ? ", " : "") << groupRankOf_[pending[i]];
+      }
+      // The whole group's exits first: a peer that failed because another rank died exits soon after, and naming
+      // only that peer would hide the rank that died first.
+      if (!group_.empty()) {
+        const std::string exited = exitedMembersOnThisHost(group_, groupRank_);
+        TORCH_CHECK_WITH(DistBackendError, exited.empty(), "torch_sdma: ", description, " failed: ", exited,
+                         " exited while this rank was waiting for group ranks [", os.str(), "] of its node");
+      }
       for (int q : pending) {
         if (!processAlive(pids_[q])) {
           TORCH_CHECK_WITH(DistBackendError, false, "torch_sdma: ", description, " failed: group rank ",
                            groupRankOf_[q], " (pid ", pids_[q], ") exited while this rank was waiting for it");
         }
-      }
-      std::ostringstream os;
-      for (size_t i = 0; i < pending.size(); ++i) {
-        os << (i ? ", " : "") << groupRankOf_[pending[i]];
-      }
-      if (!group_.empty()) {
-        const std::string exited = exitedMembersOnThisHost(group_, groupRank_);
-        TORCH_CHECK_WITH(DistBackendError, exited.empty(), "torch_sdma: ", description, " failed: ", exited,
-                         " exited while this rank was waiting for group ranks [", os.str(), "] of its node");
       }
       if (now >= deadline) {
         TORCH_CHECK_WITH(DistBackendError, false, "torch_sdma: ", description, " timed out after ",
