@@ -527,6 +527,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allgather_coalesced(std::vector
 void ProcessGroupSDMA::startCoalescing() {
   coalescing_ = true;
   coalescedWorks_.clear();
+  self_.beginBatch();
   if (innerCuda_) {
     innerCuda_->startCoalescing();
   }
@@ -537,10 +538,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::endCoalescing() {
   parts.swap(coalescedWorks_);
   coalescing_ = false;
   if (innerCuda_) {
-    if (auto innerWork = innerCuda_->endCoalescing()) {
+    c10::intrusive_ptr<c10d::Work> innerWork;
+    try {
+      innerWork = innerCuda_->endCoalescing();
+    } catch (const std::exception& e) {
+      self_.dropBatch(std::string("the inner backend failed the batch it was posted in: ") + e.what());
+      throw;
+    }
+    if (innerWork) {
       parts.push_back(innerWork);
     }
   }
+  self_.commitBatch();
   if (parts.empty()) {
     return nullptr;
   }

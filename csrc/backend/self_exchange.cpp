@@ -23,18 +23,29 @@ c10::intrusive_ptr<c10d::Work> SelfExchange::post(c10d::OpType opType, const std
   const at::Tensor& t = tensors.front();
   TORCH_CHECK_WITH(ValueError, t.is_contiguous(t.suggest_memory_format()), "Tensors must be contiguous");
   const bool isSend = opType == c10d::OpType::SEND;
+  auto match = std::make_shared<SelfMatch>();
+  if (holding_) {
+    held_.push_back({isSend, t, tag, match});
+  } else {
+    matchOrQueue(isSend, t, tag, match);
+  }
+  const std::string what = std::string(isSend ? "send to" : "recv from") + " rank " + std::to_string(rank_) +
+                           " (this rank itself), tag " + std::to_string(tag);
+  return c10::make_intrusive<SelfP2PWork>(rank_, opType, tensors, std::move(match), what);
+}
+
+void SelfExchange::matchOrQueue(bool isSend, const at::Tensor& t, int tag, const std::shared_ptr<SelfMatch>& match) {
   auto& mine = isSend ? sends_[tag] : recvs_[tag];
   auto& theirs = isSend ? recvs_[tag] : sends_[tag];
   while (!theirs.empty() && theirs.front().match->abandoned) {
     theirs.pop_front();
   }
-  std::shared_ptr<SelfMatch> match = std::make_shared<SelfMatch>();
   if (!theirs.empty()) {
     Posted other = std::move(theirs.front());
     theirs.pop_front();
     if (isSend) {
       copy(t, other.tensor, *other.match);  // into the waiting recv
-      match = other.match;
+      markCopied(t.device(), *match);
     } else {
       if (other.match->copied) {  // the kept copy was made on the sender's stream
         c10::impl::VirtualGuardImpl impl(t.device().type());
@@ -50,9 +61,29 @@ c10::intrusive_ptr<c10d::Work> SelfExchange::post(c10d::OpType opType, const std
   } else {
     mine.push_back({t, match});
   }
-  const std::string what = std::string(isSend ? "send to" : "recv from") + " rank " + std::to_string(rank_) +
-                           " (this rank itself), tag " + std::to_string(tag);
-  return c10::make_intrusive<SelfP2PWork>(rank_, opType, tensors, std::move(match), what);
+}
+
+void SelfExchange::beginBatch() {
+  dropBatch("the batch it was posted in failed before it ended");
+  holding_ = true;
+}
+
+void SelfExchange::commitBatch() {
+  holding_ = false;
+  std::vector<Held> batch;
+  batch.swap(held_);
+  for (auto& h : batch) {
+    matchOrQueue(h.isSend, h.tensor, h.tag, h.match);
+  }
+}
+
+void SelfExchange::dropBatch(const std::string& why) {
+  holding_ = false;
+  for (auto& h : held_) {
+    h.match->abandoned = true;
+    h.match->dropped = why;
+  }
+  held_.clear();
 }
 
 void SelfExchange::copy(const at::Tensor& from, const at::Tensor& to, SelfMatch& match) {
@@ -63,13 +94,15 @@ void SelfExchange::copy(const at::Tensor& from, const at::Tensor& to, SelfMatch&
   TORCH_CHECK_WITH(ValueError, from.device() == to.device(), "torch_sdma: a send to this rank itself is on ",
                    from.device(), ", the recv it matches on ", to.device());
   to.reshape({-1}).view(at::kByte).copy_(from.reshape({-1}).view(at::kByte));
-  if (to.device().is_cpu()) {
-    match.matched = true;
-    return;
+  markCopied(to.device(), match);
+}
+
+void SelfExchange::markCopied(const c10::Device& device, SelfMatch& match) {
+  if (!device.is_cpu()) {
+    c10::impl::VirtualGuardImpl impl(device.type());
+    match.copied.emplace(device.type());
+    match.copied->record(impl.getStream(device));
   }
-  c10::impl::VirtualGuardImpl impl(to.device().type());
-  match.copied.emplace(to.device().type());
-  match.copied->record(impl.getStream(to.device()));
   match.matched = true;
 }
 

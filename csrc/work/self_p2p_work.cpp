@@ -16,6 +16,7 @@ bool SelfP2PWork::isCompleted() {
 }
 
 void SelfP2PWork::synchronize() {
+  TORCH_CHECK(match_->dropped.empty(), "torch_sdma: ", description_, " never ran: ", match_->dropped);
   if (!match_->matched) {
     match_->abandoned = true;
   }
