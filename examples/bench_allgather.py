@@ -8,12 +8,18 @@ slowdown each inflicts on bf16 GEMMs running beside it, and the CPU cost of enqu
 sdma (POSIX shared memory) with gloo on CPU tensors. Both backends are timed alternately in one process, so the
 figures share the machine's state at the time; compare them inside one run only.
 
+Then every other all-gather a user could pick (examples/allgather_peers.py: NCCL's copy-engine path with symmetric
+windows, torch symmetric memory's copy-engine all-gather, and the copy-engine limit, a plain peer copy of the same
+bytes), out of place and in place, each checked for its bytes, with sdma's ratio to the best peer; "n/a" and why
+where this machine lacks a peer. --skip-peers skips it.
+
 --pseudo-nodes LAYOUT (e.g. 0,1,0,1 with 4 processes on 2 GPUs) splits this ONE host into pseudo-nodes and times the
 hierarchical all-gather (docs/multinode.md) beside flat NCCL (gloo in CPU mode), the size sweep only. Its rails cross
 NVLink or loopback, not a network: it shows the schedule working and what it costs on one host, not what it does on
 a cluster.
 
-Writes to --out-dir: allgather_<mode>_w<world>.{csv,json,png} (the PNG only where matplotlib imports).
+Writes to --out-dir: allgather_<mode>_w<world>.{csv,json,png} and allgather_<mode>_w<world>_peers.png (the PNGs only
+where matplotlib imports).
 """
 import argparse
 import csv
@@ -29,6 +35,16 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from allgather_peers import (
+    FORMS,
+    CopyEngineLimit,
+    GroupPeer,
+    SymmMemAllGather,
+    free_port,
+    hashed_bytes,
+    nccl_ce_unavailable,
+    run_nccl_ce,
+)
 
 import torch_sdma
 
@@ -90,6 +106,8 @@ def parse_args():
                    default=[256 * MIB, GIB], help="GPU: output sizes of the captured all-gathers")
     p.add_argument("--captured-calls", type=int, default=10, help="GPU: all-gathers in one captured graph")
     p.add_argument("--skip-groups", action="store_true", help="GPU: skip the staging-across-groups measurement")
+    p.add_argument("--skip-peers", action="store_true",
+                   help="skip every other all-gather a user could pick (examples/allgather_peers.py), both forms")
     p.add_argument("--pseudo-nodes", metavar="LAYOUT",
                    help="one node name per rank (e.g. 0,1,0,1): split this one host into pseudo-nodes "
                         "(TORCH_SDMA_TEST_PSEUDO_NODES, test-only) and time the hierarchical all-gather beside flat "
@@ -257,15 +275,6 @@ def sweep(b):
             row[f"{name}_rounds_us"] = [x * 1e6 for x in per_round[name]]
         rows.append(with_ratio(b, row, "busbw", path, match))
     return rows
-
-
-def hashed_bytes(rank, n, device):
-    """Rank `rank`'s input of n bytes: a hash of (position, rank), so that every rank rebuilds every rank's input."""
-    x = torch.arange(n, dtype=torch.int64, device=device) * 0x9E3779B1 + 7919 * (rank + 1)
-    x ^= x >> 15
-    x *= 0x2C1B3C6D
-    x ^= x >> 12
-    return (x & 0xFF).to(torch.uint8)
 
 
 def slowest(b, seconds):
@@ -537,6 +546,139 @@ def staging_across_groups(b, groups=8, size=64 * MIB):
             "default_group_staging_bytes": torch_sdma.staging_bytes()}
 
 
+def peer_sweep(b):
+    """Every all-gather a user could pick (allgather_peers.py) beside sdma, out of place and in place, on the sweep's
+    sizes: busbw per peer and form, each checked for its bytes, and sdma's ratio to the best peer and to the limit."""
+    a = b.args
+    sizes = [s for s in b.sizes if s // b.world >= 2]
+    per_rank = {s: s // b.world // 2 * 2 for s in sizes}  # whole bf16 elements from each rank
+    iters_for = lambda s: max(a.min_iters, min(a.max_iters, ITER_BUDGET[b.mode] // s))  # noqa: E731
+    peers = [GroupPeer("sdma", None, b.rank, b.world, b.device),
+             GroupPeer(b.base_name, b.base_group, b.rank, b.world, b.device)]
+    unavailable = {}
+    nccl_ce = {}
+    if b.mode == "gpu":
+        peers += [SymmMemAllGather(b.base_group, b.rank, b.world, b.device),
+                  CopyEngineLimit(b.base_group, b.rank, b.world, b.device)]
+        why = nccl_ce_unavailable()
+        if not why:
+            # Its own processes, while these wait: NCCL reads NCCL_CTA_POLICY once per process.
+            port = [free_port() if b.rank == 0 else 0]
+            dist.broadcast_object_list(port, src=0)
+            b.sync()
+            nccl_ce = run_nccl_ce(b.rank, b.world, int(os.environ.get("LOCAL_RANK", 0)),
+                                  [per_rank[s] * b.world for s in sizes], a.rounds, iters_for,
+                                  a.out_dir / "nccl_ce_peer.json", port[0])
+            b.sync()
+            why = nccl_ce.get("error", "")
+        unavailable["nccl-ce"] = why
+    else:
+        unavailable.update({"nccl-ce": "needs CUDA tensors", "symm-mem-ce": "needs CUDA tensors",
+                            "ce-limit": "needs CUDA tensors"})
+    for peer in peers:
+        if peer.why_not:
+            unavailable[peer.name] = peer.why_not
+    live = [p for p in peers if not p.why_not]
+    rows = []
+    for size in sizes:
+        n = per_rank[size]
+        out_bytes = n * b.world
+        prepared = {p.name: p.prepare(n) for p in live}
+        entries = [(p.name, form) for p in live for form in p.forms]
+        match = {e: prepared[e[0]][e[1]][1]() for e in entries}
+        b.sync()
+        iters = iters_for(out_bytes)
+        per_round = {e: [] for e in entries}
+        for r in range(a.rounds):
+            for e in (entries if r % 2 == 0 else entries[::-1]):
+                b.sync()
+                per_round[e].append(b.time_calls(prepared[e[0]][e[1]][0], iters))
+        b.sync()
+        row = {"bytes": out_bytes, "size": human_bytes(out_bytes), "iters": iters, "unavailable": unavailable}
+        for (name, form), ts in per_round.items():
+            ok = torch.tensor([int(match[(name, form)])])
+            dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+            row[f"{name}_{form}"] = {"us": slowest(b, statistics.median(ts)) * 1e6, "match": bool(ok.item())}
+        for form, got in (nccl_ce.get(str(out_bytes)) or {}).items():
+            row[f"nccl-ce_{form}"] = {"us": got["seconds"] * 1e6, "match": got["match"]}
+        for key, v in list(row.items()):
+            if isinstance(v, dict) and "us" in v:
+                v["busbw_GBps"] = out_bytes * (b.world - 1) / b.world / (v["us"] / 1e6) / 1e9
+        for form in FORMS:
+            others = {k.rsplit("_", 1)[0]: v["busbw_GBps"] for k, v in row.items()
+                      if k.endswith(f"_{form}") and isinstance(v, dict) and v.get("match")
+                      and not k.startswith(("sdma_", "ce-limit_"))}
+            sdma = row.get(f"sdma_{form}")
+            if others and sdma:
+                best = max(others, key=others.get)
+                row[f"best_peer_{form}"] = best
+                row[f"sdma_over_best_{form}"] = sdma["busbw_GBps"] / others[best]
+            if sdma and "ce-limit_out" in row:
+                row[f"sdma_over_limit_{form}"] = sdma["busbw_GBps"] / row["ce-limit_out"]["busbw_GBps"]
+        rows.append(row)
+        b.log(f"  peers {row['size']}: " + ", ".join(
+            f"{k} {v['busbw_GBps']:.1f}{'' if v['match'] else ' (WRONG BYTES)'}" for k, v in row.items()
+            if isinstance(v, dict) and "us" in v))
+        del prepared
+        if b.mode == "gpu":
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+    return rows
+
+
+PEER_COLUMNS = ("sdma", "nccl", "gloo", "nccl-ce", "symm-mem-ce", "ce-limit")
+
+
+def peer_table(rows):
+    """busbw (GB/s) per peer and form; "n/a" where the peer lacks the form or this machine lacks the peer."""
+    if not rows:
+        return ""
+    cols = [c for c in PEER_COLUMNS if any(f"{c}_{f}" in r for r in rows for f in FORMS) or c in rows[0]["unavailable"]]
+    lines = ["| output | form | " + " | ".join(cols) + " | best peer | sdma / best peer | sdma / ce-limit |",
+             "|" + "---|" * (len(cols) + 5)]
+    for r in rows:
+        for form in FORMS:
+            cells = []
+            for c in cols:
+                v = r.get(f"{c}_{form}") or (r.get(f"{c}_out") if c == "ce-limit" else None)
+                cells.append("n/a" if v is None else fmt_bw(v["busbw_GBps"]) + ("" if v["match"] else " WRONG"))
+            best = r.get(f"best_peer_{form}", "")
+            ratio = r.get(f"sdma_over_best_{form}")
+            limit = r.get(f"sdma_over_limit_{form}")
+            lines.append(f"| {r['size']} | {form} | " + " | ".join(cells) + f" | {best} | "
+                         f"{'' if ratio is None else f'{ratio:.2f}'} | {'' if limit is None else f'{limit:.2f}'} |")
+    notes = [f"- {name}: n/a, {why}" for name, why in rows[0]["unavailable"].items() if why]
+    return "\n".join(lines + ([""] + notes if notes else []))
+
+
+def plot_peers(b, rows, path, title):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 5))
+    x = [r["bytes"] for r in rows]
+    for c in PEER_COLUMNS:
+        for form, style in (("out", "-"), ("in", "--")):
+            ys = [(r.get(f"{c}_{form}") or {}).get("busbw_GBps") for r in rows]
+            if any(y is not None for y in ys):
+                ax.plot(x, ys, "o" + style, label=f"{c} ({'in place' if form == 'in' else 'out of place'})")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(x, [r["size"] for r in rows], rotation=45, ha="right")
+    ax.set_yscale("log")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_xlabel("all-gather output size")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return str(path)
+
+
 def cpu_model():
     try:
         with open("/proc/cpuinfo") as f:
@@ -627,6 +769,11 @@ def main():
         pseudo_main(b, info, where)
         return
     rows = sweep(b)
+    peers = None
+    if not args.skip_peers:
+        b.log("# every all-gather a user could pick, both forms")
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        peers = peer_sweep(b)
     # The GPU-only measurements, each skippable.
     extra = {}
     for key, skip, label, measure in (("captured", args.skip_captured, "captured replay", captured_replay),
@@ -644,6 +791,9 @@ def main():
         table = markdown_table(b, rows)
         print(f"\n## all_gather_into_tensor, {where}, "
               f"{rows[0]['dtype'] if rows else ''}; busbw = out*(w-1)/w/t, GB/s\n\n{table}\n")
+        if peers:
+            print(f"## Every all-gather a user could pick, {where}; busbw GB/s (examples/allgather_peers.py)\n\n"
+                  f"{peer_table(peers)}\n")
         if overlap:
             print(f"## GEMM overlap: {overlap['gemm_count']} bf16 {overlap['gemm_size']}^3 GEMMs beside "
                   f"{overlap['gathers']} all-gathers of {human_bytes(overlap['gather_bytes'])}"
@@ -695,13 +845,15 @@ def main():
             w.writerows(rows)
         png = plot(b, rows, args.out_dir / f"allgather_{tag}.png",
                    f"all_gather_into_tensor busbw, {where}") if rows else None
+        peers_png = plot_peers(b, peers, args.out_dir / f"allgather_{tag}_peers.png",
+                               f"all-gather busbw of every peer, {where}") if peers else None
         json_path = args.out_dir / f"allgather_{tag}.json"
         json_path.write_text(json.dumps({
             "command": " ".join(sys.orig_argv), "argv": sys.argv, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "machine": info, "baseline": b.base_name, "sweep": rows, "gemm_overlap": overlap,
             "enqueue_cost": enqueue, "captured_replay": captured, "staging_across_groups": groups,
-            "markdown": table}, indent=2))
-        print("wrote", ", ".join(str(p) for p in (csv_path, json_path, png) if p))
+            "peers": peers, "markdown": table, "peers_markdown": peer_table(peers) if peers else None}, indent=2))
+        print("wrote", ", ".join(str(p) for p in (csv_path, json_path, png, peers_png) if p))
     dist.destroy_process_group()
 
 

@@ -1,0 +1,258 @@
+"""Every all-gather a user could pick instead of sdma, for examples/bench_allgather.py --peers.
+
+Each peer is set up the way its own documentation asks, checked for the bytes it produces, and timed in the same
+run as sdma, out of place and in place where it has the form. A peer the installed torch, NCCL or machine lacks
+shows "n/a" and why.
+
+- nccl:        torch's NCCL backend as it comes (the bench's baseline group).
+- nccl-ce:     NCCL's zero-CTA copy-engine all-gather (NCCL >= 2.28): NCCL_CTA_POLICY=2, cta_policy ZERO in the
+               group's config, input and output from NCCL's memory pool registered as symmetric windows, issued from
+               a side stream. NCCL reads the variable once per process, so this peer runs in processes of its own:
+               every bench rank starts this file as a script and waits for it.
+- symm-mem-ce: torch symmetric memory's copy-engine all-gather (torch.ops.symm_mem._low_contention_all_gather);
+               out of place only, it returns a new tensor.
+- ce-limit:    not an all-gather: each rank pushes its input into every peer's memory (mapped by torch symmetric
+               memory) with plain copy-engine copies, no ordering at all. What these links and engines do with these
+               bytes; no all-gather can beat it.
+Data: bytes hashed from (position, rank), so every rank checks every rank's part.
+"""
+import argparse
+import importlib
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+FORMS = ("out", "in")
+
+
+def hashed_bytes(rank, n, device):
+    """Rank `rank`'s input of n bytes: a hash of (position, rank), so that every rank rebuilds every rank's input."""
+    x = torch.arange(n, dtype=torch.int64, device=device) * 0x9E3779B1 + 7919 * (rank + 1)
+    x ^= x >> 15
+    x *= 0x2C1B3C6D
+    x ^= x >> 12
+    return (x & 0xFF).to(torch.uint8)
+
+
+def expected_output(world, n_bytes, device):
+    return torch.cat([hashed_bytes(r, n_bytes, device) for r in range(world)])
+
+
+def as_bf16(t):
+    return t.view(torch.bfloat16)
+
+
+class Buffers:
+    """One size's input and output, filled for a form: out of place, or in place (the input is the output's own
+    slot)."""
+
+    def __init__(self, rank, world, n_bytes, alloc):
+        self.rank, self.world, self.n = rank, world, n_bytes
+        self.out = alloc(world * n_bytes)
+        self.inp = alloc(n_bytes)
+
+    def input_for(self, form):
+        return self.out[self.rank * self.n:(self.rank + 1) * self.n] if form == "in" else self.inp
+
+    def fill(self, form):
+        self.out.fill_(0xA5)  # poison: an unwritten byte shows
+        self.input_for(form).copy_(hashed_bytes(self.rank, self.n, self.out.device))
+
+
+def symm_mem_unavailable():
+    if not torch.cuda.is_available():
+        return "needs CUDA tensors"
+    try:
+        importlib.import_module("torch.distributed._symmetric_memory")
+    except ImportError as e:
+        return f"torch {torch.__version__} has no symmetric memory ({e})"
+    return ""
+
+
+class InProcessPeer:
+    """A peer that runs in the bench's own processes: name, forms, why it is n/a, and one call per form."""
+
+    def __init__(self, name, forms, why_not=""):
+        self.name, self.forms, self.why_not = name, forms, why_not
+
+    def prepare(self, n_bytes):
+        """Buffers for one size; returns {form: (call, check)}: call() enqueues one all-gather, check() -> bool."""
+        raise NotImplementedError
+
+
+class GroupPeer(InProcessPeer):
+    """A process group's all_gather_into_tensor (sdma, or the baseline), both forms."""
+
+    def __init__(self, name, group, rank, world, device):
+        super().__init__(name, FORMS)
+        self.group, self.rank, self.world, self.device = group, rank, world, device
+
+    def prepare(self, n_bytes):
+        bufs = Buffers(self.rank, self.world, n_bytes, lambda k: torch.empty(k, dtype=torch.uint8, device=self.device))
+        expected = expected_output(self.world, n_bytes, self.device)
+        calls = {}
+        for form in self.forms:
+            def call(form=form):
+                dist.all_gather_into_tensor(as_bf16(bufs.out), as_bf16(bufs.input_for(form)), group=self.group)
+
+            def check(form=form, call=call):
+                bufs.fill(form)
+                call()
+                return torch.equal(bufs.out, expected)
+            calls[form] = (call, check)
+        return calls
+
+
+class SymmMemAllGather(InProcessPeer):
+    def __init__(self, group, rank, world, device):
+        why = symm_mem_unavailable()
+        if not why and not hasattr(getattr(torch.ops, "symm_mem", None), "_low_contention_all_gather"):
+            why = f"torch {torch.__version__} has no torch.ops.symm_mem._low_contention_all_gather"
+        super().__init__("symm-mem-ce", ("out",), why)
+        self.group, self.rank, self.world, self.device = group, rank, world, device
+        if not why:
+            from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+            enable_symm_mem_for_group(group.group_name)
+
+    def prepare(self, n_bytes):
+        inp = hashed_bytes(self.rank, n_bytes, self.device)
+        expected = expected_output(self.world, n_bytes, self.device)
+        name = self.group.group_name
+
+        def call():
+            return torch.ops.symm_mem._low_contention_all_gather(as_bf16(inp), name)
+
+        def check():
+            return torch.equal(call().view(torch.uint8), expected)
+        return {"out": (call, check)}
+
+
+class CopyEngineLimit(InProcessPeer):
+    def __init__(self, group, rank, world, device):
+        super().__init__("ce-limit", ("out",), symm_mem_unavailable())
+        self.group, self.rank, self.world, self.device = group, rank, world, device
+
+    def prepare(self, n_bytes):
+        import torch.distributed._symmetric_memory as symm_mem
+        buf = symm_mem.empty(self.world * n_bytes, dtype=torch.uint8, device=self.device)
+        handle = symm_mem.rendezvous(buf, self.group.group_name)
+        inp = hashed_bytes(self.rank, n_bytes, self.device)
+        peers = [handle.get_buffer(p, (n_bytes,), torch.uint8, storage_offset=self.rank * n_bytes)
+                 for p in range(self.world) if p != self.rank]
+
+        def call():
+            for dst in peers:
+                dst.copy_(inp)  # contiguous, same dtype, one device as torch sees it: cudaMemcpyAsync, a copy engine
+
+        def check():
+            buf.fill_(0xA5)
+            torch.cuda.synchronize()
+            dist.barrier(group=self.group)
+            call()
+            torch.cuda.synchronize()
+            dist.barrier(group=self.group)
+            return all(torch.equal(buf[q * n_bytes:(q + 1) * n_bytes], hashed_bytes(q, n_bytes, self.device))
+                       for q in range(self.world) if q != self.rank)
+        return {"out": (call, check)}
+
+
+def nccl_ce_unavailable():
+    if not torch.cuda.is_available():
+        return "needs CUDA tensors"
+    if not hasattr(dist, "ProcessGroupNCCL") or not hasattr(dist.ProcessGroupNCCL, "NCCL_CTA_POLICY_ZERO"):
+        return (f"torch {torch.__version__} cannot ask NCCL for its zero-CTA policy "
+                "(ProcessGroupNCCL.NCCL_CTA_POLICY_ZERO)")
+    version = torch.cuda.nccl.version()
+    if tuple(version[:2]) < (2, 28):
+        return f"NCCL {'.'.join(map(str, version))} has no copy-engine collectives (2.28 or later)"
+    return symm_mem_unavailable()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_nccl_ce(rank, world, local_rank, sizes, rounds, iters_for, out_json, port, timeout_s=600):
+    """Starts this file as the nccl-ce peer in a process of its own (one per bench rank, all at once) and waits.
+    Returns its results on rank 0 ({size: {form: {"seconds", "match"}}}), {} on the others, or {"error": why}."""
+    env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local_rank),
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NCCL_CTA_POLICY="2")
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--sizes", ",".join(map(str, sizes)),
+           "--rounds", str(rounds), "--iters", ",".join(str(iters_for(s)) for s in sizes), "--out", str(out_json)]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"error": f"nccl-ce processes did not finish within {timeout_s} s"}
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        return {"error": f"nccl-ce processes exited with {proc.returncode}: {' | '.join(tail)}"}
+    # Rank 0 of the peer's processes writes the slowest rank's figures.
+    return json.loads(Path(out_json).read_text()) if rank == 0 else {}
+
+
+def nccl_ce_main():
+    """The nccl-ce peer's own processes: NCCL_CTA_POLICY=2 is set for them alone."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--sizes", required=True)
+    p.add_argument("--iters", required=True)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    torch.cuda.set_device(device)
+    opts = dist.ProcessGroupNCCL.Options()
+    opts.config.cta_policy = dist.ProcessGroupNCCL.NCCL_CTA_POLICY_ZERO
+    dist.init_process_group("nccl", pg_options=opts, device_id=device)
+    import torch.distributed._symmetric_memory as symm_mem
+    symm_mem.set_backend("NCCL")
+    pool = symm_mem.get_mem_pool(device)
+    side = torch.cuda.Stream()  # from the legacy default stream NCCL's copy-engine path refuses ("invalid argument")
+    results = {}
+    for size, iters in zip(map(int, a.sizes.split(",")), map(int, a.iters.split(","))):
+        n = size // world
+        with torch.cuda.use_mem_pool(pool):
+            bufs = Buffers(rank, world, n, lambda k: torch.empty(k, dtype=torch.uint8, device=device))
+        symm_mem.rendezvous(bufs.out, dist.group.WORLD.group_name)
+        symm_mem.rendezvous(bufs.inp, dist.group.WORLD.group_name)
+        expected = expected_output(world, n, device)
+        results[str(size)] = {}
+        with torch.cuda.stream(side):
+            for form in FORMS:
+                def call(form=form, bufs=bufs):
+                    dist.all_gather_into_tensor(as_bf16(bufs.out), as_bf16(bufs.input_for(form)))
+                bufs.fill(form)
+                call()
+                match = torch.equal(bufs.out, expected)
+                times = []
+                for _ in range(a.rounds):
+                    torch.cuda.synchronize()
+                    dist.barrier()
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    for _ in range(iters):
+                        call()
+                    end.record()
+                    end.synchronize()
+                    times.append(start.elapsed_time(end) / 1e3 / iters)
+                # A call is done when the slowest rank is; a mismatch on any rank is a mismatch.
+                worst = torch.tensor([sorted(times)[len(times) // 2], float(not match)], device=device)
+                dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+                results[str(size)][form] = {"seconds": worst[0].item(), "match": worst[1].item() == 0}
+        del bufs
+    if rank == 0:
+        Path(a.out).write_text(json.dumps(results))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    nccl_ce_main()
