@@ -12,8 +12,10 @@ shows "n/a" and why.
 - symm-mem-ce: torch symmetric memory's copy-engine all-gather (torch.ops.symm_mem._low_contention_all_gather);
                out of place only, it returns a new tensor.
 - ce-limit:    not an all-gather: each rank pushes its input into every peer's memory (mapped by torch symmetric
-               memory) with plain copy-engine copies, no ordering at all. What these links and engines do with these
-               bytes; no all-gather can beat it.
+               memory, VMM) with plain copy-engine copies, no ordering at all. What these links and engines do with
+               these bytes; no all-gather can beat it.
+- ce-limit-ipc: the same pushes into peers' caching-allocator memory mapped with legacy CUDA IPC, the mapping a
+               direct path into users' own buffers would use.
 Data: bytes hashed from (position, rank), so every rank checks every rank's part.
 """
 import argparse
@@ -162,6 +164,48 @@ class CopyEngineLimit(InProcessPeer):
         return {"out": (call, check)}
 
 
+class CopyEngineLimitLegacyIpc(CopyEngineLimit):
+    """The limit row again, into peers' memory from torch's caching allocator (cudaMalloc segments) mapped with
+    legacy CUDA IPC (torch.multiprocessing's own sharing): what a direct path into users' own buffers would get.
+    The staging area is VMM memory; legacy IPC mappings of it pushed more slowly on H200 (docs/api.md)."""
+
+    def __init__(self, group, rank, world, device):
+        why = "" if torch.cuda.is_available() else "needs CUDA tensors"
+        InProcessPeer.__init__(self, "ce-limit-ipc", ("out",), why)
+        self.group, self.rank, self.world, self.device = group, rank, world, device
+
+    def prepare(self, n_bytes):
+        from torch.multiprocessing.reductions import reduce_tensor
+        buf = torch.empty(self.world * n_bytes, dtype=torch.uint8, device=self.device)
+        shared = [None] * self.world
+        dist.all_gather_object(shared, reduce_tensor(buf), group=self.group)
+        inp = hashed_bytes(self.rank, n_bytes, self.device)
+        # Each peer's whole buffer, mapped here (rebuilt on this rank's device: the same GPU index is not assumed).
+        peers = []
+        for p in range(self.world):
+            if p != self.rank:
+                rebuild, args = shared[p]
+                args = list(args)
+                args[6] = self.device.index  # rebuild_cuda_tensor's storage_device: the peer's memory, seen from here
+                peers.append(rebuild(*args)[self.rank * n_bytes:(self.rank + 1) * n_bytes])
+        self._keep = (buf, peers)
+
+        def call():
+            for dst in peers:
+                dst.copy_(inp)
+
+        def check():
+            buf.fill_(0xA5)
+            torch.cuda.synchronize()
+            dist.barrier(group=self.group)
+            call()
+            torch.cuda.synchronize()
+            dist.barrier(group=self.group)
+            return all(torch.equal(buf[q * n_bytes:(q + 1) * n_bytes], hashed_bytes(q, n_bytes, self.device))
+                       for q in range(self.world) if q != self.rank)
+        return {"out": (call, check)}
+
+
 def nccl_ce_unavailable():
     if not torch.cuda.is_available():
         return "needs CUDA tensors"
@@ -180,11 +224,14 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_nccl_ce(rank, world, local_rank, sizes, rounds, iters_for, out_json, port, timeout_s=600):
+def run_nccl_ce(rank, world, local_rank, sizes, rounds, iters_for, out_json, port, timeout_s=300):
     """Starts this file as the nccl-ce peer in a process of its own (one per bench rank, all at once) and waits.
     Returns its results on rank 0 ({size: {form: {"seconds", "match"}}}), {} on the others, or {"error": why}."""
-    env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local_rank),
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NCCL_CTA_POLICY="2")
+    # Not torchrun's agent store (TORCHELASTIC_USE_AGENT_STORE would make rank 0 wait for a server nobody runs):
+    # a store of their own on `port`.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC_")}
+    env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local_rank), MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(port), NCCL_CTA_POLICY="2")
     cmd = [sys.executable, str(Path(__file__).resolve()), "--sizes", ",".join(map(str, sizes)),
            "--rounds", str(rounds), "--iters", ",".join(str(iters_for(s)) for s in sizes), "--out", str(out_json)]
     try:

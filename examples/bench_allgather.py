@@ -38,6 +38,7 @@ import torch.distributed as dist
 from allgather_peers import (
     FORMS,
     CopyEngineLimit,
+    CopyEngineLimitLegacyIpc,
     GroupPeer,
     SymmMemAllGather,
     free_port,
@@ -217,7 +218,8 @@ def timing_fields(name, seconds, out_bytes, world):
 
 def with_ratio(b, row, bw, path, match):
     """The row with sdma's bandwidth over the baseline's, logged as it is measured."""
-    row[f"ratio_{bw}"] = row[f"sdma_{bw}_GBps"] / row[f"{b.base_name}_{bw}_GBps"]
+    # The ratio of the times: the same for algbw and busbw, and defined on one rank too (where busbw is 0).
+    row[f"ratio_{bw}"] = row[f"{b.base_name}_us"] / row["sdma_us"]
     b.log(f"  {row['size']:>8}: sdma {row['sdma_us']:10.1f} us ({path}), {b.base_name} "
           f"{row[f'{b.base_name}_us']:10.1f} us, ratio {row[f'ratio_{bw}']:.2f}, match {match}")
     return row
@@ -513,7 +515,7 @@ def captured_replay(b):
             t = max(x.item() for x in gathered)
             row[f"{name}_us"] = t * 1e6
             row[f"{name}_busbw_GBps"] = n_out * 2 * (b.world - 1) / b.world / t / 1e9
-        row["ratio_busbw"] = row["sdma_busbw_GBps"] / row[f"{b.base_name}_busbw_GBps"]
+        row["ratio_busbw"] = row[f"{b.base_name}_us"] / row["sdma_us"]
         rows.append(row)
         b.log(f"  captured {row['size']}: sdma {row['sdma_us']:.1f} us ({path}), {b.base_name} "
               f"{row[f'{b.base_name}_us']:.1f} us, ratio {row['ratio_busbw']:.2f}, match {match}")
@@ -559,10 +561,12 @@ def peer_sweep(b):
     nccl_ce = {}
     if b.mode == "gpu":
         peers += [SymmMemAllGather(b.base_group, b.rank, b.world, b.device),
-                  CopyEngineLimit(b.base_group, b.rank, b.world, b.device)]
+                  CopyEngineLimit(b.base_group, b.rank, b.world, b.device),
+                  CopyEngineLimitLegacyIpc(b.base_group, b.rank, b.world, b.device)]
         why = nccl_ce_unavailable()
         if not why:
             # Its own processes, while these wait: NCCL reads NCCL_CTA_POLICY once per process.
+            b.log("  nccl-ce: in processes of its own (NCCL_CTA_POLICY=2)")
             port = [free_port() if b.rank == 0 else 0]
             dist.broadcast_object_list(port, src=0)
             b.sync()
@@ -571,10 +575,11 @@ def peer_sweep(b):
                                   a.out_dir / "nccl_ce_peer.json", port[0])
             b.sync()
             why = nccl_ce.get("error", "")
-        unavailable["nccl-ce"] = why
+        if why:
+            unavailable["nccl-ce"] = why
     else:
-        unavailable.update({"nccl-ce": "needs CUDA tensors", "symm-mem-ce": "needs CUDA tensors",
-                            "ce-limit": "needs CUDA tensors"})
+        gpu_only = ("nccl-ce", "symm-mem-ce", "ce-limit", "ce-limit-ipc")
+        unavailable.update({name: "needs CUDA tensors" for name in gpu_only})
     for peer in peers:
         if peer.why_not:
             unavailable[peer.name] = peer.why_not
@@ -583,9 +588,18 @@ def peer_sweep(b):
     for size in sizes:
         n = per_rank[size]
         out_bytes = n * b.world
-        prepared = {p.name: p.prepare(n) for p in live}
+        prepared, match = {}, {}
+        for p in live:
+            # A peer that fails to set up is reported as n/a with its error, not the end of the benchmark.
+            try:
+                prepared[p.name] = p.prepare(n)
+                for form in p.forms:
+                    match[(p.name, form)] = prepared[p.name][form][1]()
+            except Exception as e:  # noqa: BLE001
+                unavailable[p.name] = f"failed at {human_bytes(out_bytes)}: {type(e).__name__}: {e}"
+                prepared.pop(p.name, None)
+        live = [p for p in live if p.name in prepared]
         entries = [(p.name, form) for p in live for form in p.forms]
-        match = {e: prepared[e[0]][e[1]][1]() for e in entries}
         b.sync()
         iters = iters_for(out_bytes)
         per_round = {e: [] for e in entries}
@@ -594,7 +608,7 @@ def peer_sweep(b):
                 b.sync()
                 per_round[e].append(b.time_calls(prepared[e[0]][e[1]][0], iters))
         b.sync()
-        row = {"bytes": out_bytes, "size": human_bytes(out_bytes), "iters": iters, "unavailable": unavailable}
+        row = {"bytes": out_bytes, "size": human_bytes(out_bytes), "iters": iters, "unavailable": dict(unavailable)}
         for (name, form), ts in per_round.items():
             ok = torch.tensor([int(match[(name, form)])])
             dist.all_reduce(ok, op=dist.ReduceOp.MIN)
@@ -604,17 +618,18 @@ def peer_sweep(b):
         for key, v in list(row.items()):
             if isinstance(v, dict) and "us" in v:
                 v["busbw_GBps"] = out_bytes * (b.world - 1) / b.world / (v["us"] / 1e6) / 1e9
+        # Ratios of times (of bandwidths, the same thing), so that they are defined on one rank too.
         for form in FORMS:
-            others = {k.rsplit("_", 1)[0]: v["busbw_GBps"] for k, v in row.items()
+            others = {k.rsplit("_", 1)[0]: v["us"] for k, v in row.items()
                       if k.endswith(f"_{form}") and isinstance(v, dict) and v.get("match")
-                      and not k.startswith(("sdma_", "ce-limit_"))}
+                      and not k.startswith(("sdma_", "ce-limit"))}
             sdma = row.get(f"sdma_{form}")
             if others and sdma:
-                best = max(others, key=others.get)
+                best = min(others, key=others.get)
                 row[f"best_peer_{form}"] = best
-                row[f"sdma_over_best_{form}"] = sdma["busbw_GBps"] / others[best]
+                row[f"sdma_over_best_{form}"] = others[best] / sdma["us"]
             if sdma and "ce-limit_out" in row:
-                row[f"sdma_over_limit_{form}"] = sdma["busbw_GBps"] / row["ce-limit_out"]["busbw_GBps"]
+                row[f"sdma_over_limit_{form}"] = row["ce-limit_out"]["us"] / sdma["us"]
         rows.append(row)
         b.log(f"  peers {row['size']}: " + ", ".join(
             f"{k} {v['busbw_GBps']:.1f}{'' if v['match'] else ' (WRONG BYTES)'}" for k, v in row.items()
@@ -626,7 +641,7 @@ def peer_sweep(b):
     return rows
 
 
-PEER_COLUMNS = ("sdma", "nccl", "gloo", "nccl-ce", "symm-mem-ce", "ce-limit")
+PEER_COLUMNS = ("sdma", "nccl", "gloo", "nccl-ce", "symm-mem-ce", "ce-limit", "ce-limit-ipc")
 
 
 def peer_table(rows):
@@ -640,7 +655,7 @@ def peer_table(rows):
         for form in FORMS:
             cells = []
             for c in cols:
-                v = r.get(f"{c}_{form}") or (r.get(f"{c}_out") if c == "ce-limit" else None)
+                v = r.get(f"{c}_{form}") or (r.get(f"{c}_out") if c.startswith("ce-limit") else None)
                 cells.append("n/a" if v is None else fmt_bw(v["busbw_GBps"]) + ("" if v["match"] else " WRONG"))
             best = r.get(f"best_peer_{form}", "")
             ratio = r.get(f"sdma_over_best_{form}")

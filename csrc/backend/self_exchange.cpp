@@ -25,6 +25,7 @@ c10::intrusive_ptr<c10d::Work> SelfExchange::post(c10d::OpType opType, const std
   const bool isSend = opType == c10d::OpType::SEND;
   auto match = std::make_shared<SelfMatch>();
   if (holding_) {
+    match->held = true;
     held_.push_back({isSend, t, tag, match});
   } else {
     matchOrQueue(isSend, t, tag, match);
@@ -73,6 +74,7 @@ void SelfExchange::commitBatch() {
   std::vector<Held> batch;
   batch.swap(held_);
   for (auto& h : batch) {
+    h.match->held = false;
     matchOrQueue(h.isSend, h.tensor, h.tag, h.match);
   }
 }
@@ -80,6 +82,7 @@ void SelfExchange::commitBatch() {
 void SelfExchange::dropBatch(const std::string& why) {
   holding_ = false;
   for (auto& h : held_) {
+    h.match->held = false;
     h.match->abandoned = true;
     h.match->dropped = why;
   }

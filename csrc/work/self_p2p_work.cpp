@@ -17,6 +17,9 @@ bool SelfP2PWork::isCompleted() {
 
 void SelfP2PWork::synchronize() {
   TORCH_CHECK(match_->dropped.empty(), "torch_sdma: ", description_, " never ran: ", match_->dropped);
+  TORCH_CHECK(!match_->held, "torch_sdma: ", description_,
+              " was posted inside a batch (batch_isend_irecv, _coalescing_manager) that has not ended; a batch that "
+              "raised leaves its group inside it, as with NCCL, until the next batch starts");
   if (!match_->matched) {
     match_->abandoned = true;
   }

@@ -15,6 +15,7 @@ namespace sdma {
 struct SelfMatch {
   bool matched = false;
   bool abandoned = false;            // waited on unmatched: the caller got an error, so no later send may pair with it
+  bool held = false;                 // posted inside a batch that has not ended (backend/self_exchange.hpp)
   std::string dropped;               // why its batch dropped it before matching, or ""
   std::optional<c10::Event> copied;  // GPU tensors: recorded after the copy on the stream that ran it
 };
