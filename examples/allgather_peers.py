@@ -42,6 +42,17 @@ def hashed_bytes(rank, n, device):
     return (x & 0xFF).to(torch.uint8)
 
 
+def gpu_seconds_per_call(fn, iters):
+    """Seconds per call of `fn` (which enqueues on the current stream), by CUDA events around `iters` calls."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / iters
+
+
 def expected_output(world, n_bytes, device):
     return torch.cat([hashed_bytes(r, n_bytes, device) for r in range(world)])
 
@@ -136,17 +147,21 @@ class SymmMemAllGather(InProcessPeer):
 
 
 class CopyEngineLimit(InProcessPeer):
-    def __init__(self, group, rank, world, device):
-        super().__init__("ce-limit", ("out",), symm_mem_unavailable())
+    def __init__(self, group, rank, world, device, name="ce-limit", why_not=None):
+        super().__init__(name, ("out",), symm_mem_unavailable() if why_not is None else why_not)
         self.group, self.rank, self.world, self.device = group, rank, world, device
 
-    def prepare(self, n_bytes):
+    def map_peers(self, n_bytes):
+        """This rank's buffer of world * n bytes, and this rank's slot in every peer's, mapped here."""
         import torch.distributed._symmetric_memory as symm_mem
         buf = symm_mem.empty(self.world * n_bytes, dtype=torch.uint8, device=self.device)
         handle = symm_mem.rendezvous(buf, self.group.group_name)
+        return buf, [handle.get_buffer(p, (n_bytes,), torch.uint8, storage_offset=self.rank * n_bytes)
+                     for p in range(self.world) if p != self.rank]
+
+    def prepare(self, n_bytes):
+        buf, peers = self.map_peers(n_bytes)
         inp = hashed_bytes(self.rank, n_bytes, self.device)
-        peers = [handle.get_buffer(p, (n_bytes,), torch.uint8, storage_offset=self.rank * n_bytes)
-                 for p in range(self.world) if p != self.rank]
 
         def call():
             for dst in peers:
@@ -170,17 +185,14 @@ class CopyEngineLimitLegacyIpc(CopyEngineLimit):
     The staging area is VMM memory; legacy IPC mappings of it pushed more slowly on H200 (docs/api.md)."""
 
     def __init__(self, group, rank, world, device):
-        why = "" if torch.cuda.is_available() else "needs CUDA tensors"
-        InProcessPeer.__init__(self, "ce-limit-ipc", ("out",), why)
-        self.group, self.rank, self.world, self.device = group, rank, world, device
+        super().__init__(group, rank, world, device, "ce-limit-ipc",
+                         "" if torch.cuda.is_available() else "needs CUDA tensors")
 
-    def prepare(self, n_bytes):
+    def map_peers(self, n_bytes):
         from torch.multiprocessing.reductions import reduce_tensor
         buf = torch.empty(self.world * n_bytes, dtype=torch.uint8, device=self.device)
         shared = [None] * self.world
         dist.all_gather_object(shared, reduce_tensor(buf), group=self.group)
-        inp = hashed_bytes(self.rank, n_bytes, self.device)
-        # Each peer's whole buffer, mapped here (rebuilt on this rank's device: the same GPU index is not assumed).
         peers = []
         for p in range(self.world):
             if p != self.rank:
@@ -188,22 +200,7 @@ class CopyEngineLimitLegacyIpc(CopyEngineLimit):
                 args = list(args)
                 args[6] = self.device.index  # rebuild_cuda_tensor's storage_device: the peer's memory, seen from here
                 peers.append(rebuild(*args)[self.rank * n_bytes:(self.rank + 1) * n_bytes])
-        self._keep = (buf, peers)
-
-        def call():
-            for dst in peers:
-                dst.copy_(inp)
-
-        def check():
-            buf.fill_(0xA5)
-            torch.cuda.synchronize()
-            dist.barrier(group=self.group)
-            call()
-            torch.cuda.synchronize()
-            dist.barrier(group=self.group)
-            return all(torch.equal(buf[q * n_bytes:(q + 1) * n_bytes], hashed_bytes(q, n_bytes, self.device))
-                       for q in range(self.world) if q != self.rank)
-        return {"out": (call, check)}
+        return buf, peers
 
 
 def nccl_ce_unavailable():
@@ -283,13 +280,7 @@ def nccl_ce_main():
                 for _ in range(a.rounds):
                     torch.cuda.synchronize()
                     dist.barrier()
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    for _ in range(iters):
-                        call()
-                    end.record()
-                    end.synchronize()
-                    times.append(start.elapsed_time(end) / 1e3 / iters)
+                    times.append(gpu_seconds_per_call(call, iters))
                 # A call is done when the slowest rank is; a mismatch on any rank is a mismatch.
                 worst = torch.tensor([sorted(times)[len(times) // 2], float(not match)], device=device)
                 dist.all_reduce(worst, op=dist.ReduceOp.MAX)

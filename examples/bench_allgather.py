@@ -42,6 +42,7 @@ from allgather_peers import (
     GroupPeer,
     SymmMemAllGather,
     free_port,
+    gpu_seconds_per_call,
     hashed_bytes,
     nccl_ce_unavailable,
     run_nccl_ce,
@@ -188,13 +189,7 @@ class Bench:
     def time_calls(self, fn, iters):
         """Seconds per call of `fn` (which blocks or enqueues on the current stream), averaged over iters."""
         if self.mode == "gpu":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                fn()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / 1e3 / iters
+            return gpu_seconds_per_call(fn, iters)
         t0 = time.perf_counter()
         for _ in range(iters):
             fn()
