@@ -32,13 +32,28 @@ struct TracedGroup {
   int globalRankStride = 1;
 };
 
+inline const std::vector<int64_t> kNoSplits;
+
+// What is traced of one call. Only references and numbers: the strings are built once a profiler listens.
 struct TracedCollective {
-  std::string title;  // "sdma:all_reduce"
-  const char* comms;  // "allreduce"
+  const CollectiveNames& names;
   const std::vector<at::Tensor>& inputs;
   const std::vector<at::Tensor>& outputs;
-  std::vector<int64_t> inSplit = {};
-  std::vector<int64_t> outSplit = {};
+  const std::vector<int64_t>& inSplit = kNoSplits;
+  const std::vector<int64_t>& outSplit = kNoSplits;
+  const char* comms = nullptr;  // record_param_comms' name where it is not names.comms
+  const char* arrow = nullptr;  // point-to-point: "->" or "<-" between this rank and `peer` in the title
+  int rank = 0;
+  int peer = 0;
+
+  // "sdma:all_reduce", "sdma:send 0->1"
+  std::string title() const {
+    std::string t = std::string("sdma:") + names.trace;
+    if (arrow) {
+      t += " " + std::to_string(rank) + arrow + std::to_string(peer);
+    }
+    return t;
+  }
 };
 
 inline int64_t totalNumel(const std::vector<at::Tensor>& ts) {
@@ -56,12 +71,13 @@ auto runTraced(const TracedGroup& group, const std::string& groupDesc, uint64_t 
     return fn();
   }
   std::vector<c10::IValue> args(c.inputs.begin(), c.inputs.end());
-  RECORD_FUNCTION(c.title.c_str(), args);
+  const std::string title = c.title();
+  RECORD_FUNCTION(title.c_str(), args);
   // A scope of its own: both macros declare a `guard`.
   return [&] {
     const auto& some = c.inputs.empty() ? c.outputs : c.inputs;
     RECORD_PARAM_COMMS_DATA(static_cast<int64_t>(seq), std::make_tuple(group.name, groupDesc), c.inputs, c.outputs,
-                            group.rank, c.comms, totalNumel(c.inputs), totalNumel(c.outputs),
+                            group.rank, c.comms ? c.comms : c.names.comms, totalNumel(c.inputs), totalNumel(c.outputs),
                             some.empty() ? at::kByte : some.front().scalar_type(), c.inSplit, c.outSplit,
                             group.globalRankStart, group.globalRankStride, group.size);
     return fn();

@@ -44,7 +44,6 @@ ProcessGroupSDMA::ProcessGroupSDMA(const c10::intrusive_ptr<c10d::Store>& store,
                                    c10::intrusive_ptr<c10d::Backend> innerCuda, std::string cudaUnavailable,
                                    InnerBackendFactory railBackends)
     : Backend(rank, size),
-      store_(store),
       sdmaStore_(c10::make_intrusive<c10d::PrefixStore>("sdma/", store)),
       options_(std::move(options)),
       innerCpu_(std::move(innerCpu)),
@@ -157,7 +156,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::trackCoalesced(c10::intrusive_p
 }
 
 template <typename InnerCall>
-c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::delegate(const CollectiveNames& names, TracedCollective traced,
+c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::delegate(const CollectiveNames& names, const TracedCollective& traced,
                                                           int64_t bytes, InnerCall&& innerCall) {
   const auto& tensors = traced.inputs.empty() ? traced.outputs : traced.inputs;
   auto& inner = innerFor(tensors, names.stats);
@@ -192,78 +191,71 @@ constexpr CollectiveNames kRecv{"recv", "recv", "recv"};
 constexpr CollectiveNames kRecvAnysource{"recvAnysource", "recv_anysource", "recvAnySource"};
 constexpr CollectiveNames kBarrier{"barrier", "barrier", "barrier"};
 
-std::string title(const CollectiveNames& names) {
-  return std::string("sdma:") + names.trace;
-}
-
 const std::vector<at::Tensor> kNoTensors;
 
 }  // namespace
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::broadcast(std::vector<at::Tensor>& tensors,
                                                            const c10d::BroadcastOptions& opts) {
-  return delegate(kBroadcast, {title(kBroadcast), kBroadcast.comms, tensors, tensors}, tensorBytes(tensors),
+  return delegate(kBroadcast, {kBroadcast, tensors, tensors}, tensorBytes(tensors),
                   [&](c10d::Backend& b) { return b.broadcast(tensors, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allreduce(std::vector<at::Tensor>& tensors,
                                                            const c10d::AllreduceOptions& opts) {
-  return delegate(kAllreduce, {title(kAllreduce), kAllreduce.comms, tensors, tensors}, tensorBytes(tensors),
+  return delegate(kAllreduce, {kAllreduce, tensors, tensors}, tensorBytes(tensors),
                   [&](c10d::Backend& b) { return b.allreduce(tensors, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allreduce_sparse(std::vector<at::Tensor>& tensors,
                                                                   const c10d::AllreduceOptions& opts) {
-  return delegate(kAllreduceSparse, {title(kAllreduceSparse), kAllreduceSparse.comms, tensors, tensors}, 0,
+  return delegate(kAllreduceSparse, {kAllreduceSparse, tensors, tensors}, 0,
                   [&](c10d::Backend& b) { return b.allreduce_sparse(tensors, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                      const c10d::AllreduceCoalescedOptions& opts) {
-  return delegate(kAllreduceCoalesced, {title(kAllreduceCoalesced), kAllreduceCoalesced.comms, tensors, tensors},
-                  tensorBytes(tensors), [&](c10d::Backend& b) { return b.allreduce_coalesced(tensors, opts); });
+  return delegate(kAllreduceCoalesced, {kAllreduceCoalesced, tensors, tensors}, tensorBytes(tensors),
+                  [&](c10d::Backend& b) { return b.allreduce_coalesced(tensors, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::reduce(std::vector<at::Tensor>& tensors,
                                                         const c10d::ReduceOptions& opts) {
-  return delegate(kReduce, {title(kReduce), kReduce.comms, tensors, tensors}, tensorBytes(tensors),
+  return delegate(kReduce, {kReduce, tensors, tensors}, tensorBytes(tensors),
                   [&](c10d::Backend& b) { return b.reduce(tensors, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                         std::vector<at::Tensor>& inputs,
                                                         const c10d::GatherOptions& opts) {
-  return delegate(kGather, {title(kGather), kGather.comms, inputs, outputs.empty() ? kNoTensors : outputs[0]},
-                  tensorBytes(inputs), [&](c10d::Backend& b) { return b.gather(outputs, inputs, opts); });
+  return delegate(kGather, {kGather, inputs, outputs.empty() ? kNoTensors : outputs[0]}, tensorBytes(inputs),
+                  [&](c10d::Backend& b) { return b.gather(outputs, inputs, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::scatter(std::vector<at::Tensor>& outputs,
                                                          std::vector<std::vector<at::Tensor>>& inputs,
                                                          const c10d::ScatterOptions& opts) {
-  return delegate(kScatter, {title(kScatter), kScatter.comms, inputs.empty() ? kNoTensors : inputs[0], outputs},
-                  tensorBytes(outputs), [&](c10d::Backend& b) { return b.scatter(outputs, inputs, opts); });
+  return delegate(kScatter, {kScatter, inputs.empty() ? kNoTensors : inputs[0], outputs}, tensorBytes(outputs),
+                  [&](c10d::Backend& b) { return b.scatter(outputs, inputs, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                                 std::vector<std::vector<at::Tensor>>& inputs,
                                                                 const c10d::ReduceScatterOptions& opts) {
-  return delegate(kReduceScatter,
-                  {title(kReduceScatter), kReduceScatter.comms, inputs.empty() ? kNoTensors : inputs[0], outputs},
+  return delegate(kReduceScatter, {kReduceScatter, inputs.empty() ? kNoTensors : inputs[0], outputs},
                   tensorBytes(outputs), [&](c10d::Backend& b) { return b.reduce_scatter(outputs, inputs, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                       const c10d::ReduceScatterOptions& opts) {
   const std::vector<at::Tensor> ins{input}, outs{output};
-  return delegate(kReduceScatterTensor, {title(kReduceScatterTensor), kReduceScatterTensor.comms, ins, outs},
-                  tensorBytes(outs), [&](c10d::Backend& b) { return b._reduce_scatter_base(output, input, opts); });
+  return delegate(kReduceScatterTensor, {kReduceScatterTensor, ins, outs}, tensorBytes(outs),
+                  [&](c10d::Backend& b) { return b._reduce_scatter_base(output, input, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
-  return delegate(kReduceScatterTensorCoalesced,
-                  {title(kReduceScatterTensorCoalesced), kReduceScatterTensorCoalesced.comms, inputs, outputs},
-                  tensorBytes(outputs),
+  return delegate(kReduceScatterTensorCoalesced, {kReduceScatterTensorCoalesced, inputs, outputs}, tensorBytes(outputs),
                   [&](c10d::Backend& b) { return b.reduce_scatter_tensor_coalesced(outputs, inputs, opts); });
 }
 
@@ -273,50 +265,44 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::alltoall_base(at::Tensor& outpu
                                                                const c10d::AllToAllOptions& opts) {
   const std::vector<at::Tensor> ins{input}, outs{output};
   const bool even = outputSplitSizes.empty() && inputSplitSizes.empty();
-  return delegate(kAlltoallBase,
-                  {title(kAlltoallBase), even ? kAlltoall.comms : kAlltoallBase.comms, ins, outs, inputSplitSizes,
-                   outputSplitSizes},
-                  tensorBytes(outs), [&](c10d::Backend& b) {
-                    return b.alltoall_base(output, input, outputSplitSizes, inputSplitSizes, opts);
-                  });
+  return delegate(
+      kAlltoallBase, {kAlltoallBase, ins, outs, inputSplitSizes, outputSplitSizes, even ? kAlltoall.comms : nullptr},
+      tensorBytes(outs),
+      [&](c10d::Backend& b) { return b.alltoall_base(output, input, outputSplitSizes, inputSplitSizes, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::alltoall(std::vector<at::Tensor>& outputs,
                                                           std::vector<at::Tensor>& inputs,
                                                           const c10d::AllToAllOptions& opts) {
-  return delegate(kAlltoall, {title(kAlltoall), kAlltoall.comms, inputs, outputs}, tensorBytes(outputs),
+  return delegate(kAlltoall, {kAlltoall, inputs, outputs}, tensorBytes(outputs),
                   [&](c10d::Backend& b) { return b.alltoall(outputs, inputs, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
-  TracedCollective traced{std::string("sdma:send ") + std::to_string(getRank()) + "->" + std::to_string(dstRank),
-                          kSend.comms, tensors, kNoTensors};
+  const TracedCollective traced{kSend, tensors, kNoTensors, kNoSplits, kNoSplits, nullptr, "->", getRank(), dstRank};
   if (dstRank == getRank()) {
     ++seq_;
     recordPath("self:send", tensorBytes(tensors));
     return runTraced(traceGroup_, getGroupDesc(), seq_, traced,
                      [&] { return trackCoalesced(self_.send(tensors, tag)); });
   }
-  return delegate(kSend, std::move(traced), tensorBytes(tensors),
-                  [&](c10d::Backend& b) { return b.send(tensors, dstRank, tag); });
+  return delegate(kSend, traced, tensorBytes(tensors), [&](c10d::Backend& b) { return b.send(tensors, dstRank, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
-  TracedCollective traced{std::string("sdma:recv ") + std::to_string(getRank()) + "<-" + std::to_string(srcRank),
-                          kRecv.comms, kNoTensors, tensors};
+  const TracedCollective traced{kRecv, kNoTensors, tensors, kNoSplits, kNoSplits, nullptr, "<-", getRank(), srcRank};
   if (srcRank == getRank()) {
     ++seq_;
     recordPath("self:recv", tensorBytes(tensors));
     return runTraced(traceGroup_, getGroupDesc(), seq_, traced,
                      [&] { return trackCoalesced(self_.recv(tensors, tag)); });
   }
-  return delegate(kRecv, std::move(traced), tensorBytes(tensors),
-                  [&](c10d::Backend& b) { return b.recv(tensors, srcRank, tag); });
+  return delegate(kRecv, traced, tensorBytes(tensors), [&](c10d::Backend& b) { return b.recv(tensors, srcRank, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  return delegate(kRecvAnysource, {title(kRecvAnysource), kRecvAnysource.comms, kNoTensors, tensors},
-                  tensorBytes(tensors), [&](c10d::Backend& b) { return b.recvAnysource(tensors, tag); });
+  return delegate(kRecvAnysource, {kRecvAnysource, kNoTensors, tensors}, tensorBytes(tensors),
+                  [&](c10d::Backend& b) { return b.recvAnysource(tensors, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::barrier(const c10d::BarrierOptions& opts) {
@@ -325,7 +311,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::barrier(const c10d::BarrierOpti
   auto& inner = innerFor(at::Device(onGpu ? at::kCUDA : at::kCPU), "barrier");
   ++seq_;
   recordPath("delegated:barrier", 0);
-  return runTraced(traceGroup_, getGroupDesc(), seq_, {title(kBarrier), kBarrier.comms, kNoTensors, kNoTensors},
+  return runTraced(traceGroup_, getGroupDesc(), seq_, {kBarrier, kNoTensors, kNoTensors},
                    [&] { return inner->barrier(opts); });
 }
 
@@ -437,7 +423,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allgatherCollective(const Colle
   if (path.isDma()) {
     const CollectiveInfo info = describe(names.stats, opType, opts);
     auto work = runTraced(traceGroup_, getGroupDesc(), info.seq, traced,
-                          [&] { return devicePath(planned.device).runner->run(planned, opts.asyncOp, info); });
+                          [&] { return devicePath(planned.device).runner->run(planned, path, opts.asyncOp, info); });
     recordPath(path.key(), bytes);
     return trackCoalesced(work);
   }
@@ -457,8 +443,12 @@ constexpr CollectiveNames kAllgatherIntoTensorCoalesced{
     "allgather_into_tensor_coalesced", "all_gather_into_tensor_coalesced", "allgather_into_tensor_coalesced"};
 constexpr CollectiveNames kAllgatherCoalesced{"allgather_coalesced", "all_gather_coalesced", "allgather_coalesced"};
 
-std::vector<at::Tensor> flatten(const std::vector<std::vector<at::Tensor>>& lists) {
+// The outputs as the trace lists them; built only while a profiler listens (the trace is their only reader).
+std::vector<at::Tensor> tracedOutputs(const std::vector<std::vector<at::Tensor>>& lists) {
   std::vector<at::Tensor> out;
+  if (C10_LIKELY(!at::hasCallbacks())) {
+    return out;
+  }
   for (const auto& l : lists) {
     out.insert(out.end(), l.begin(), l.end());
   }
@@ -470,23 +460,21 @@ std::vector<at::Tensor> flatten(const std::vector<std::vector<at::Tensor>>& list
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                  const c10d::AllgatherOptions& opts) {
   const std::vector<at::Tensor> ins{input}, outs{output};
-  return allgatherCollective(kAllgatherIntoTensor, c10d::OpType::_ALLGATHER_BASE,
-                             planAllgatherIntoTensor(output, input, getRank(), getSize()),
-                             {title(kAllgatherIntoTensor), kAllgatherIntoTensor.comms, ins, outs}, opts,
-                             [&](c10d::Backend& b, const InnerOperands& operands) {
-                               at::Tensor out = operands(output), in = operands(input);
-                               return b._allgather_base(out, in, opts);
-                             });
+  return allgatherCollective(
+      kAllgatherIntoTensor, c10d::OpType::_ALLGATHER_BASE, planAllgatherIntoTensor(output, input, getRank(), getSize()),
+      {kAllgatherIntoTensor, ins, outs}, opts, [&](c10d::Backend& b, const InnerOperands& operands) {
+        at::Tensor out = operands(output), in = operands(input);
+        return b._allgather_base(out, in, opts);
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                            std::vector<at::Tensor>& inputs,
                                                            const c10d::AllgatherOptions& opts) {
-  const std::vector<at::Tensor> outs = flatten(outputs);
+  const std::vector<at::Tensor> outs = tracedOutputs(outputs);
   return allgatherCollective(kAllgatherList, c10d::OpType::ALLGATHER,
-                             planAllgatherList(outputs, inputs, getRank(), getSize()),
-                             {title(kAllgatherList), kAllgatherList.comms, inputs, outs}, opts,
-                             [&](c10d::Backend& b, const InnerOperands& operands) {
+                             planAllgatherList(outputs, inputs, getRank(), getSize()), {kAllgatherList, inputs, outs},
+                             opts, [&](c10d::Backend& b, const InnerOperands& operands) {
                                auto outs = operands(outputs);
                                auto ins = operands(inputs);
                                return b.allgather(outs, ins, opts);
@@ -496,24 +484,23 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allgather(std::vector<std::vect
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                                  std::vector<at::Tensor>& inputs,
                                                                                  const c10d::AllgatherOptions& opts) {
-  return allgatherCollective(
-      kAllgatherIntoTensorCoalesced, c10d::OpType::COALESCED,
-      planAllgatherIntoTensorCoalesced(outputs, inputs, getRank(), getSize()),
-      {title(kAllgatherIntoTensorCoalesced), kAllgatherIntoTensorCoalesced.comms, inputs, outputs}, opts,
-      [&](c10d::Backend& b, const InnerOperands& operands) {
-        auto outs = operands(outputs);
-        auto ins = operands(inputs);
-        return b.allgather_into_tensor_coalesced(outs, ins, opts);
-      });
+  return allgatherCollective(kAllgatherIntoTensorCoalesced, c10d::OpType::COALESCED,
+                             planAllgatherIntoTensorCoalesced(outputs, inputs, getRank(), getSize()),
+                             {kAllgatherIntoTensorCoalesced, inputs, outputs}, opts,
+                             [&](c10d::Backend& b, const InnerOperands& operands) {
+                               auto outs = operands(outputs);
+                               auto ins = operands(inputs);
+                               return b.allgather_into_tensor_coalesced(outs, ins, opts);
+                             });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputLists,
                                                                      std::vector<at::Tensor>& inputs,
                                                                      const c10d::AllgatherOptions& opts) {
-  const std::vector<at::Tensor> outs = flatten(outputLists);
+  const std::vector<at::Tensor> outs = tracedOutputs(outputLists);
   return allgatherCollective(kAllgatherCoalesced, c10d::OpType::ALLGATHER_COALESCED,
                              planAllgatherCoalesced(outputLists, inputs, getRank(), getSize()),
-                             {title(kAllgatherCoalesced), kAllgatherCoalesced.comms, inputs, outs}, opts,
+                             {kAllgatherCoalesced, inputs, outs}, opts,
                              [&](c10d::Backend& b, const InnerOperands& operands) {
                                auto outs = operands(outputLists);
                                auto ins = operands(inputs);

@@ -141,7 +141,7 @@ class ProcessGroupSDMA : public c10d::Backend {
                                                      const c10d::AllgatherOptions& opts, InnerCall&& innerCall);
   // The one shape of every delegated collective.
   template <typename InnerCall>
-  c10::intrusive_ptr<c10d::Work> delegate(const CollectiveNames& names, TracedCollective traced, int64_t bytes,
+  c10::intrusive_ptr<c10d::Work> delegate(const CollectiveNames& names, const TracedCollective& traced, int64_t bytes,
                                           InnerCall&& innerCall);
 
   c10::intrusive_ptr<c10d::Backend>& innerFor(const at::Device& device, const char* op);
@@ -162,7 +162,6 @@ class ProcessGroupSDMA : public c10d::Backend {
   void recordPath(const std::string& key, int64_t bytes);
   c10::intrusive_ptr<c10d::Work> trackCoalesced(c10::intrusive_ptr<c10d::Work> work);
 
-  const c10::intrusive_ptr<c10d::Store> store_;
   const c10::intrusive_ptr<c10d::Store> sdmaStore_;  // our own keys, apart from the inner backends'
   SdmaOptions options_;
   c10::intrusive_ptr<c10d::Backend> innerCpu_;
