@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "collective/allgather_inputs.hpp"
+
 namespace sdma {
 
 c10::intrusive_ptr<c10d::Work> SelfExchange::send(const std::vector<at::Tensor>& tensors, int tag) {
@@ -17,9 +19,7 @@ c10::intrusive_ptr<c10d::Work> SelfExchange::recv(const std::vector<at::Tensor>&
 
 c10::intrusive_ptr<c10d::Work> SelfExchange::post(c10d::OpType opType, const std::vector<at::Tensor>& tensors,
                                                   int tag) {
-  TORCH_CHECK(tensors.size() == 1,
-              "Expecting one tensor only but got multiple. You are probably using multiple devices under one "
-              "thread. The support for such usage has been deprecated.");
+  checkOneInput(tensors);
   const at::Tensor& t = tensors.front();
   TORCH_CHECK_WITH(ValueError, t.is_contiguous(t.suggest_memory_format()), "Tensors must be contiguous");
   const bool isSend = opType == c10d::OpType::SEND;
@@ -96,7 +96,7 @@ void SelfExchange::copy(const at::Tensor& from, const at::Tensor& to, SelfMatch&
                    " bytes, but the recv it matches takes ", room);
   TORCH_CHECK_WITH(ValueError, from.device() == to.device(), "torch_sdma: a send to this rank itself is on ",
                    from.device(), ", the recv it matches on ", to.device());
-  to.reshape({-1}).view(at::kByte).copy_(from.reshape({-1}).view(at::kByte));
+  byteView(to).copy_(byteView(from));
   markCopied(to.device(), match);
 }
 

@@ -24,12 +24,6 @@ void checkSameType(const at::Tensor& output, const at::Tensor& input) {
   }
 }
 
-void checkOneInput(const std::vector<at::Tensor>& inputs) {
-  TORCH_CHECK(inputs.size() == 1,
-              "Expecting one tensor only but got multiple. You are probably using multiple devices under one "
-              "thread. The support for such usage has been deprecated.");
-}
-
 char* bytesOf(const at::Tensor& t) {
   return static_cast<char*>(t.data_ptr());
 }
@@ -67,11 +61,6 @@ bool anyDtypeGatheredAsBytes(const std::vector<at::Tensor>& inputs) {
   return false;
 }
 
-// A contiguous tensor's bytes, as a flat uint8 view of the same memory.
-at::Tensor byteView(const at::Tensor& t) {
-  return t.reshape({-1}).view(at::kByte);
-}
-
 // The plan of a form whose every rank contributes one tensor (into tensor, list): its bytes are the stream.
 PlannedAllgather planOneInput(const at::Tensor& input, const at::Device& device) {
   PlannedAllgather p;
@@ -83,6 +72,16 @@ PlannedAllgather planOneInput(const at::Tensor& input, const at::Device& device)
 }
 
 }  // namespace
+
+void checkOneInput(const std::vector<at::Tensor>& inputs) {
+  TORCH_CHECK(inputs.size() == 1,
+              "Expecting one tensor only but got multiple. You are probably using multiple devices under one "
+              "thread. The support for such usage has been deprecated.");
+}
+
+at::Tensor byteView(const at::Tensor& t) {
+  return t.reshape({-1}).view(at::kByte);
+}
 
 at::Tensor InnerOperands::operator()(const at::Tensor& t) const {
   return asBytes_ ? byteView(t) : t;

@@ -38,6 +38,11 @@ class InnerOperands {
   bool asBytes_;
 };
 
+// ProcessGroupNCCL's words when a call passes more than one input tensor.
+void checkOneInput(const std::vector<at::Tensor>& inputs);
+// A contiguous tensor's bytes, as a flat uint8 view of the same memory.
+at::Tensor byteView(const at::Tensor& t);
+
 PlannedAllgather planAllgatherIntoTensor(const at::Tensor& output, const at::Tensor& input, int rank, int size);
 PlannedAllgather planAllgatherList(const std::vector<std::vector<at::Tensor>>& outputs,
                                    const std::vector<at::Tensor>& inputs, int rank, int size);

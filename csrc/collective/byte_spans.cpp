@@ -44,4 +44,13 @@ void copyPieces(Transport& t, Lane lane, const std::vector<ByteSpan>& dst, const
   }
 }
 
+std::vector<SpanCursor> cursorsOver(const std::vector<std::vector<ByteSpan>>& spansByRank) {
+  std::vector<SpanCursor> cursors;
+  cursors.reserve(spansByRank.size());
+  for (const auto& spans : spansByRank) {
+    cursors.emplace_back(spans);
+  }
+  return cursors;
+}
+
 }  // namespace sdma

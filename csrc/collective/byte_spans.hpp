@@ -21,6 +21,9 @@ class SpanCursor {
   size_t offset_ = 0;
 };
 
+// One cursor per rank's output spans, each starting at its first byte.
+std::vector<SpanCursor> cursorsOver(const std::vector<std::vector<ByteSpan>>& spansByRank);
+
 // Copies src pieces into dst pieces of the same total length on `lane`, skipping ranges that already alias
 // (in place).
 void copyPieces(Transport& t, Lane lane, const std::vector<ByteSpan>& dst, const std::vector<ByteSpan>& src);

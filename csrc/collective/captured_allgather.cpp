@@ -19,14 +19,10 @@ void scheduleCapturedAllgather(Transport& t, const AllgatherPlan& plan) {
   const StagingGeometry& g = t.geometry();
   const int me = t.rank();
   const size_t chunkBytes = chunkBytesFor(plan, g);
-  const size_t chunks = (plan.bytesPerRank + chunkBytes - 1) / chunkBytes;
+  const size_t chunks = chunkCount(plan, g);
   const bool ownSlotLast = chunks == 1;
   SpanCursor input(plan.input);
-  std::vector<SpanCursor> outputs;
-  outputs.reserve(plan.outputByRank.size());
-  for (const auto& spans : plan.outputByRank) {
-    outputs.emplace_back(spans);
-  }
+  std::vector<SpanCursor> outputs = cursorsOver(plan.outputByRank);
 
   for (size_t c = 0; c < chunks; ++c) {
     const size_t len = std::min(chunkBytes, plan.bytesPerRank - c * chunkBytes);

@@ -12,6 +12,9 @@ struct CollectivePath {
   Kind kind = Kind::Unknown;
   std::string reason;  // Inner: why; Dma: a variant ("captured"), or ""
 
+  // The variant of an all-gather captured into a CUDA graph.
+  static constexpr const char* kCaptured = "captured";
+
   static CollectivePath dma(std::string variant = "") {
     return {Kind::Dma, std::move(variant)};
   }
@@ -20,6 +23,9 @@ struct CollectivePath {
   }
   bool isDma() const {
     return kind == Kind::Dma;
+  }
+  bool isCaptured() const {
+    return kind == Kind::Dma && reason == kCaptured;
   }
   bool isInner() const {
     return kind == Kind::Inner;

@@ -26,6 +26,10 @@ size_t hierarchicalChunkBytes(const AllgatherPlan& plan, const StagingGeometry& 
   return std::min(fits, std::max(kSmallestPipelinedChunk, share));
 }
 
+size_t hierarchicalChunkCount(const AllgatherPlan& plan, const StagingGeometry& g, int nodes) {
+  return divCeil(plan.bytesPerRank, hierarchicalChunkBytes(plan, g, nodes));
+}
+
 size_t hierarchicalSegmentBytes(const AllgatherPlan& plan, const StagingGeometry& g, int nodes) {
   const size_t chunk = std::min(hierarchicalChunkBytes(plan, g, nodes), plan.bytesPerRank);
   return static_cast<size_t>(nodes) * roundUp(chunk, kPageBytes);
@@ -40,10 +44,13 @@ void scheduleHierarchicalAllgather(Transport& t, InnerAllgather& rail, const Nod
   const int me = layout.rankAt(node, local);
   const uint32_t slots = static_cast<uint32_t>(g.slots);
   const size_t chunkBytes = hierarchicalChunkBytes(plan, g, nodes);
-  const size_t chunks = (plan.bytesPerRank + chunkBytes - 1) / chunkBytes;
+  const size_t chunks = hierarchicalChunkCount(plan, g, nodes);
+  // This collective's chunks take the transport's next serials, firstCount + k for chunk k.
   const uint64_t firstCount = chunkCount + 1;
+  chunkCount += chunks;
   auto lengthOf = [&](size_t k) { return std::min(chunkBytes, plan.bytesPerRank - k * chunkBytes); };
-  auto slotOf = [&](size_t k) { return static_cast<int>(static_cast<uint32_t>(firstCount + k) & (slots - 1)); };
+  auto serialOf = [&](size_t k) { return static_cast<uint32_t>(firstCount + k); };
+  auto slotOf = [&](size_t k) { return static_cast<int>(serialOf(k) & (slots - 1)); };
 
   // Chunk k's gather fills slot k's gathered buffer, which the push lane reads until chunk k has fanned out, so
   // chunk k + slots is gathered only after that; the first `slots` chunks are gathered up front, so that while
@@ -57,24 +64,19 @@ void scheduleHierarchicalAllgather(Transport& t, InnerAllgather& rail, const Nod
   // Own contribution: a local copy, or nothing when the input already is the output's own slot.
   copyPieces(t, Lane::Drain, plan.outputByRank[me], plan.input);
 
-  std::vector<SpanCursor> outputs;
-  outputs.reserve(plan.outputByRank.size());
-  for (const auto& spans : plan.outputByRank) {
-    outputs.emplace_back(spans);
-  }
+  std::vector<SpanCursor> outputs = cursorsOver(plan.outputByRank);
   std::vector<std::vector<ByteSpan>> dst(plan.outputByRank.size());
 
   for (size_t k = 0; k < chunks; ++k) {
     const size_t len = lengthOf(k);
-    const uint64_t count = ++chunkCount;
-    const uint32_t serial = static_cast<uint32_t>(count);
-    const int slot = static_cast<int>(serial & (slots - 1));
+    const uint32_t serial = serialOf(k);
+    const int slot = slotOf(k);
     for (size_t q = 0; q < outputs.size(); ++q) {
       dst[q] = outputs[q].take(len);
     }
 
     // Push what the rail gathered (one chunk per node) to the node's other ranks, then into our own output.
-    if (count > slots) {
+    if (firstCount + k > slots) {
       t.waitPeers(Lane::Push, Flag::Credit, slot, serial - slots);
     }
     rail.awaitGathered(Lane::Push, slot);

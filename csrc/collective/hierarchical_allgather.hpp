@@ -19,6 +19,8 @@ namespace sdma {
 // the node transport's geometry (the same on every node) and the node count.
 size_t hierarchicalChunkBytes(const AllgatherPlan& plan, const StagingGeometry& nodeGeometry, int nodes);
 // The most a segment of the node transport is filled with by this collective at `nodeGeometry`.
+// The chunks such a message is cut into (hierarchicalChunkBytes each, the last one shorter).
+size_t hierarchicalChunkCount(const AllgatherPlan& plan, const StagingGeometry& nodeGeometry, int nodes);
 size_t hierarchicalSegmentBytes(const AllgatherPlan& plan, const StagingGeometry& nodeGeometry, int nodes);
 
 // Enqueues the whole collective: `node` spans this rank's node (its rank is this rank's local index), `rail` this

@@ -30,11 +30,18 @@ std::vector<int> NodeLayout::rail(int local) const {
   return ranks;
 }
 
-std::string NodeLayout::hierarchyProblem() const {
+bool NodeLayout::equalNodeSizes() const {
   for (const auto& n : nodes_) {
     if (n.size() != nodes_.front().size()) {
-      return "nodes of unequal size";
+      return false;
     }
+  }
+  return true;
+}
+
+std::string NodeLayout::hierarchyProblem() const {
+  if (!equalNodeSizes()) {
+    return "nodes of unequal size";
   }
   if (ranksPerNode() == 1) {
     return "one rank per node";
@@ -47,7 +54,7 @@ std::string NodeLayout::describe() const {
   if (nodes_.empty()) {
     return "no members";
   }
-  if (hierarchyProblem() == "nodes of unequal size") {
+  if (!equalNodeSizes()) {
     os << nodeCount() << " nodes of unequal size (";
     for (int m = 0; m < nodeCount(); ++m) {
       os << (m ? "," : "") << rankList(nodes_[m], ",");

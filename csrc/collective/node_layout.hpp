@@ -49,6 +49,7 @@ class NodeLayout {
   std::string describe() const;
 
  private:
+  bool equalNodeSizes() const;
   std::vector<std::vector<int>> nodes_;
   std::vector<int> nodeOf_;
   std::vector<int> localOf_;

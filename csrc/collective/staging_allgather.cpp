@@ -24,8 +24,7 @@ size_t chunkBytesFor(const AllgatherPlan& plan, const StagingGeometry& geometry)
 }
 
 size_t chunkCount(const AllgatherPlan& plan, const StagingGeometry& geometry) {
-  const size_t chunk = chunkBytesFor(plan, geometry);
-  return (plan.bytesPerRank + chunk - 1) / chunk;
+  return divCeil(plan.bytesPerRank, chunkBytesFor(plan, geometry));
 }
 
 void pushChunkToPeers(Transport& t, Lane lane, int slot, std::vector<ByteSpan> pieces, size_t len) {
@@ -63,11 +62,7 @@ void scheduleStagingAllgather(Transport& t, const AllgatherPlan& plan, uint64_t&
   // travels.
   const bool ownSlotLast = plan.bytesPerRank <= chunkBytes;
   SpanCursor input(plan.input);
-  std::vector<SpanCursor> outputs;
-  outputs.reserve(plan.outputByRank.size());
-  for (const auto& spans : plan.outputByRank) {
-    outputs.emplace_back(spans);
-  }
+  std::vector<SpanCursor> outputs = cursorsOver(plan.outputByRank);
 
   for (size_t offset = 0; offset < plan.bytesPerRank; offset += chunkBytes) {
     const size_t len = std::min(chunkBytes, plan.bytesPerRank - offset);

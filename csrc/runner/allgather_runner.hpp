@@ -14,6 +14,7 @@
 #include "collective/collective_info.hpp"
 #include "collective/collective_path.hpp"
 #include "collective/node_layout.hpp"
+#include "collective/rank_list.hpp"
 #include "transport/peer_rendezvous.hpp"
 #include "transport/staging_geometry.hpp"
 
@@ -25,8 +26,10 @@ class AllgatherRunner {
 
   // The DMA path (or a variant of it) when this collective can run here, else the inner backend and why.
   virtual CollectivePath pathFor(const PlannedAllgather& planned) = 0;
-  // Enqueues the collective; never blocks on the peers. Consumes planned's tensors.
-  virtual c10::intrusive_ptr<c10d::Work> run(PlannedAllgather& planned, bool asyncOp, const CollectiveInfo& info) = 0;
+  // Enqueues the collective on the path pathFor() chose for it, on this thread, just before; never blocks on the
+  // peers. Consumes planned's tensors.
+  virtual c10::intrusive_ptr<c10d::Work> run(PlannedAllgather& planned, const CollectivePath& path, bool asyncOp,
+                                             const CollectiveInfo& info) = 0;
   virtual size_t stagingBytes() const = 0;
 };
 
@@ -60,11 +63,7 @@ struct HierarchicalSetup {
   }
   // "rail [1, 3] (gloo)", for messages.
   std::string railName() const {
-    std::string ranks;
-    for (int q : layout.rail(localIndex())) {
-      ranks += (ranks.empty() ? "" : ", ") + std::to_string(q);
-    }
-    return "rail [" + ranks + "] (" + rail->getBackendName() + ")";
+    return "rail " + rankList(layout.rail(localIndex())) + " (" + rail->getBackendName() + ")";
   }
 };
 

@@ -140,7 +140,7 @@ CollectivePath CopyEngineRunner::pathFor(const PlannedAllgather& planned) {
     if (hierarchy_) {
       return CollectivePath::inner("the hierarchical path is not captured into CUDA graphs yet");
     }
-    return CollectivePath::dma("captured");
+    return CollectivePath::dma(CollectivePath::kCaptured);
   }
   return hierarchy_ ? CollectivePath::dma("hierarchical") : CollectivePath::dma();
 }
@@ -153,8 +153,7 @@ size_t CopyEngineRunner::chunksOf(const AllgatherPlan& plan, const CopyEngineTra
   if (!hierarchy_) {
     return chunkCount(plan, transport.geometry());
   }
-  const size_t chunk = hierarchicalChunkBytes(plan, transport.geometry(), hierarchy_->layout.nodeCount());
-  return (plan.bytesPerRank + chunk - 1) / chunk;
+  return hierarchicalChunkCount(plan, transport.geometry(), hierarchy_->layout.nodeCount());
 }
 
 std::unique_ptr<CopyEngineTransport> CopyEngineRunner::connectTransport(const StagingGeometry& geometry) {
@@ -183,8 +182,8 @@ CopyEngineTransport& CopyEngineRunner::stagingFor(const AllgatherPlan& plan) {
   return *staging_;
 }
 
-c10::intrusive_ptr<c10d::Work> CopyEngineRunner::run(PlannedAllgather& planned, bool asyncOp,
-                                                     const CollectiveInfo& info) {
+c10::intrusive_ptr<c10d::Work> CopyEngineRunner::run(PlannedAllgather& planned, const CollectivePath& path,
+                                                     bool asyncOp, const CollectiveInfo& info) {
   const AllgatherPlan& plan = planned.plan;
   c10::cuda::CUDAGuard guard(device_);
   gpu::Stream caller = c10::cuda::getCurrentCUDAStream(device_).stream();
@@ -192,7 +191,7 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::run(PlannedAllgather& planned, 
   // serial it releases the streams up to is the last one any stream waits for.
   std::unique_lock<std::mutex> lock(mutex_);
   failure_.refuse(info);
-  if (gpu::streamCapturing(caller)) {
+  if (path.isCaptured()) {  // pathFor asked the driver about this stream a moment ago
     return enqueueCaptured(planned, info, caller);
   }
   CopyEngineTransport& transport = stagingFor(plan);

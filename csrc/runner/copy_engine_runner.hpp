@@ -46,7 +46,8 @@ class CopyEngineRunner : public AllgatherRunner {
   CollectivePath pathFor(const PlannedAllgather& planned) override;
   // asyncOp=false enqueues on the caller's current stream (NCCL's semantics); asyncOp=true on internal streams
   // that first wait for the caller's stream. Never blocks the CPU on the GPU.
-  c10::intrusive_ptr<c10d::Work> run(PlannedAllgather& planned, bool asyncOp, const CollectiveInfo& info) override;
+  c10::intrusive_ptr<c10d::Work> run(PlannedAllgather& planned, const CollectivePath& path, bool asyncOp,
+                                     const CollectiveInfo& info) override;
   size_t stagingBytes() const override;
 
  private:

@@ -62,8 +62,8 @@ SharedMemoryRunner::~SharedMemoryRunner() {
   }
 }
 
-c10::intrusive_ptr<c10d::Work> SharedMemoryRunner::run(PlannedAllgather& planned, bool /*asyncOp*/,
-                                                       const CollectiveInfo& info) {
+c10::intrusive_ptr<c10d::Work> SharedMemoryRunner::run(PlannedAllgather& planned, const CollectivePath& /*path*/,
+                                                       bool /*asyncOp*/, const CollectiveInfo& info) {
   const AllgatherPlan& plan = planned.plan;
   {
     std::lock_guard<std::mutex> lock(mutex_);

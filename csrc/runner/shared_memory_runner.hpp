@@ -29,7 +29,8 @@ class SharedMemoryRunner : public AllgatherRunner {
   CollectivePath pathFor(const PlannedAllgather&) override {
     return rail_ ? CollectivePath::dma("hierarchical") : CollectivePath::dma();
   }
-  c10::intrusive_ptr<c10d::Work> run(PlannedAllgather& planned, bool asyncOp, const CollectiveInfo& info) override;
+  c10::intrusive_ptr<c10d::Work> run(PlannedAllgather& planned, const CollectivePath& path, bool asyncOp,
+                                     const CollectiveInfo& info) override;
   size_t stagingBytes() const override {
     return transport_->geometry().bytes();
   }

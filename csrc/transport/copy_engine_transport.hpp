@@ -58,9 +58,6 @@ class CopyEngineTransport : public Transport {
   std::vector<uint32_t> readReadyFlags();
   // Satisfies every wait on this rank's flags up to `serial`, so that streams stuck on a dead peer run out.
   void releaseWaiters(uint32_t serial);
-  const std::vector<int>& peerPids() const {
-    return peerPids_;
-  }
 
  private:
   CopyEngineTransport(int rank, int size, int device, const StagingGeometry& geometry);

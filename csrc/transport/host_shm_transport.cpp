@@ -15,6 +15,8 @@
 #include <sstream>
 #include <thread>
 
+#include "collective/rank_list.hpp"
+
 namespace sdma {
 namespace {
 
@@ -336,16 +338,20 @@ void HostShmTransport::waitFor(const Op& op, std::chrono::steady_clock::time_poi
     const auto now = std::chrono::steady_clock::now();
     if (now >= nextLivenessCheck) {
       nextLivenessCheck = now + std::chrono::milliseconds(10);
-      std::ostringstream os;
-      for (size_t i = 0; i < pending.size(); ++i) {
-        os << (i ? ", " : "") << groupRankOf_[pending[i]];
-      }
+      // Only for the messages below, which name the group ranks still pending.
+      auto pendingRanks = [&] {
+        std::vector<int> ranks;
+        for (int q : pending) {
+          ranks.push_back(groupRankOf_[q]);
+        }
+        return rankList(ranks);
+      };
       // The whole group's exits first: a peer that failed because another rank died exits soon after, and naming
       // only that peer would hide the rank that died first.
       if (!group_.empty()) {
         const std::string exited = exitedMembersOnThisHost(group_, groupRank_);
         TORCH_CHECK_WITH(DistBackendError, exited.empty(), "torch_sdma: ", description, " failed: ", exited,
-                         " exited while this rank was waiting for group ranks [", os.str(), "] of its node");
+                         " exited while this rank was waiting for group ranks ", pendingRanks(), " of its node");
       }
       for (int q : pending) {
         if (!processAlive(pids_[q])) {
@@ -356,7 +362,7 @@ void HostShmTransport::waitFor(const Op& op, std::chrono::steady_clock::time_poi
       if (now >= deadline) {
         TORCH_CHECK_WITH(DistBackendError, false, "torch_sdma: ", description, " timed out after ",
                          std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count(),
-                         " ms waiting for group ranks [", os.str(), "], which never reached it");
+                         " ms waiting for group ranks ", pendingRanks(), ", which never reached it");
       }
     }
     // Yield first (peers are usually a few microseconds away), then sleep so idle waiters leave the cores to

@@ -9,8 +9,11 @@ namespace sdma {
 // Chunks, segments and flag areas start on page boundaries, where copies run fastest.
 constexpr size_t kPageBytes = 4096;
 
+inline size_t divCeil(size_t bytes, size_t unit) {
+  return (bytes + unit - 1) / unit;
+}
 inline size_t roundUp(size_t bytes, size_t align) {
-  return (bytes + align - 1) / align * align;
+  return divCeil(bytes, align) * align;
 }
 
 struct StagingGeometry {

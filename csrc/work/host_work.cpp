@@ -26,20 +26,6 @@ void HostWork::complete(std::exception_ptr error) {
   finish(error);
 }
 
-bool HostWork::isCompleted() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return completed_ || exception_;
-}
-
-std::exception_ptr HostWork::exception() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return exception_;
-}
-
-bool HostWork::wait(std::chrono::milliseconds timeout) {
-  return Work::wait(timeout);
-}
-
 void HostWork::blockCurrentStream() {
   Work::wait(kNoTimeout);
 }

@@ -14,10 +14,8 @@ class HostWork : public SdmaWork {
  public:
   HostWork(const CollectiveInfo& info, std::vector<at::Tensor> outputs, std::vector<at::Tensor> keepAlive);
 
-  bool isCompleted() override;
-  std::exception_ptr exception() const override;
+  // isCompleted, exception and wait are Work's own: finish() sets completed_ and exception_ together.
   void synchronize() override {}  // nothing to order (and Work::wait calls it with mutex_ held)
-  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   void blockCurrentStream() override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
 
