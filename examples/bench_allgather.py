@@ -41,6 +41,7 @@ from allgather_peers import (
     CopyEngineLimitLegacyIpc,
     GroupPeer,
     SymmMemAllGather,
+    expected_output,
     free_port,
     gpu_seconds_per_call,
     hashed_bytes,
@@ -150,13 +151,12 @@ class Bench:
             self.device = torch.device("cpu")
             dist.init_process_group("cpu:sdma")
             self.base_name = "gloo"
-        self.base_group = dist.new_group(backend=self.base_name)
         # The baseline's members: every rank, unless processes share GPUs, which NCCL refuses within a communicator:
         # then one process per GPU gathers the same output bytes (--pseudo-nodes only).
         self.base_ranks = list(range(self.world))
         if self.pseudo and mode == "gpu" and self.world > torch.cuda.device_count():
             self.base_ranks = list(range(torch.cuda.device_count()))
-            self.base_group = dist.new_group(ranks=self.base_ranks, backend="nccl")
+        self.base_group = dist.new_group(ranks=self.base_ranks, backend=self.base_name)
         # Barriers on gloo: with processes sharing GPUs the default group's NCCL could not run.
         self.cpu_group = dist.new_group(backend="gloo") if self.pseudo else None
         # The enqueue cost is that of the copy-engine path, which the default group leaves to NCCL below
@@ -185,6 +185,11 @@ class Bench:
     def groups(self):
         """(name, group) of both backends; sdma is the default group."""
         return [("sdma", None), (self.base_name, self.base_group)]
+
+    def iters_for(self, out_bytes):
+        """Calls in one timed round: max(min_iters, budget // size), at most max_iters."""
+        a = self.args
+        return max(a.min_iters, min(a.max_iters, ITER_BUDGET[self.mode] // out_bytes))
 
     def time_calls(self, fn, iters):
         """Seconds per call of `fn` (which blocks or enqueues on the current stream), averaged over iters."""
@@ -241,7 +246,7 @@ def sweep(b):
             outs[name].fill_(0)
             dist.all_gather_into_tensor(outs[name], inp, group=group)
         match = torch.equal(outs["sdma"], outs[b.base_name])
-        iters = max(a.min_iters, min(a.max_iters, ITER_BUDGET[b.mode] // out_bytes))
+        iters = b.iters_for(out_bytes)
         per_round = {name: [] for name, _ in b.groups()}
         stats_before = torch_sdma.stats()
         for name, group in b.groups():
@@ -256,16 +261,9 @@ def sweep(b):
         b.sync()
         path = sdma_path(stats_before, torch_sdma.stats())
         # Each rank timed its own calls; a call is done when the slowest rank is, so report the slowest rank.
-        med = {}
-        for name in per_round:
-            t = torch.tensor([statistics.median(per_round[name])], dtype=torch.float64)
-            gathered = [torch.zeros_like(t) for _ in range(b.world)]
-            dist.all_gather(gathered, t)  # CPU tensors: the default group's CPU backend
-            med[name] = max(x.item() for x in gathered)
-        all_match = torch.tensor([int(match)])
-        dist.all_reduce(all_match, op=dist.ReduceOp.MIN)
+        med = {name: slowest(b, statistics.median(ts)) for name, ts in per_round.items()}
         row = {"bytes": out_bytes, "size": human_bytes(out_bytes), "dtype": str(b.dtype).removeprefix("torch."),
-               "iters": iters, "rounds": a.rounds, "sdma_path": path, "match": bool(all_match.item())}
+               "iters": iters, "rounds": a.rounds, "sdma_path": path, "match": all_ranks(b, match)}
         for name in per_round:
             t = med[name]
             row.update(timing_fields(name, t, out_bytes, b.world))
@@ -282,6 +280,13 @@ def slowest(b, seconds):
     return max(x.item() for x in gathered)
 
 
+def all_ranks(b, ok):
+    """True where `ok` holds on every rank (a check is passed only if it passed everywhere)."""
+    t = torch.tensor([int(ok)])
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=b.cpu_group)
+    return bool(t.item())
+
+
 def pseudo_node_sweep(b):
     """--pseudo-nodes: all_gather_into_tensor on the hierarchical path (the default group) and on the baseline, in
     alternating rounds, uint8 so that every byte pattern occurs and is checked exactly."""
@@ -295,11 +300,11 @@ def pseudo_node_sweep(b):
         out = torch.empty(out_bytes, dtype=torch.uint8, device=b.device)
         before = torch_sdma.stats()
         dist.all_gather_into_tensor(out, inp)
-        match = torch.equal(out, torch.cat([hashed_bytes(q, n, b.device) for q in range(b.world)]))
+        match = torch.equal(out, expected_output(b.world, n, b.device))
         base_n = out_bytes // len(b.base_ranks)
         base_in = torch.empty(base_n, dtype=torch.uint8, device=b.device)
         base_out = torch.empty(base_n * len(b.base_ranks), dtype=torch.uint8, device=b.device)
-        iters = max(a.min_iters, min(a.max_iters, ITER_BUDGET[b.mode] // out_bytes))
+        iters = b.iters_for(out_bytes)
         calls = {"sdma": lambda: dist.all_gather_into_tensor(out, inp),
                  b.base_name: lambda: dist.all_gather_into_tensor(base_out, base_in, group=b.base_group)}
         for name, fn in calls.items():
@@ -314,10 +319,8 @@ def pseudo_node_sweep(b):
         b.sync()
         path = sdma_path(before, torch_sdma.stats())
         med = {name: slowest(b, statistics.median(ts) if ts else 0.0) for name, ts in per_round.items()}
-        all_match = torch.tensor([int(match)])
-        dist.all_reduce(all_match, op=dist.ReduceOp.MIN, group=b.cpu_group)
         row = {"bytes": out_bytes, "size": human_bytes(out_bytes), "dtype": "uint8", "iters": iters,
-               "rounds": a.rounds, "sdma_path": path, "match": bool(all_match.item()),
+               "rounds": a.rounds, "sdma_path": path, "match": all_ranks(b, match),
                "baseline_ranks": len(b.base_ranks)}
         for name, t in med.items():
             row.update(timing_fields(name, t, out_bytes, None))
@@ -499,15 +502,10 @@ def captured_replay(b):
                 b.sync()
                 per_round[name].append(b.time_calls(graphs[name].replay, 1) / a.captured_calls)
         b.sync()
-        all_match = torch.tensor([int(match)])
-        dist.all_reduce(all_match, op=dist.ReduceOp.MIN)
         row = {"bytes": n_out * 2, "size": human_bytes(n_out * 2), "calls_per_graph": a.captured_calls,
-               "sdma_path": path, "match": bool(all_match.item())}
+               "sdma_path": path, "match": all_ranks(b, match)}
         for name, ts in per_round.items():
-            t = torch.tensor([statistics.median(ts)], dtype=torch.float64)
-            gathered = [torch.zeros_like(t) for _ in range(b.world)]
-            dist.all_gather(gathered, t)
-            t = max(x.item() for x in gathered)
+            t = slowest(b, statistics.median(ts))
             row[f"{name}_us"] = t * 1e6
             row[f"{name}_busbw_GBps"] = n_out * 2 * (b.world - 1) / b.world / t / 1e9
         row["ratio_busbw"] = row[f"{b.base_name}_us"] / row["sdma_us"]
@@ -549,7 +547,6 @@ def peer_sweep(b):
     a = b.args
     sizes = [s for s in b.sizes if s // b.world >= 2]
     per_rank = {s: s // b.world // 2 * 2 for s in sizes}  # whole bf16 elements from each rank
-    iters_for = lambda s: max(a.min_iters, min(a.max_iters, ITER_BUDGET[b.mode] // s))  # noqa: E731
     peers = [GroupPeer("sdma", None, b.rank, b.world, b.device),
              GroupPeer(b.base_name, b.base_group, b.rank, b.world, b.device)]
     unavailable = {}
@@ -566,7 +563,7 @@ def peer_sweep(b):
             dist.broadcast_object_list(port, src=0)
             b.sync()
             nccl_ce = run_nccl_ce(b.rank, b.world, int(os.environ.get("LOCAL_RANK", 0)),
-                                  [per_rank[s] * b.world for s in sizes], a.rounds, iters_for,
+                                  [per_rank[s] * b.world for s in sizes], a.rounds, b.iters_for,
                                   a.out_dir / "nccl_ce_peer.json", port[0])
             b.sync()
             why = nccl_ce.get("error", "")
@@ -596,7 +593,7 @@ def peer_sweep(b):
         live = [p for p in live if p.name in prepared]
         entries = [(p.name, form) for p in live for form in p.forms]
         b.sync()
-        iters = iters_for(out_bytes)
+        iters = b.iters_for(out_bytes)
         per_round = {e: [] for e in entries}
         for r in range(a.rounds):
             for e in (entries if r % 2 == 0 else entries[::-1]):
@@ -605,9 +602,8 @@ def peer_sweep(b):
         b.sync()
         row = {"bytes": out_bytes, "size": human_bytes(out_bytes), "iters": iters, "unavailable": dict(unavailable)}
         for (name, form), ts in per_round.items():
-            ok = torch.tensor([int(match[(name, form)])])
-            dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-            row[f"{name}_{form}"] = {"us": slowest(b, statistics.median(ts)) * 1e6, "match": bool(ok.item())}
+            row[f"{name}_{form}"] = {"us": slowest(b, statistics.median(ts)) * 1e6,
+                                     "match": all_ranks(b, match[(name, form)])}
         for form, got in (nccl_ce.get(str(out_bytes)) or {}).items():
             row[f"nccl-ce_{form}"] = {"us": got["seconds"] * 1e6, "match": got["match"]}
         for key, v in list(row.items()):
@@ -799,11 +795,12 @@ def main():
         tag = f"{b.mode}_w{b.world}"
         args.out_dir.mkdir(parents=True, exist_ok=True)
         table = markdown_table(b, rows)
+        peers_table = peer_table(peers) if peers else None
         print(f"\n## all_gather_into_tensor, {where}, "
               f"{rows[0]['dtype'] if rows else ''}; busbw = out*(w-1)/w/t, GB/s\n\n{table}\n")
         if peers:
             print(f"## Every all-gather a user could pick, {where}; busbw GB/s (examples/allgather_peers.py)\n\n"
-                  f"{peer_table(peers)}\n")
+                  f"{peers_table}\n")
         if overlap:
             print(f"## GEMM overlap: {overlap['gemm_count']} bf16 {overlap['gemm_size']}^3 GEMMs beside "
                   f"{overlap['gathers']} all-gathers of {human_bytes(overlap['gather_bytes'])}"
@@ -862,7 +859,7 @@ def main():
             "command": " ".join(sys.orig_argv), "argv": sys.argv, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "machine": info, "baseline": b.base_name, "sweep": rows, "gemm_overlap": overlap,
             "enqueue_cost": enqueue, "captured_replay": captured, "staging_across_groups": groups,
-            "peers": peers, "markdown": table, "peers_markdown": peer_table(peers) if peers else None}, indent=2))
+            "peers": peers, "markdown": table, "peers_markdown": peers_table}, indent=2))
         print("wrote", ", ".join(str(p) for p in (csv_path, json_path, png, peers_png) if p))
     dist.destroy_process_group()
 

@@ -65,11 +65,11 @@ def knobs_body(ctx):
 
         cases.append((f"good_staging_value[{val}]", good))
 
-    def group_with(name, value):
+    def group_with(name, value, **kw):
         """A new group created while one knob is set (knobs are read at group creation)."""
         os.environ[name] = value
         try:
-            return dist.new_group()
+            return dist.new_group(**kw)
         finally:
             os.environ.pop(name, None)
 
@@ -136,11 +136,7 @@ def knobs_body(ctx):
         assert (o.staging_bytes_cuda, o.min_bytes_cuda, o.slots) == (256 << 20, 20 << 20, 2), "C++ defaults moved"
         o.min_bytes_cpu = 4096
         o.staging_bytes_cpu = 64 << 10
-        os.environ["TORCH_SDMA_DISABLE"] = "1"
-        try:
-            g = dist.new_group(pg_options=o)
-        finally:
-            os.environ.pop("TORCH_SDMA_DISABLE", None)
+        g = group_with("TORCH_SDMA_DISABLE", "1", pg_options=o)
         backend = g._get_backend(CPU)
         assert backend._sdma_options.staging_bytes_cpu == 64 << 10, "pg_options were not used"
         ag = AG(g, ref, CPU, "opts")

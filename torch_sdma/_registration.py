@@ -85,11 +85,6 @@ def _rail_backend(store, rank, size, device, timeout, name):
     return backend
 
 
-def _global_rank(opts) -> int:
-    # torch passes no list for the default group, whose ranks are the global ones.
-    return opts.global_ranks_in_group[opts.group_rank] if opts.global_ranks_in_group else opts.group_rank
-
-
 def _options(opts, backend_options):
     """The group's knobs: a ProcessGroupSDMA.Options passed as pg_options as it is, else the environment's."""
     if isinstance(backend_options, _C.ProcessGroupSDMA.Options):
@@ -99,8 +94,9 @@ def _options(opts, backend_options):
         options = _config.options_from_env(opts.group_size)
     options._timeout = opts.timeout
     options.group_name = str(opts.group_id)
+    # torch passes no list for the default group, whose ranks are the global ones.
     options.global_ranks = list(opts.global_ranks_in_group or range(opts.group_size))
-    options.test_pseudo_node = _config.pseudo_node(_global_rank(opts))
+    options.test_pseudo_node = _config.pseudo_node(options.global_ranks[opts.group_rank])
     return options
 
 
