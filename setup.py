@@ -69,13 +69,13 @@ SOURCES = {
         "node_layout.cpp",
         "hierarchical_allgather.cpp",
     ],
-    "transport": ["peer_rendezvous.cpp", "host_shm_transport.cpp"],
+    "transport": ["peer_rendezvous.cpp", "host_shared_memory.cpp", "host_shm_transport.cpp"],
     "runner": ["shared_memory_runner.cpp", "host_rail_allgather.cpp"],
     "work": ["host_work.cpp", "self_p2p_work.cpp"],
 }
 GPU_SOURCES = {
-    "transport": ["copy_engine_transport.cpp"],
-    "runner": ["copy_engine_runner.cpp", "gpu_rail_allgather.cpp"],
+    "transport": ["copy_engine_transport.cpp", "peer_segments.cpp"],
+    "runner": ["copy_engine_runner.cpp", "copy_engine_direct.cpp", "gpu_rail_allgather.cpp"],
     "work": ["gpu_work.cpp", "gpu_completion.cpp"],
 }
 CPU_ONLY_SOURCES = {"runner": ["copy_engine_runner_absent.cpp"]}

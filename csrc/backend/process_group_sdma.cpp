@@ -342,7 +342,7 @@ void ProcessGroupSDMA::connect(const at::Device& device) {
     path.runner = connectHierarchical(device, &why);
   } else {
     path.runner = device.is_cuda() ? connectCopyEngineRunner(sdmaStore_, getRank(), getSize(), device.index(),
-                                                             geometry(device), &why)
+                                                             geometry(device), options_.direct, &why)
                                    : connectSharedMemoryRunner(sdmaStore_, getRank(), getSize(), geometry(device),
                                                                options_.direct, options_.groupName, &why);
   }

@@ -1,6 +1,7 @@
-// Which way an all-gather goes: the DMA path of this backend (inside a CUDA graph capture: "dma:captured"), or the
-// inner backend and why. Stats, the group's log line and torch_sdma.group_path() show it as a key: "dma",
-// "dma:captured", "inner:<reason>", or "unknown" before the first.
+// Which way an all-gather goes: the DMA path of this backend (through staging: "dma"; without it: "dma:direct";
+// inside a CUDA graph capture: "dma:captured"), or the inner backend and why. Stats, the group's log line and
+// torch_sdma.group_path() show it as a key: "dma", "dma:direct", "dma:captured", "inner:<reason>", or "unknown"
+// before the first.
 #pragma once
 
 #include <string>
@@ -14,6 +15,8 @@ struct CollectivePath {
 
   // The variant of an all-gather captured into a CUDA graph.
   static constexpr const char* kCaptured = "captured";
+  // The variant that copies between the ranks' own buffers, without staging (docs/design-direct-push.md).
+  static constexpr const char* kDirect = "direct";
 
   static CollectivePath dma(std::string variant = "") {
     return {Kind::Dma, std::move(variant)};
@@ -26,6 +29,9 @@ struct CollectivePath {
   }
   bool isCaptured() const {
     return kind == Kind::Dma && reason == kCaptured;
+  }
+  bool isDirect() const {
+    return kind == Kind::Dma && reason == kDirect;
   }
   bool isInner() const {
     return kind == Kind::Inner;

@@ -4,29 +4,40 @@
 
 namespace sdma {
 
-void scheduleDirectAllgather(Transport& t, const AllgatherPlan& plan, uint32_t serial,
+void scheduleDirectAllgather(Transport& t, const AllgatherPlan& plan, uint32_t serial, const PostedBuffers& posted,
                              const std::vector<PeerBuffers>& peerPosts) {
   DirectTransport& d = *t.direct();
   const int me = t.rank();
   const int size = t.geometry().worldSize;
   const size_t n = plan.bytesPerRank;
-  const char* input = plan.input.front().ptr;
-  // Own slot first (nothing when in place), then tell every peer that our input is written and our output free.
+  char* postedInput = const_cast<char*>(posted.input);
+  const bool inputBounced = plan.input.size() != 1 || plan.input.front().ptr != posted.input;
+  const bool outputBounced = posted.outputBase != plan.outputBase;
+
+  // Own bytes first: into our output (nothing when in place) and, when peers read them from the bounce area, there.
+  // Then tell every peer that our input is readable and our output free.
+  if (inputBounced) {
+    copyPieces(t, Lane::Drain, {ByteSpan{postedInput, n}}, plan.input);
+    d.joinLane(Lane::Push, Lane::Drain);  // our pushes below read the bounce area
+  }
   copyPieces(t, Lane::Drain, plan.outputByRank[me], plan.input);
   for (int q = 0; q < size; ++q) {
     if (q != me) {
       d.signalPeer(Lane::Drain, q, Flag::Arrived, serial);
     }
   }
-  // Late for a pair: move both directions of it, once the early peer's stream is there too.
+  // Late for a pair: move both directions of it, once the early peer's stream is there too; the write over the
+  // link and the read over it on separate lanes.
   for (int q = 0; q < size; ++q) {
     if (q == me || !peerPosts[q].posted) {
       continue;
     }
+    d.waitPeer(Lane::Push, q, Flag::Arrived, serial);
+    d.copyToPeer(Lane::Push, q, peerPosts[q].outputBase + static_cast<uint64_t>(me) * n, posted.input, n);
     d.waitPeer(Lane::Drain, q, Flag::Arrived, serial);
-    d.copyToPeer(Lane::Drain, q, peerPosts[q].outputBase + static_cast<uint64_t>(me) * n, input, n);
-    d.copyFromPeer(Lane::Drain, q, plan.outputBase + static_cast<size_t>(q) * n, peerPosts[q].input, n);
+    d.copyFromPeer(Lane::Drain, q, posted.outputBase + static_cast<size_t>(q) * n, peerPosts[q].input, n);
   }
+  d.joinLane(Lane::Drain, Lane::Push);
   // Done after our copies; complete only after every peer's, since a late peer may be writing into our output.
   for (int q = 0; q < size; ++q) {
     if (q != me) {
@@ -36,6 +47,14 @@ void scheduleDirectAllgather(Transport& t, const AllgatherPlan& plan, uint32_t s
   for (int q = 0; q < size; ++q) {
     if (q != me) {
       d.waitPeer(Lane::Drain, q, Flag::Done, serial);
+    }
+  }
+  if (outputBounced) {
+    for (int q = 0; q < size; ++q) {
+      if (q != me) {
+        t.copyLocal(Lane::Drain, plan.outputBase + static_cast<size_t>(q) * n,
+                    posted.outputBase + static_cast<size_t>(q) * n, n);
+      }
     }
   }
 }

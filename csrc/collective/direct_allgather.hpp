@@ -10,7 +10,15 @@
 
 namespace sdma {
 
-// Rank q's posted buffers, when q arrived before this rank (this rank then moves both directions of the pair).
+// What this rank posted for its peers: its own buffers, or a bounce area of its own standing in for a buffer the
+// peers cannot map (then the schedule fills it before and empties it after, locally).
+struct PostedBuffers {
+  const char* input = nullptr;  // this rank's bytes, where a late peer reads them
+  char* outputBase = nullptr;   // where a late peer writes its bytes: rank q's at outputBase + q * bytesPerRank
+};
+
+// Rank q's posted buffers when q arrived before this rank (this rank then moves both directions of the pair), as
+// the transport's copyToPeer / copyFromPeer address them.
 struct PeerBuffers {
   bool posted = false;
   uint64_t input = 0;
@@ -18,8 +26,9 @@ struct PeerBuffers {
 };
 
 // For a plan with an outputBase, on a transport whose direct() is not null. `serial` is the group's
-// direct-collective serial.
+// direct-collective serial. Pushes run on the Push lane and pulls on the Drain lane, which the transport may run
+// on two engines at once; the Drain lane ends the collective.
 void scheduleDirectAllgather(Transport& transport, const AllgatherPlan& plan, uint32_t serial,
-                             const std::vector<PeerBuffers>& peerPosts);
+                             const PostedBuffers& posted, const std::vector<PeerBuffers>& peerPosts);
 
 }  // namespace sdma

@@ -44,6 +44,19 @@ std::string allocateShareable(int device, size_t bytes, SharedAllocation* out);
 std::string importShareable(int device, int fd, size_t bytes, SharedAllocation* out);
 void freeShareable(SharedAllocation* alloc);
 
+// The allocation a device pointer lies in: for the direct path, which maps the peers' own buffers rather than a
+// staging area. `id` is unique for the process's lifetime (a freed and reallocated range gets a new one), so a
+// mapping keyed by it is never stale. `legacyIpc`: exportIpc(base) works (cudaMalloc memory; not VMM memory such as
+// the caching allocator's expandable segments).
+struct AllocationRange {
+  char* base = nullptr;
+  size_t bytes = 0;
+  uint64_t id = 0;
+  bool legacyIpc = false;
+};
+// False when `ptr` is not device memory of this process's runtime.
+bool describeAllocation(const void* ptr, AllocationRange* out);
+
 IpcHandle exportIpc(void* base);
 void* importIpc(const IpcHandle& handle);
 void closeIpc(void* ptr);

@@ -39,6 +39,7 @@ struct DriverEntryPoints {
   decltype(&cuMemUnmap) memUnmap = nullptr;
   decltype(&cuMemAddressFree) memAddressFree = nullptr;
   decltype(&cuMemRelease) memRelease = nullptr;
+  decltype(&cuPointerGetAttributes) pointerGetAttributes = nullptr;
 };
 
 template <typename Fn>
@@ -67,6 +68,7 @@ const DriverEntryPoints& driver() {
     resolve("cuMemUnmap", &entry.memUnmap);
     resolve("cuMemAddressFree", &entry.memAddressFree);
     resolve("cuMemRelease", &entry.memRelease);
+    resolve("cuPointerGetAttributes", &entry.pointerGetAttributes);
   });
   return entry;
 }
@@ -239,6 +241,22 @@ void freeShareable(SharedAllocation* a) {
     close(a->fd);
   }
   *a = SharedAllocation{};
+}
+
+bool describeAllocation(const void* ptr, AllocationRange* out) {
+  CUpointer_attribute attributes[] = {CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                      CU_POINTER_ATTRIBUTE_BUFFER_ID, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE};
+  CUdeviceptr base = 0;
+  size_t bytes = 0;
+  unsigned long long id = 0;
+  int legacyIpc = 0;
+  void* values[] = {&base, &bytes, &id, &legacyIpc};
+  if (driver().pointerGetAttributes(4, attributes, values, reinterpret_cast<CUdeviceptr>(ptr)) != CUDA_SUCCESS ||
+      base == 0) {
+    return false;
+  }
+  *out = AllocationRange{reinterpret_cast<char*>(base), bytes, id, legacyIpc != 0};
+  return true;
 }
 
 IpcHandle exportIpc(void* base) {

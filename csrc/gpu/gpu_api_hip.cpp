@@ -255,6 +255,24 @@ void freeShareable(SharedAllocation* a) {
   *a = SharedAllocation{};
 }
 
+bool describeAllocation(const void* ptr, AllocationRange* out) {
+  hipPointer_attribute attributes[] = {HIP_POINTER_ATTRIBUTE_RANGE_START_ADDR, HIP_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                       HIP_POINTER_ATTRIBUTE_BUFFER_ID,
+                                       HIP_POINTER_ATTRIBUTE_IS_LEGACY_HIP_IPC_CAPABLE};
+  hipDeviceptr_t base = nullptr;
+  size_t bytes = 0;
+  unsigned long long id = 0;
+  int legacyIpc = 0;
+  void* values[] = {&base, &bytes, &id, &legacyIpc};
+  if (hipDrvPointerGetAttributes(4, attributes, values, reinterpret_cast<hipDeviceptr_t>(const_cast<void*>(ptr))) !=
+          hipSuccess ||
+      base == nullptr) {
+    return false;
+  }
+  *out = AllocationRange{static_cast<char*>(base), bytes, id, legacyIpc != 0};
+  return true;
+}
+
 IpcHandle exportIpc(void* base) {
   static_assert(sizeof(hipIpcMemHandle_t) <= kIpcHandleBytes, "IPC handle size");
   hipIpcMemHandle_t h;

@@ -72,10 +72,11 @@ struct HierarchicalSetup {
 std::string copyEnginePathProblem(c10d::Store& store, int rank, int size);
 // Collective, at the group's first eligible CUDA all-gather: null, with the reason in *whyNot, when the
 // transport cannot connect (every member then agrees).
-// `geometry`: the cap; the runner sizes staging to what the group needs, up to it.
+// `geometry`: the cap; the runner sizes staging to what the group needs, up to it. `direct`: all_gather_into_tensor
+// takes the direct path (TORCH_SDMA_DIRECT).
 std::unique_ptr<AllgatherRunner> connectCopyEngineRunner(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                                          int size, int device, const StagingGeometry& geometry,
-                                                         std::string* whyNot);
+                                                         bool direct, std::string* whyNot);
 
 // Shared memory, for CPU tensors (shared_memory_runner.cpp).
 std::string sharedMemoryPathProblem(c10d::Store& store, int rank, int size);

@@ -42,14 +42,14 @@ std::string copyEnginePathProblem(c10d::Store& store, int rank, int size) {
 
 std::unique_ptr<AllgatherRunner> connectCopyEngineRunner(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                                          int size, int device, const StagingGeometry& geometry,
-                                                         std::string* whyNot) {
+                                                         bool direct, std::string* whyNot) {
   c10::cuda::CUDAGuard guard(device);
   std::vector<MemberIdentity> members;
   *whyNot = CopyEngineTransport::checkGroupReachable(*store, "ce/connect", rank, size, device, &members);
   if (!whyNot->empty()) {
     return nullptr;
   }
-  return std::make_unique<CopyEngineRunner>(store, rank, size, device, std::move(members), geometry);
+  return std::make_unique<CopyEngineRunner>(store, rank, size, device, std::move(members), geometry, direct);
 }
 
 std::unique_ptr<AllgatherRunner> connectHierarchicalCopyEngineRunner(const c10::intrusive_ptr<c10d::Store>& nodeStore,
@@ -66,18 +66,19 @@ std::unique_ptr<AllgatherRunner> connectHierarchicalCopyEngineRunner(const c10::
 }
 
 CopyEngineRunner::CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int rank, int size, int device,
-                                   std::vector<MemberIdentity> members, const StagingGeometry& cap)
-    : CopyEngineRunner(std::move(store), rank, size, device, std::move(members), cap, nullptr) {}
+                                   std::vector<MemberIdentity> members, const StagingGeometry& cap, bool direct)
+    : CopyEngineRunner(std::move(store), rank, size, device, std::move(members), cap, nullptr, direct) {}
 
 CopyEngineRunner::CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int device,
                                    std::vector<MemberIdentity> nodeMembers, const StagingGeometry& cap,
                                    HierarchicalSetup setup)
     : CopyEngineRunner(std::move(store), setup.localIndex(), setup.layout.ranksPerNode(), device,
-                       std::move(nodeMembers), cap, std::make_shared<const HierarchicalSetup>(std::move(setup))) {}
+                       std::move(nodeMembers), cap, std::make_shared<const HierarchicalSetup>(std::move(setup)),
+                       /*direct=*/false) {}
 
 CopyEngineRunner::CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int rank, int size, int device,
                                    std::vector<MemberIdentity> members, const StagingGeometry& cap,
-                                   std::shared_ptr<const HierarchicalSetup> hierarchy)
+                                   std::shared_ptr<const HierarchicalSetup> hierarchy, bool direct)
     : store_(std::move(store)),
       rank_(rank),
       size_(size),
@@ -85,7 +86,8 @@ CopyEngineRunner::CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int ra
       members_(std::move(members)),
       cap_(cap),
       injectWatchdogFault_(testFaultRequested("watchdog")),
-      hierarchy_(std::move(hierarchy)) {
+      hierarchy_(std::move(hierarchy)),
+      directWanted_(direct) {
   c10::cuda::CUDAGuard guard(device_);
   pushStream_ = gpu::createStream();
   drainStream_ = gpu::createStream();
@@ -118,8 +120,10 @@ CopyEngineRunner::~CopyEngineRunner() {
   for (gpu::Event e : {callerReady_, pushDone_, capturedFork_, capturedJoin_}) {
     gpu::destroyEvent(e);
   }
-  // The gather buffers go before the streams that may still name them (nothing is in flight any more).
+  // The gather buffers and the direct path's mappings go before the streams that may still name them (nothing is
+  // in flight any more).
   railStaging_.reset();
+  direct_.reset();
   for (gpu::Stream s : {pushStream_, drainStream_, capturedPushStream_, networkStream_}) {
     if (s) {
       gpu::destroyStream(s);
@@ -142,7 +146,14 @@ CollectivePath CopyEngineRunner::pathFor(const PlannedAllgather& planned) {
     }
     return CollectivePath::dma(CollectivePath::kCaptured);
   }
-  return hierarchy_ ? CollectivePath::dma("hierarchical") : CollectivePath::dma();
+  if (hierarchy_) {
+    return CollectivePath::dma("hierarchical");
+  }
+  // The same choice on every member: it depends on the form and the knob only, never on this rank's buffers.
+  if (directWanted_ && planned.plan.outputBase && planned.plan.bytesPerRank > 0) {
+    return CollectivePath::dma(CollectivePath::kDirect);
+  }
+  return CollectivePath::dma();
 }
 
 int CopyEngineRunner::groupRankOf(int member) const {
@@ -194,6 +205,9 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::run(PlannedAllgather& planned, 
   if (path.isCaptured()) {  // pathFor asked the driver about this stream a moment ago
     return enqueueCaptured(planned, info, caller);
   }
+  if (path.isDirect()) {
+    return enqueueDirect(planned, asyncOp, info, caller, lock);
+  }
   CopyEngineTransport& transport = stagingFor(plan);
   const bool pipelined = chunksOf(plan, transport) > 1;
 
@@ -201,15 +215,7 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::run(PlannedAllgather& planned, 
   // their own stream so that the next chunk's push overlaps this chunk's drain.
   gpu::Stream drain = asyncOp ? drainStream_ : caller;
   gpu::Stream push = pipelined ? pushStream_ : drain;
-  if (drain != caller || push != caller) {
-    gpu::recordEvent(callerReady_, caller);
-    if (drain != caller) {
-      gpu::streamWaitEvent(drain, callerReady_);
-    }
-    if (push != caller && push != drain) {
-      gpu::streamWaitEvent(push, callerReady_);
-    }
-  }
+  forkFromCaller(caller, push, drain);
   transport.bindLanes(push, drain);
   const auto first = static_cast<uint32_t>(chunks_ + 1);
   if (hierarchy_) {
@@ -223,25 +229,81 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::run(PlannedAllgather& planned, 
     gpu::recordEvent(pushDone_, push);
     gpu::streamWaitEvent(drain, pushDone_);
   }
+  InFlight inFlight;
+  inFlight.info = info;
+  inFlight.transport = staging_;
+  inFlight.rail = railStaging_;
+  inFlight.firstSerial = first;
+  inFlight.lastSerial = static_cast<uint32_t>(chunks_);
+  return track(planned, asyncOp, drain, std::move(inFlight), lock);
+}
+
+void CopyEngineRunner::forkFromCaller(gpu::Stream caller, gpu::Stream push, gpu::Stream drain) {
+  if (drain != caller || push != caller) {
+    gpu::recordEvent(callerReady_, caller);
+    if (drain != caller) {
+      gpu::streamWaitEvent(drain, callerReady_);
+    }
+    if (push != caller && push != drain) {
+      gpu::streamWaitEvent(push, callerReady_);
+    }
+  }
+}
+
+c10::intrusive_ptr<c10d::Work> CopyEngineRunner::track(PlannedAllgather& planned, bool asyncOp, gpu::Stream drain,
+                                                       InFlight inFlight, std::unique_lock<std::mutex>& lock) {
   gpu::Event end = endEvents_->take();
   gpu::recordEvent(end, drain);
-
   auto completion = std::make_shared<GpuCompletion>(
       end, endEvents_,
       // A synchronous call ran on the caller's stream, which orders the allocator for us; an async one may
       // outlive the caller's references, so it keeps the tensors until the copies are done.
       asyncOp ? std::move(planned.keepAlive) : std::vector<at::Tensor>{});
-  auto work = c10::make_intrusive<GpuWork>(info, planned.device, std::move(planned.outputs), completion);
+  auto work = c10::make_intrusive<GpuWork>(inFlight.info, planned.device, std::move(planned.outputs), completion);
   // The watchdog sleeps without a deadline only while nothing is in flight; otherwise it polls on its own, and a
   // wake-up per call would cost the caller a futex syscall.
   const bool watchdogAsleep = inFlight_.empty();
-  inFlight_.push_back({std::move(completion), staging_, railStaging_, info, first, static_cast<uint32_t>(chunks_),
-                       std::chrono::steady_clock::now()});
+  inFlight.completion = std::move(completion);
+  inFlight.enqueuedAt = std::chrono::steady_clock::now();
+  inFlight_.push_back(std::move(inFlight));
   lock.unlock();
   if (watchdogAsleep) {
     wake_.notify_one();
   }
   return work;
+}
+
+c10::intrusive_ptr<c10d::Work> CopyEngineRunner::enqueueDirect(PlannedAllgather& planned, bool asyncOp,
+                                                               const CollectiveInfo& info, gpu::Stream caller,
+                                                               std::unique_lock<std::mutex>& lock) {
+  if (!direct_) {
+    // Every member makes its first direct all-gather together, so they connect here together.
+    direct_ = std::make_unique<CopyEngineDirect>(store_, rank_, size_, device_, members_);
+  }
+  CopyEngineDirect::Arrival arrival;
+  try {
+    arrival = direct_->arrive(planned.plan, info.timeout);
+  } catch (const std::exception& e) {
+    // Posted or not, this rank's part of the pairing is lost: peers that count on it fail by their timeouts, and
+    // this group runs no more collectives whose pairing would be off by one.
+    failure_.record(info.describe() + " failed: " + e.what());
+    throw;
+  }
+  // Pushes over the link on one stream, pulls over it on the other: two copy engines at once.
+  gpu::Stream drain = asyncOp ? drainStream_ : caller;
+  forkFromCaller(caller, pushStream_, drain);
+  CopyEngineTransport& flags = *direct_->flags();
+  flags.bindLanes(pushStream_, drain);
+  scheduleDirectAllgather(flags, planned.plan, arrival.serial, arrival.posted, arrival.peers);
+  flags.flush();
+  InFlight inFlight;
+  inFlight.transport = direct_->flags();
+  inFlight.info = info;
+  inFlight.firstSerial = inFlight.lastSerial = arrival.serial;
+  inFlight.reached = Flag::Arrived;
+  inFlight.finished = Flag::Done;
+  inFlight.holds = std::move(arrival.holds);
+  return track(planned, asyncOp, drain, std::move(inFlight), lock);
 }
 
 c10::intrusive_ptr<c10d::Work> CopyEngineRunner::enqueueCaptured(PlannedAllgather& planned, const CollectiveInfo& info,
@@ -320,7 +382,8 @@ void CopyEngineRunner::watchdogLoop() {
 }
 
 void CopyEngineRunner::failInFlight(const InFlight& stuck, const std::string& cause) {
-  const auto ready = stuck.transport->readReadyFlags();
+  const auto reached = stuck.transport->readFlags(stuck.reached);
+  const auto finished = stuck.transport->readFlags(stuck.finished);
   const int slots = stuck.transport->geometry().slots;
   std::vector<int> neverArrived, stalled;
   if (stuck.lastSerial != stuck.firstSerial - 1) {
@@ -328,8 +391,8 @@ void CopyEngineRunner::failInFlight(const InFlight& stuck, const std::string& ca
       if (q == rank_) {
         continue;
       }
-      const uint32_t firstFlag = ready[q * slots + (stuck.firstSerial & (slots - 1))];
-      const uint32_t lastFlag = ready[q * slots + (stuck.lastSerial & (slots - 1))];
+      const uint32_t firstFlag = reached[q * slots + (stuck.firstSerial & (slots - 1))];
+      const uint32_t lastFlag = finished[q * slots + (stuck.lastSerial & (slots - 1))];
       if (!flagReached(firstFlag, stuck.firstSerial)) {
         neverArrived.push_back(groupRankOf(q));
       } else if (!flagReached(lastFlag, stuck.lastSerial)) {

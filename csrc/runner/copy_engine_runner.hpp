@@ -9,6 +9,9 @@
 // Collectives captured into a CUDA graph run the captured schedule on a transport of their own, sized to the cap
 // once: a graph keeps the addresses it was captured with, and may be replayed while eager collectives run.
 //
+// With TORCH_SDMA_DIRECT, an eager all_gather_into_tensor copies between the ranks' own buffers instead
+// (copy_engine_direct.hpp, collective/direct_allgather.hpp); the watchdog watches it the same way.
+//
 // In a group that spans nodes (docs/multinode.md) the transport spans this rank's node, and the hierarchical
 // schedule runs with NCCL on this rank's rail between nodes (gpu_rail_allgather.hpp), on a third stream. The
 // watchdog then sees the node's ranks only: a rank missing on another node shows as a rail gather that never ends,
@@ -25,6 +28,7 @@
 #include <string>
 
 #include "runner/allgather_runner.hpp"
+#include "runner/copy_engine_direct.hpp"
 #include "runner/gpu_rail_allgather.hpp"
 #include "runner/group_failure.hpp"
 #include "runner/guarded_thread.hpp"
@@ -36,8 +40,9 @@ namespace sdma {
 class CopyEngineRunner : public AllgatherRunner {
  public:
   // `members`: every member's identity, from a reachability check that said "" to all. `cap`: the largest staging.
+  // `direct`: all_gather_into_tensor takes the direct path.
   CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int rank, int size, int device,
-                   std::vector<MemberIdentity> members, const StagingGeometry& cap);
+                   std::vector<MemberIdentity> members, const StagingGeometry& cap, bool direct);
   // Hierarchical: rank, size and members are those of this rank's node.
   CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int device, std::vector<MemberIdentity> nodeMembers,
                    const StagingGeometry& cap, HierarchicalSetup setup);
@@ -53,7 +58,7 @@ class CopyEngineRunner : public AllgatherRunner {
  private:
   CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int rank, int size, int device,
                    std::vector<MemberIdentity> members, const StagingGeometry& cap,
-                   std::shared_ptr<const HierarchicalSetup> hierarchy);
+                   std::shared_ptr<const HierarchicalSetup> hierarchy, bool direct);
 
   // Never the Work itself: see gpu_completion.hpp.
   struct InFlight {
@@ -64,6 +69,11 @@ class CopyEngineRunner : public AllgatherRunner {
     uint32_t firstSerial;                            // chunk serials as the flags carry them
     uint32_t lastSerial;
     std::chrono::steady_clock::time_point enqueuedAt;
+    // A peer has reached the collective when its `reached` flag for firstSerial is there, and finished it when its
+    // `finished` flag for lastSerial is: READY of the first and last chunk through staging, ARRIVED and DONE direct.
+    Flag reached = Flag::Ready;
+    Flag finished = Flag::Ready;
+    std::vector<std::shared_ptr<void>> holds;  // the direct path's mappings of peers' buffers and its bounce area
 
     std::chrono::steady_clock::time_point deadline() const {
       return enqueuedAt + info.timeout;
@@ -80,6 +90,14 @@ class CopyEngineRunner : public AllgatherRunner {
   std::unique_ptr<CopyEngineTransport> connectTransport(const StagingGeometry& geometry);
   c10::intrusive_ptr<c10d::Work> enqueueCaptured(PlannedAllgather& planned, const CollectiveInfo& info,
                                                  gpu::Stream caller);
+  // The direct path; called with mutex_ held.
+  c10::intrusive_ptr<c10d::Work> enqueueDirect(PlannedAllgather& planned, bool asyncOp, const CollectiveInfo& info,
+                                               gpu::Stream caller, std::unique_lock<std::mutex>& lock);
+  // Orders the lanes after the caller's stream: `drain` is the caller's stream for a synchronous call.
+  void forkFromCaller(gpu::Stream caller, gpu::Stream push, gpu::Stream drain);
+  // The Work of a collective enqueued on the drain lane, watched until it is done.
+  c10::intrusive_ptr<c10d::Work> track(PlannedAllgather& planned, bool asyncOp, gpu::Stream drain, InFlight inFlight,
+                                       std::unique_lock<std::mutex>& lock);
 
   void watchdogLoop();
   // Names the peers that never reached (or stalled in) the stuck collective, releases the streams, fails all.
@@ -96,11 +114,13 @@ class CopyEngineRunner : public AllgatherRunner {
   const StagingGeometry cap_;
   const bool injectWatchdogFault_;
   const std::shared_ptr<const HierarchicalSetup> hierarchy_;  // null: the flat schedule
-  int connections_ = 0;                                       // store keys of each connection are fresh
+  const bool directWanted_;
+  int connections_ = 0;  // store keys of each connection are fresh
 
   std::shared_ptr<CopyEngineTransport> staging_;   // eager collectives; guarded by mutex_
   std::shared_ptr<GpuRailAllgather> railStaging_;  // the gathers between nodes on staging_ (hierarchical)
   std::unique_ptr<CopyEngineTransport> captured_;  // captured collectives; guarded by mutex_
+  std::unique_ptr<CopyEngineDirect> direct_;       // the direct path, from its first all-gather; guarded by mutex_
   gpu::Stream pushStream_ = nullptr;
   gpu::Stream drainStream_ = nullptr;
   gpu::Stream capturedPushStream_ = nullptr;

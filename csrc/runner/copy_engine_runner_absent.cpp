@@ -11,7 +11,7 @@ std::string copyEnginePathProblem(c10d::Store&, int, int) {
 }
 
 std::unique_ptr<AllgatherRunner> connectCopyEngineRunner(const c10::intrusive_ptr<c10d::Store>&, int, int, int,
-                                                         const StagingGeometry&, std::string* whyNot) {
+                                                         const StagingGeometry&, bool, std::string* whyNot) {
   *whyNot = kWhy;
   return nullptr;
 }

@@ -82,7 +82,8 @@ c10::intrusive_ptr<c10d::Work> SharedMemoryRunner::run(PlannedAllgather& planned
         peers[q] = {true, seen[q]->input, seen[q]->output};
       }
     }
-    scheduleDirectAllgather(*transport_, plan, static_cast<uint32_t>(serial), peers);
+    scheduleDirectAllgather(*transport_, plan, static_cast<uint32_t>(serial), {plan.input.front().ptr, plan.outputBase},
+                            peers);
   } else if (rail_) {
     scheduleHierarchicalAllgather(*transport_, *rail_, rail_->setup().layout, plan, chunks_);
   } else {

@@ -22,10 +22,24 @@
 
 namespace sdma {
 
+// How a peer in another process maps the allocation a posted address lies in. The copy-engine transport needs it
+// (peer_segments.hpp); the host transport reads and writes the poster's addresses as they are and posts none.
+struct ExportedSegment {
+  enum Kind : uint32_t { kNone = 0, kLegacyIpc = 1, kShareableFd = 2 };
+  uint32_t kind = kNone;
+  int32_t fd = -1;    // kShareableFd: the descriptor, in the poster's process
+  uint64_t id = 0;    // never names two allocations of the poster, so a peer's mapping keyed by it is never stale
+  uint64_t base = 0;  // the allocation's address in the poster's process
+  uint64_t bytes = 0;
+  char ipcHandle[64] = {};  // kLegacyIpc
+};
+
 struct BufferPost {
   uint64_t input = 0;   // peer-mappable address of the rank's input bytes
   uint64_t output = 0;  // peer-mappable address of the rank's whole output
   uint64_t bytes = 0;   // bytes per rank
+  ExportedSegment inputSegment;
+  ExportedSegment outputSegment;
 };
 
 class ArrivalMailbox {

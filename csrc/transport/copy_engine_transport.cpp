@@ -82,6 +82,7 @@ CopyEngineTransport::CopyEngineTransport(int rank, int size, int device, const S
   const size_t words = kFlagKinds * static_cast<size_t>(size) * geometry.slots;
   flagBytes_ = roundUp(words * sizeof(uint32_t), kPageBytes);
   service_ = gpu::createStream();
+  laneJoin_ = gpu::createEvent();
 }
 
 bool CopyEngineTransport::mapWithVmm(c10d::Store& store, size_t bytes) {
@@ -157,6 +158,7 @@ CopyEngineTransport::~CopyEngineTransport() {
     }
     gpu::freeDevice(base_);
   }
+  gpu::destroyEvent(laneJoin_);
   gpu::destroyStream(service_);
 }
 
@@ -232,16 +234,40 @@ void CopyEngineTransport::resetOwnFlags(Lane lane, Flag flag, int slot) {
   }
 }
 
-std::vector<uint32_t> CopyEngineTransport::readReadyFlags() {
+void CopyEngineTransport::copyToPeer(Lane lane, int /*peer*/, uint64_t peerDst, const void* src, size_t bytes) {
+  gpu::copyAsync(reinterpret_cast<void*>(peerDst), src, bytes, laneStream(lane));
+}
+
+void CopyEngineTransport::copyFromPeer(Lane lane, int /*peer*/, void* dst, uint64_t peerSrc, size_t bytes) {
+  gpu::copyAsync(dst, reinterpret_cast<const void*>(peerSrc), bytes, laneStream(lane));
+}
+
+void CopyEngineTransport::signalPeer(Lane lane, int peer, Flag flag, uint32_t value) {
+  pendingFor(lane).push_back({true, reinterpret_cast<uint32_t*>(peerBase_[peer]) + flagIndex(flag, rank_, 0), value});
+}
+
+void CopyEngineTransport::waitPeer(Lane lane, int peer, Flag flag, uint32_t value) {
+  pendingFor(lane).push_back({false, reinterpret_cast<uint32_t*>(base_) + flagIndex(flag, peer, 0), value});
+}
+
+void CopyEngineTransport::joinLane(Lane into, Lane from) {
+  if (lanes_[0] == lanes_[1]) {
+    return;  // one stream runs both lanes in order
+  }
+  gpu::recordEvent(laneJoin_, laneStream(from));
+  gpu::streamWaitEvent(laneStream(into), laneJoin_);
+}
+
+std::vector<uint32_t> CopyEngineTransport::readFlags(Flag flag) {
   std::vector<uint32_t> out(static_cast<size_t>(size_) * geometry_.slots);
-  gpu::copyToHostAsync(out.data(), base_ + flagIndex(Flag::Ready, 0, 0) * sizeof(uint32_t),
-                       out.size() * sizeof(uint32_t), service_);
+  gpu::copyToHostAsync(out.data(), base_ + flagIndex(flag, 0, 0) * sizeof(uint32_t), out.size() * sizeof(uint32_t),
+                       service_);
   gpu::syncStream(service_);
   return out;
 }
 
 void CopyEngineTransport::releaseWaiters(uint32_t serial) {
-  std::vector<uint32_t> values(2 * static_cast<size_t>(size_) * geometry_.slots, serial);
+  std::vector<uint32_t> values(kFlagKinds * static_cast<size_t>(size_) * geometry_.slots, serial);
   gpu::copyFromHostAsync(base_, values.data(), values.size() * sizeof(uint32_t), service_);
   gpu::syncStream(service_);
 }

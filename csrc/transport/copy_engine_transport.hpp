@@ -19,7 +19,7 @@
 
 namespace sdma {
 
-class CopyEngineTransport : public Transport {
+class CopyEngineTransport : public Transport, public DirectTransport {
  public:
   // Collective: "" when every member can push into every other member's GPU memory by P2P on this host, else
   // why not (the same answer on every member). `members` receives every member's identity.
@@ -46,6 +46,16 @@ class CopyEngineTransport : public Transport {
   void signalPeers(Lane lane, Flag flag, int slot, uint32_t value) override;
   void waitPeers(Lane lane, Flag flag, int slot, uint32_t value) override;
   void resetOwnFlags(Lane lane, Flag flag, int slot) override;
+  // The direct path's operations: `peerDst` / `peerSrc` are this process's mappings of the peer's buffers
+  // (PeerSegmentMap); the flags are slot 0's.
+  DirectTransport* direct() override {
+    return this;
+  }
+  void copyToPeer(Lane lane, int peer, uint64_t peerDst, const void* src, size_t bytes) override;
+  void copyFromPeer(Lane lane, int peer, void* dst, uint64_t peerSrc, size_t bytes) override;
+  void signalPeer(Lane lane, int peer, Flag flag, uint32_t value) override;
+  void waitPeer(Lane lane, int peer, Flag flag, uint32_t value) override;
+  void joinLane(Lane into, Lane from) override;
   // The streams the next collective's lanes run on (they may be the same stream).
   void bindLanes(gpu::Stream push, gpu::Stream drain);
   // Issues the flag operations still collected on either lane; call after scheduling a collective.
@@ -54,8 +64,8 @@ class CopyEngineTransport : public Transport {
   // (an event of the hierarchical schedule's gathers) comes after them.
   gpu::Stream laneStream(Lane lane);
 
-  // For the watchdog, on a private stream: the READY flags peers wrote here, flags[src][slot].
-  std::vector<uint32_t> readReadyFlags();
+  // For the watchdog, on a private stream: the flags of a kind peers wrote here, flags[src][slot].
+  std::vector<uint32_t> readFlags(Flag flag);
   // Satisfies every wait on this rank's flags up to `serial`, so that streams stuck on a dead peer run out.
   void releaseWaiters(uint32_t serial);
 
@@ -85,6 +95,7 @@ class CopyEngineTransport : public Transport {
   gpu::Stream lanes_[2] = {nullptr, nullptr};
   std::vector<gpu::FlagOp> pendingFlags_[2];
   gpu::Stream service_ = nullptr;
+  gpu::Event laneJoin_ = nullptr;
 };
 
 }  // namespace sdma

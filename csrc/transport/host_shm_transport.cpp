@@ -1,10 +1,7 @@
 #include "transport/host_shm_transport.hpp"
 
-#include <fcntl.h>
 #include <sched.h>
 #include <sys/mman.h>
-#include <sys/random.h>
-#include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -12,10 +9,10 @@
 
 #include <cerrno>
 #include <cstring>
-#include <sstream>
 #include <thread>
 
 #include "collective/rank_list.hpp"
+#include "transport/host_shared_memory.hpp"
 
 namespace sdma {
 namespace {
@@ -46,56 +43,6 @@ std::string probePeerMemoryAccess(c10d::Store& store, int rank, int size, const 
   }
   // Every member keeps `mine` alive until all have read it: agreeing is the last collective step.
   return agreeOnPath(store, "shm/cma/verdict", rank, size, problem);
-}
-
-std::string randomSegmentName() {
-  unsigned char bytes[16];
-  size_t got = 0;
-  while (got < sizeof(bytes)) {
-    const ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
-    TORCH_CHECK(n > 0 || errno == EINTR, "torch_sdma: getrandom failed: ", strerror(errno));
-    if (n > 0) {
-      got += static_cast<size_t>(n);
-    }
-  }
-  std::ostringstream os;
-  os << "/torch_sdma.";
-  for (unsigned char b : bytes) {
-    static const char* hex = "0123456789abcdef";
-    os << hex[b >> 4] << hex[b & 15];
-  }
-  return os.str();
-}
-
-// Maps `name`, creating it (exclusively, 0600, with its memory reserved so a full /dev/shm fails here rather
-// than with SIGBUS later) when `create`. Returns null with *error set on failure.
-char* mapSegment(const std::string& name, size_t bytes, bool create, std::string* error) {
-  const int fd =
-      create ? shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, S_IRUSR | S_IWUSR) : shm_open(name.c_str(), O_RDWR, 0);
-  if (fd < 0) {
-    *error = std::string("shm_open(") + name + ") failed: " + strerror(errno);
-    return nullptr;
-  }
-  if (create) {
-    const int rc = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
-    if (rc != 0) {
-      *error = std::string("reserving ") + std::to_string(bytes) + " bytes of shared memory failed: " + strerror(rc);
-      close(fd);
-      shm_unlink(name.c_str());
-      return nullptr;
-    }
-  }
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int mmapErrno = errno;
-  close(fd);  // the mapping keeps the memory; no descriptor outlives this call
-  if (p == MAP_FAILED) {
-    *error = std::string("mmap of shared memory failed: ") + strerror(mmapErrno);
-    if (create) {
-      shm_unlink(name.c_str());
-    }
-    return nullptr;
-  }
-  return static_cast<char*>(p);
 }
 
 }  // namespace

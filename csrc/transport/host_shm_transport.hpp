@@ -77,6 +77,7 @@ class HostShmTransport : public Transport, public DirectTransport {
   void copyFromPeer(Lane lane, int peer, void* dst, uint64_t peerSrc, size_t bytes) override;
   void signalPeer(Lane lane, int peer, Flag flag, uint32_t value) override;
   void waitPeer(Lane lane, int peer, Flag flag, uint32_t value) override;
+  void joinLane(Lane /*into*/, Lane /*from*/) override {}  // one worker runs both lanes in order
 
   // Null unless the direct path was set up; then shared by all members (it lives in rank 0's segment).
   ArrivalMailbox* mailbox() {

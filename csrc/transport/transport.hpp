@@ -36,6 +36,8 @@ class DirectTransport {
   virtual void copyFromPeer(Lane lane, int peer, void* dst, uint64_t peerSrc, size_t bytes) = 0;
   virtual void signalPeer(Lane lane, int peer, Flag flag, uint32_t value) = 0;
   virtual void waitPeer(Lane lane, int peer, Flag flag, uint32_t value) = 0;
+  // Holds lane `into` until what was issued on lane `from` so far is done (nothing where the lanes run serially).
+  virtual void joinLane(Lane into, Lane from) = 0;
 };
 
 class Transport {

@@ -33,7 +33,7 @@ namespace {
 
 // Gather and AwaitGather are the fake inner all-gather's (FakeRail below).
 struct Op {
-  enum Kind { Copy, Signal, Wait, Reset, SignalOne, WaitOne, Gather, AwaitGather } kind;
+  enum Kind { Copy, Signal, Wait, Reset, SignalOne, WaitOne, Join, Gather, AwaitGather } kind;
   char* dst = nullptr;
   const char* src = nullptr;
   size_t bytes = 0;
@@ -42,7 +42,7 @@ struct Op {
   uint32_t value = 0;
   int peer = -1;
   std::vector<ByteSpan> pieces;  // Gather: this rank's part
-  uint64_t fence = 0;            // Gather: runs once this many operations of queue `peer` ran
+  uint64_t fence = 0;            // Gather, Join: runs once this many operations of queue `peer` ran
 };
 
 // The queues a rank's operations go to: one per lane, and the inner all-gathers' own.
@@ -102,6 +102,15 @@ class FakeTransport : public Transport, public DirectTransport {
   }
   void waitPeer(Lane lane, int peer, Flag flag, uint32_t value) override {
     record(lane, {Op::WaitOne, nullptr, nullptr, 0, flag, 0, value, peer});
+  }
+  void joinLane(Lane into, Lane from) override {
+    const int fromQueue = queueOf(static_cast<int>(from));
+    if (fromQueue != queueOf(static_cast<int>(into))) {
+      Op join{Op::Join};
+      join.peer = fromQueue;
+      join.fence = recorded[fromQueue];
+      record(into, join);
+    }
   }
 
   uint32_t& flag(Flag f, int src, int slot) {
@@ -170,6 +179,7 @@ struct World {
       auto [r, l] = runnable[std::uniform_int_distribution<size_t>(0, runnable.size() - 1)(rng)];
       Op op = ranks[r]->lanes[l].front();
       ranks[r]->lanes[l].pop_front();
+      ++ranks[r]->executed[l];
       execute(r, op);
     }
   }
@@ -184,6 +194,8 @@ struct World {
     }
     if (op.kind == Op::WaitOne)
       return flagReached(ranks[r]->flag(op.flag, op.peer, 0), op.value);
+    if (op.kind == Op::Join)
+      return ranks[r]->executed[op.peer] >= op.fence;
     return true;
   }
 
@@ -210,6 +222,7 @@ struct World {
         break;
       case Op::Wait:
       case Op::WaitOne:
+      case Op::Join:
       case Op::Gather:  // the fake rail's (HierarchicalWorld below)
       case Op::AwaitGather:
         break;
@@ -385,7 +398,9 @@ void stagingCase(std::mt19937& rng, int caseNo) {
   }
 }
 
-// The direct schedule: every pair has a late arriver (maybe two), as the arrival mailbox guarantees.
+// The direct schedule: every pair has a late arriver (maybe two), as the arrival mailbox guarantees. A rank posts
+// its own buffers, or a bounce area of its own for either (a buffer its peers cannot map); lanes run apart (two
+// GPU streams) or as one (one stream, or the host runner's worker).
 void directCase(std::mt19937& rng, int caseNo) {
   const int W = std::uniform_int_distribution<int>(2, 5)(rng);
   StagingGeometry g;
@@ -393,13 +408,25 @@ void directCase(std::mt19937& rng, int caseNo) {
   g.slots = 2;
   g.chunkBytes = 64;
   World world;
-  for (int r = 0; r < W; ++r)
+  const bool oneQueue = std::uniform_int_distribution<int>(0, 1)(rng);
+  for (int r = 0; r < W; ++r) {
     world.ranks.push_back(std::make_unique<FakeTransport>(&world, r, g));
+    world.ranks.back()->queues = oneQueue ? FakeTransport::Queues::One : FakeTransport::Queues::PerLane;
+  }
   for (uint32_t serial = 1; serial <= 3; ++serial) {
     const Form form = std::uniform_int_distribution<int>(0, 1)(rng) ? Form::IntoTensor : Form::InPlace;
     const size_t bytes = std::uniform_int_distribution<size_t>(1, 200)(rng);
     Buffers b = makeCollective(form, W, bytes, rng);
     std::vector<std::vector<char>> original = b.inputs;
+    std::vector<std::vector<char>> bounce(W, std::vector<char>(W * bytes, 0x5a));
+    std::vector<PostedBuffers> posted(W);
+    std::string bounced;
+    for (int r = 0; r < W; ++r) {
+      const int pick = std::uniform_int_distribution<int>(0, 3)(rng);  // bit 0: input bounced, bit 1: output
+      posted[r].input = pick & 1 ? bounce[r].data() + r * bytes : b.plans[r].input[0].ptr;
+      posted[r].outputBase = pick & 2 ? bounce[r].data() : b.plans[r].outputBase;
+      bounced += std::to_string(pick);
+    }
     // late[r][q]: r saw q's post (r is late for the pair). Never both early.
     std::vector<std::vector<bool>> late(W, std::vector<bool>(W, false));
     for (int r = 0; r < W; ++r) {
@@ -415,14 +442,15 @@ void directCase(std::mt19937& rng, int caseNo) {
       std::vector<PeerBuffers> posts(W);
       for (int q = 0; q < W; ++q) {
         if (late[r][q]) {
-          posts[q] = {true, reinterpret_cast<uint64_t>(b.plans[q].input[0].ptr),
-                      reinterpret_cast<uint64_t>(b.plans[q].outputBase)};
+          posts[q] = {true, reinterpret_cast<uint64_t>(posted[q].input),
+                      reinterpret_cast<uint64_t>(posted[q].outputBase)};
         }
       }
-      scheduleDirectAllgather(*world.ranks[r], b.plans[r], serial, posts);
+      scheduleDirectAllgather(*world.ranks[r], b.plans[r], serial, posted[r], posts);
     }
     const std::string what = "direct case " + std::to_string(caseNo) + " (W=" + std::to_string(W) + ", " +
-                             formName(form) + ", serial " + std::to_string(serial) + ")";
+                             formName(form) + ", serial " + std::to_string(serial) + ", bounced " + bounced +
+                             (oneQueue ? ", one lane" : ", two lanes") + ")";
     world.run(rng, what);
     checkOutputs(b, original, what);
   }

@@ -1,0 +1,65 @@
+// What the copy-engine runner keeps for the direct path (docs/design-direct-push.md): the Arrived and Done flags (a
+// small copy-engine transport of their own, so that staging may grow without resetting them), the arrival mailbox
+// in host memory the members share, the export of this rank's buffers, the mappings of the peers', and the bounce
+// area that stands in for a buffer peers cannot map.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collective/allgather_plan.hpp"
+#include "collective/direct_allgather.hpp"
+#include "transport/arrival_mailbox.hpp"
+#include "transport/copy_engine_transport.hpp"
+#include "transport/peer_segments.hpp"
+
+namespace sdma {
+
+class CopyEngineDirect {
+ public:
+  // Collective: every member calls it at the same all-gather (the group's first on the direct path).
+  CopyEngineDirect(const c10::intrusive_ptr<c10d::Store>& groupStore, int rank, int size, int device,
+                   const std::vector<MemberIdentity>& members);
+  ~CopyEngineDirect();
+
+  // One all-gather's part of the direct schedule, decided at enqueue without waiting for any peer.
+  struct Arrival {
+    uint32_t serial = 0;
+    PostedBuffers posted;
+    std::vector<PeerBuffers> peers;  // the early peers' buffers, mapped here
+    // The mappings and bounce area the copies use: kept until the collective is done.
+    std::vector<std::shared_ptr<void>> holds;
+  };
+  // Posts this rank's buffers for the next direct all-gather (bouncing those peers cannot map) and maps the buffers
+  // of the peers that posted theirs first. Waits only when a peer's CPU is a mailbox's depth behind; past
+  // `timeout` that throws.
+  Arrival arrive(const AllgatherPlan& plan, std::chrono::milliseconds timeout);
+
+  const std::shared_ptr<CopyEngineTransport>& flags() const {
+    return flags_;
+  }
+
+ private:
+  // The bounce area, at least `bytes` large (a larger one replaces it; collectives in flight hold the old one).
+  const std::shared_ptr<BounceArea>& bounceOf(size_t bytes);
+
+  const int rank_;
+  const int size_;
+  const int device_;
+  std::shared_ptr<CopyEngineTransport> flags_;
+  char* mailboxMemory_ = nullptr;
+  size_t mailboxBytes_ = 0;
+  std::unique_ptr<ArrivalMailbox> mailbox_;
+  SegmentExporter exporter_;
+  PeerSegmentMap peerSegments_;
+  std::shared_ptr<BounceArea> bounce_;
+  uint64_t bounces_ = 0;  // ids of this rank's bounce areas
+  uint64_t serial_ = 0;
+};
+
+}  // namespace sdma

@@ -1,0 +1,127 @@
+"""Issue 15, GPU (2 GPUs; skipped elsewhere): the copy-engine direct path (TORCH_SDMA_DIRECT=1), which copies
+between the ranks' own buffers without staging.
+- all_gather_into_tensor out of place and in place, synchronous and async, from one element to 24 Mi, bit-exact
+  against the locally rebuilt concatenation of every rank's random input, outputs poisoned first; stats count every
+  call as "dma:direct"; the other forms still take staging ("dma").
+- A rank that drops its input and output right after an async call, and reuses the memory before wait(): the Work
+  keeps them, the peer's bytes still land, nothing is overwritten.
+- Allocator churn: all-gathers into fresh outputs of random sizes, torch.cuda.empty_cache() between some, so that
+  segments are freed and their addresses reused under new allocation ids.
+- The same with expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), whose memory legacy IPC
+  cannot export: every buffer then goes through the bounce area.
+The cases also run on one GPU shared by two processes (.scratch or the device's one-GPU check), so the reference is
+the rebuilt bytes, which are what NCCL returns."""
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from checks.data import assert_bytes_equal, expected_concat, poison_, rand
+from conftest import cuda_count
+from mp_harness import run_group
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(cuda_count() < 2, reason="needs 2 CUDA devices")]
+
+ENV = {"TORCH_SDMA_MIN_BYTES": "0", "TORCH_SDMA_DIRECT": "1", "TORCH_SDMA_DISABLE": None}
+SIZES = (1, 1000, 256 * 1024, 6 << 20, 24 << 20)
+
+
+def _gather(g, dev, rank, world, name, n, in_place, async_op, dtype=torch.bfloat16):
+    x = rand(name, rank, (n,), dtype, dev)
+    out = poison_(torch.empty(world * n, dtype=dtype, device=dev))
+    if in_place:
+        out.narrow(0, rank * n, n).copy_(x)
+        x = out.narrow(0, rank * n, n)
+    work = dist.all_gather_into_tensor(out, x, group=g, async_op=async_op)
+    if async_op:
+        work.wait()
+    return out
+
+
+def _expected_on(dev, name, world, n, dtype=torch.bfloat16):
+    return torch.cat([rand(name, r, (n,), dtype, dev) for r in range(world)])
+
+
+def direct_cases(ctx, churn_iters=300):
+    import torch_sdma
+
+    rank, dev, world = ctx.rank, ctx.device, ctx.world
+    g = dist.group.WORLD
+
+    def every_size_both_forms():
+        before = torch_sdma.stats(g).get("dma:direct", {}).get("calls", 0)
+        calls = 0
+        for n in SIZES:
+            for in_place in (False, True):
+                for async_op in (False, True):
+                    name = f"d{n}{in_place}{async_op}"
+                    out = _gather(g, dev, rank, world, name, n, in_place, async_op)
+                    torch.cuda.synchronize()
+                    assert_bytes_equal(out, expected_concat(name, range(world), (n,), torch.bfloat16), name)
+                    calls += 1
+        after = torch_sdma.stats(g)["dma:direct"]["calls"]
+        assert after - before == calls, f"{after - before} direct calls of {calls}: {torch_sdma.stats(g)}"
+
+    def list_form_takes_staging():
+        n = 4096
+        x = rand("list", rank, (n,), torch.float32, dev)
+        outs = [poison_(torch.empty(n, device=dev)) for _ in range(world)]
+        before = torch_sdma.stats(g).get("dma", {}).get("calls", 0)
+        dist.all_gather(outs, x, group=g)
+        torch.cuda.synchronize()
+        assert_bytes_equal(torch.cat(outs), expected_concat("list", range(world), (n,), torch.float32), "list")
+        assert torch_sdma.stats(g)["dma"]["calls"] == before + 1
+
+    def freed_before_wait():
+        n = 8 << 20
+        for rep in range(3):
+            name = f"free{rep}"
+            x = rand(name, rank, (n,), torch.bfloat16, dev)
+            out = poison_(torch.empty(world * n, dtype=torch.bfloat16, device=dev))
+            probe = out  # a view that survives the drop below only on rank 1, which checks the bytes
+            work = dist.all_gather_into_tensor(out, x, group=g, async_op=True)
+            if rank == 0:
+                del x, out, probe
+                # Whatever the allocator hands out now must not be the Work's buffers.
+                junk = [torch.full((n,), 7, dtype=torch.bfloat16, device=dev) for _ in range(world + 1)]
+                work.wait()
+                torch.cuda.synchronize()
+                for j in junk:
+                    assert bool((j == 7).all()), "memory the Work still uses was handed out again"
+            else:
+                work.wait()
+                torch.cuda.synchronize()
+                assert_bytes_equal(probe, expected_concat(name, range(world), (n,), torch.bfloat16), name)
+
+    def allocator_churn():
+        gen = torch.Generator().manual_seed(1234)  # the same sizes on every rank
+        for i in range(churn_iters):
+            n = int(torch.randint(1, 1 << 20, (1,), generator=gen))
+            in_place = bool(torch.randint(0, 2, (1,), generator=gen))
+            if i % 37 == 0:
+                torch.cuda.empty_cache()
+            name = f"churn{i}"
+            out = _gather(g, dev, rank, world, name, n, in_place, async_op=bool(i % 2))
+            if not torch.equal(out.view(torch.int16), _expected_on(dev, name, world, n).view(torch.int16)):
+                raise AssertionError(f"churn iteration {i} ({n} elements, in_place={in_place}): wrong bytes")
+        torch.cuda.synchronize()
+
+    return [
+        ("every_size_both_forms", every_size_both_forms),
+        ("list_form_takes_staging", list_form_takes_staging),
+        ("freed_before_wait", freed_before_wait),
+        ("allocator_churn", allocator_churn),
+    ]
+
+
+def _body(ctx):
+    return {"failed": ctx.run_cases(direct_cases(ctx, int(os.environ.get("SDMA_TEST_CHURN", "300"))))}
+
+
+@pytest.mark.parametrize("alloc_conf", ["", "expandable_segments:True"], ids=["cudaMalloc", "expandable"])
+def test_direct_path_bit_exact(alloc_conf):
+    env = dict(ENV, PYTORCH_CUDA_ALLOC_CONF=alloc_conf or None)
+    res = run_group(_body, 2, "cpu:gloo,cuda:sdma", env=env, cuda=True, timeout=600)
+    res.check()
+    assert all(r.value["failed"] == 0 for r in res.ranks), res.describe()
