@@ -74,7 +74,8 @@ SOURCES = {
     "work": ["host_work.cpp", "self_p2p_work.cpp"],
 }
 GPU_SOURCES = {
-    "transport": ["copy_engine_transport.cpp", "peer_segments.cpp"],
+    "backend": ["comm_buffer_pool.cpp"],
+    "transport": ["copy_engine_transport.cpp", "peer_segments.cpp", "shareable_allocations.cpp"],
     "runner": ["copy_engine_runner.cpp", "copy_engine_direct.cpp", "gpu_rail_allgather.cpp"],
     "work": ["gpu_work.cpp", "gpu_completion.cpp"],
 }

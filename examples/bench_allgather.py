@@ -161,13 +161,9 @@ class Bench:
         self.cpu_group = dist.new_group(backend="gloo") if self.pseudo else None
         # The enqueue cost is that of the copy-engine path, which the default group leaves to NCCL below
         # TORCH_SDMA_MIN_BYTES: a second sdma group, with the threshold at 0, takes every size on DMA.
-        saved = os.environ.get("TORCH_SDMA_MIN_BYTES")
-        os.environ["TORCH_SDMA_MIN_BYTES"] = "0"
-        self.dma_group = dist.new_group()
-        if saved is None:
-            del os.environ["TORCH_SDMA_MIN_BYTES"]
-        else:
-            os.environ["TORCH_SDMA_MIN_BYTES"] = saved
+        self.dma_group = new_group_with_env(TORCH_SDMA_MIN_BYTES="0")
+        # The direct path (TORCH_SDMA_DIRECT=1, off by default until measured): a group of its own, a peer row.
+        self.direct_group = new_group_with_env(TORCH_SDMA_MIN_BYTES="0", TORCH_SDMA_DIRECT="1")
         self.dtype = DTYPES[args.dtype or ("bf16" if mode == "gpu" else "fp32")]
         max_bytes = args.max_bytes or (GIB if mode == "gpu" else 256 * MIB)
         self.sizes = [s for s in (args.sizes or DEFAULT_SIZES) if s <= max_bytes]
@@ -439,7 +435,7 @@ def enqueue_cost(b):
     inp = torch.randn(n_out // b.world, device=b.device).to(torch.bfloat16)
     out = torch.empty(n_out, dtype=torch.bfloat16, device=b.device)
     batch = 20
-    groups = [("sdma", b.dma_group), (b.base_name, b.base_group)]
+    groups = [("sdma", b.dma_group), ("sdma-direct", b.direct_group), (b.base_name, b.base_group)]
     samples = {name: [] for name, _ in groups}
 
     def run_batch(group, record):
@@ -541,6 +537,20 @@ def staging_across_groups(b, groups=8, size=64 * MIB):
             "default_group_staging_bytes": torch_sdma.staging_bytes()}
 
 
+def new_group_with_env(**env):
+    """A group of the default backend created while `env` is set (sdma reads its knobs at group creation)."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return dist.new_group()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
+
+
 def peer_sweep(b):
     """Every all-gather a user could pick (allgather_peers.py) beside sdma, out of place and in place, on the sweep's
     sizes: busbw per peer and form, each checked for its bytes, and sdma's ratio to the best peer and to the limit."""
@@ -548,6 +558,7 @@ def peer_sweep(b):
     sizes = [s for s in b.sizes if s // b.world >= 2]
     per_rank = {s: s // b.world // 2 * 2 for s in sizes}  # whole bf16 elements from each rank
     peers = [GroupPeer("sdma", None, b.rank, b.world, b.device),
+             GroupPeer("sdma-direct", b.direct_group, b.rank, b.world, b.device),
              GroupPeer(b.base_name, b.base_group, b.rank, b.world, b.device)]
     unavailable = {}
     nccl_ce = {}
@@ -613,14 +624,16 @@ def peer_sweep(b):
         for form in FORMS:
             others = {k.rsplit("_", 1)[0]: v["us"] for k, v in row.items()
                       if k.endswith(f"_{form}") and isinstance(v, dict) and v.get("match")
-                      and not k.startswith(("sdma_", "ce-limit"))}
-            sdma = row.get(f"sdma_{form}")
-            if others and sdma:
-                best = min(others, key=others.get)
+                      and not k.startswith(("sdma", "ce-limit"))}
+            best = min(others, key=others.get) if others else None
+            if best:
                 row[f"best_peer_{form}"] = best
-                row[f"sdma_over_best_{form}"] = others[best] / sdma["us"]
-            if sdma and "ce-limit_out" in row:
-                row[f"sdma_over_limit_{form}"] = row["ce-limit_out"]["us"] / sdma["us"]
+            for ours in ("sdma", "sdma-direct"):
+                got = row.get(f"{ours}_{form}")
+                if got and best:
+                    row[f"{ours}_over_best_{form}"] = others[best] / got["us"]
+                if got and "ce-limit_out" in row:
+                    row[f"{ours}_over_limit_{form}"] = row["ce-limit_out"]["us"] / got["us"]
         rows.append(row)
         b.log(f"  peers {row['size']}: " + ", ".join(
             f"{k} {v['busbw_GBps']:.1f}{'' if v['match'] else ' (WRONG BYTES)'}" for k, v in row.items()
@@ -632,7 +645,7 @@ def peer_sweep(b):
     return rows
 
 
-PEER_COLUMNS = ("sdma", "nccl", "gloo", "nccl-ce", "symm-mem-ce", "ce-limit", "ce-limit-ipc")
+PEER_COLUMNS = ("sdma", "sdma-direct", "nccl", "gloo", "nccl-ce", "symm-mem-ce", "ce-limit", "ce-limit-ipc")
 
 
 def peer_table(rows):
@@ -640,19 +653,19 @@ def peer_table(rows):
     if not rows:
         return ""
     cols = [c for c in PEER_COLUMNS if any(f"{c}_{f}" in r for r in rows for f in FORMS) or c in rows[0]["unavailable"]]
-    lines = ["| output | form | " + " | ".join(cols) + " | best peer | sdma / best peer | sdma / ce-limit |",
-             "|" + "---|" * (len(cols) + 5)]
+    lines = ["| output | form | " + " | ".join(cols) + " | best peer | sdma / best peer | sdma / ce-limit"
+             " | sdma-direct / best peer | sdma-direct / ce-limit |",
+             "|" + "---|" * (len(cols) + 7)]
     for r in rows:
         for form in FORMS:
             cells = []
             for c in cols:
                 v = r.get(f"{c}_{form}") or (r.get(f"{c}_out") if c.startswith("ce-limit") else None)
                 cells.append("n/a" if v is None else fmt_bw(v["busbw_GBps"]) + ("" if v["match"] else " WRONG"))
-            best = r.get(f"best_peer_{form}", "")
-            ratio = r.get(f"sdma_over_best_{form}")
-            limit = r.get(f"sdma_over_limit_{form}")
-            lines.append(f"| {r['size']} | {form} | " + " | ".join(cells) + f" | {best} | "
-                         f"{'' if ratio is None else f'{ratio:.2f}'} | {'' if limit is None else f'{limit:.2f}'} |")
+            ratios = [r.get(f"{ours}_over_{what}_{form}") for ours in ("sdma", "sdma-direct")
+                      for what in ("best", "limit")]
+            lines.append(f"| {r['size']} | {form} | " + " | ".join(cells) + f" | {r.get(f'best_peer_{form}', '')} | "
+                         + " | ".join("" if x is None else f"{x:.2f}" for x in ratios) + " |")
     notes = [f"- {name}: n/a, {why}" for name, why in rows[0]["unavailable"].items() if why]
     return "\n".join(lines + ([""] + notes if notes else []))
 
@@ -840,7 +853,7 @@ def main():
             print(f"## CPU cost of enqueueing one async all_gather_into_tensor "
                   f"({human_bytes(enqueue['output_bytes'])} output; sdma path: {enqueue['sdma_path']})\n")
             print("| backend | calls | median us | mean us | p90 us |\n|---|---|---|---|---|")
-            for name in ("sdma", b.base_name):
+            for name in enqueue["backends"]:
                 e = enqueue["backends"][name]
                 print(f"| {name} | {e['calls']} | {e['median_us']:.1f} | {e['mean_us']:.1f} | {e['p90_us']:.1f} |")
             print()

@@ -414,9 +414,9 @@ def cuda_never_calls_body(ctx, async_op):
             "elapsed": elapsed, "stream_released": stream_released}
 
 
-@pytest.mark.parametrize("async_op", [True, False])
-def test_cuda_peer_never_calls(async_op):
-    res = run_group(cuda_never_calls_body, W, "cpu:gloo,cuda:sdma", kwargs={"async_op": async_op}, env=ENV, cuda=True,
+def run_peer_never_calls(async_op, env):
+    """Rank 1 never calls: rank 0's all-gather fails within the timeout naming it, and its stream runs on."""
+    res = run_group(cuda_never_calls_body, W, "cpu:gloo,cuda:sdma", kwargs={"async_op": async_op}, env=env, cuda=True,
                     timeout=PG_TIMEOUT_S + SLACK_S + 120, pg_timeout_s=PG_TIMEOUT_S, destroy=False, hard_exit=True,
                     grace=PG_TIMEOUT_S + SLACK_S + 60)
     r0 = res.ranks[0]
@@ -426,3 +426,9 @@ def test_cuda_peer_never_calls(async_op):
     assert v["error"] is not None, f"no error although rank 1 never called: {v}"
     assert re.search(r"(peer|rank)[^\n]{0,60}\b1\b", v["error"], re.I), f"error does not name peer 1: {v}"
     assert v["elapsed"] <= PG_TIMEOUT_S + SLACK_S, v
+    return v
+
+
+@pytest.mark.parametrize("async_op", [True, False])
+def test_cuda_peer_never_calls(async_op):
+    run_peer_never_calls(async_op, ENV)

@@ -22,7 +22,7 @@ def test_bench_cpu_mode_writes_checked_rows(tmp_path):
     peers = report["peers"]
     assert [r["size"] for r in peers] == ["4 KiB", "64 KiB"]
     for r in peers:
-        for entry in ("sdma_out", "sdma_in", "gloo_out", "gloo_in"):
+        for entry in ("sdma_out", "sdma_in", "sdma-direct_out", "sdma-direct_in", "gloo_out", "gloo_in"):
             assert r[entry]["match"], (r["size"], entry)
             assert r[entry]["busbw_GBps"] > 0
         assert r["best_peer_out"] == "gloo" and r["best_peer_in"] == "gloo"

@@ -5,8 +5,13 @@ between the ranks' own buffers without staging.
   call as "dma:direct"; the other forms still take staging ("dma").
 - A rank that drops its input and output right after an async call, and reuses the memory before wait(): the Work
   keeps them, the peer's bytes still land, nothing is overwritten.
+- Communication buffers from the backend's allocate_tensor (the pool FSDP2 uses after
+  set_allocate_memory_from_process_group_for_comm), gathered in place, with empty_cache() between.
+- FSDP2 with set_allocate_memory_from_process_group_for_comm: losses bit-identical with the same training on NCCL.
 - Allocator churn: all-gathers into fresh outputs of random sizes, torch.cuda.empty_cache() between some, so that
   segments are freed and their addresses reused under new allocation ids.
+- A peer that never calls: the all-gather fails within the group's timeout naming it ("never reached it": its
+  Arrived flag never came), and the stream stuck on it is released.
 - The same with expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), whose memory legacy IPC
   cannot export: every buffer then goes through the bounce area.
 The cases also run on one GPU shared by two processes (.scratch or the device's one-GPU check), so the reference is
@@ -107,8 +112,32 @@ def direct_cases(ctx, churn_iters=300):
                 raise AssertionError(f"churn iteration {i} ({n} elements, in_place={in_place}): wrong bytes")
         torch.cuda.synchronize()
 
+    def comm_buffers_from_the_pool():
+        # What FSDP2 does after set_allocate_memory_from_process_group_for_comm: outputs from the backend's
+        # allocate_tensor, gathered in place; the pool's memory is mapped by the peers by descriptor.
+        backend = g._get_backend(dev)
+        assert backend.supports_tensor_alloc(dev)
+        gen = torch.Generator().manual_seed(99)
+        for i in range(60):
+            n = int(torch.randint(1, 4 << 20, (1,), generator=gen))
+            name = f"pool{i}"
+            out = backend.allocate_tensor(world * n, dtype=torch.bfloat16, device=dev)
+            poison_(out)
+            out.narrow(0, rank * n, n).copy_(rand(name, rank, (n,), torch.bfloat16, dev))
+            work = dist.all_gather_into_tensor(out, out.narrow(0, rank * n, n), group=g, async_op=bool(i % 2))
+            if work is not None:
+                work.wait()
+            if not torch.equal(out.view(torch.int16), _expected_on(dev, name, world, n).view(torch.int16)):
+                raise AssertionError(f"pool iteration {i} ({n} elements): wrong bytes")
+            if i % 20 == 19:
+                del out
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()  # the pool's free segments go back (and are unmapped here)
+        torch.cuda.synchronize()
+
     return [
         ("every_size_both_forms", every_size_both_forms),
+        ("comm_buffers_from_the_pool", comm_buffers_from_the_pool),
         ("list_form_takes_staging", list_form_takes_staging),
         ("freed_before_wait", freed_before_wait),
         ("allocator_churn", allocator_churn),
@@ -125,3 +154,55 @@ def test_direct_path_bit_exact(alloc_conf):
     res = run_group(_body, 2, "cpu:gloo,cuda:sdma", env=env, cuda=True, timeout=600)
     res.check()
     assert all(r.value["failed"] == 0 for r in res.ranks), res.describe()
+
+
+@pytest.mark.parametrize("async_op", [True, False])
+def test_direct_peer_never_calls_is_named(async_op):
+    from test_allgather_cuda import run_peer_never_calls
+
+    v = run_peer_never_calls(async_op, ENV)
+    assert "never reached it: [1]" in v["error"], v
+
+
+def _fsdp2_body(ctx, steps=4):
+    """The same FSDP2 training twice, its all-gathers once on sdma's direct path with the outputs from sdma's pool
+    (set_allocate_memory_from_process_group_for_comm) and once on NCCL: the losses are bit-identical."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    import torch_sdma
+
+    dev = ctx.device
+    nccl = dist.new_group(backend="nccl")
+
+    def train(group):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024, device=dev) for _ in range(4)])
+        mesh = DeviceMesh.from_group(group, "cuda")
+        for layer in model:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        model.set_allocate_memory_from_process_group_for_comm(True)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        losses = []
+        for step in range(steps):
+            x = rand(f"fsdp{step}", ctx.rank, (64, 1024), torch.float32, dev, kind="normal")
+            loss = model(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        return losses
+
+    before = torch_sdma.stats().get("dma:direct", {}).get("calls", 0)
+    sdma_losses = train(dist.group.WORLD)
+    direct_calls = torch_sdma.stats()["dma:direct"]["calls"] - before
+    nccl_losses = train(nccl)
+    assert sdma_losses == nccl_losses, (sdma_losses, nccl_losses)
+    assert direct_calls >= 2 * steps * 5, f"only {direct_calls} all-gathers took the direct path"
+    return {"losses": sdma_losses, "direct_calls": direct_calls}
+
+
+def test_fsdp2_comm_buffers_on_the_direct_path():
+    res = run_group(_fsdp2_body, 2, "cpu:gloo,cuda:sdma", env=ENV, cuda=True, timeout=300)
+    res.check()

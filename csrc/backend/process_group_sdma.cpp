@@ -4,6 +4,10 @@
 
 #include <c10/util/Logging.h>
 
+#ifdef TORCH_SDMA_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
 #include <algorithm>
 
 #include "work/coalesced_work.hpp"
@@ -544,6 +548,33 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::endCoalescing() {
     return parts[0];
   }
   return c10::make_intrusive<CoalescedWork>(std::move(parts));
+}
+
+bool ProcessGroupSDMA::supportsTensorAlloc(c10::DeviceIndex deviceIdx) {
+#ifdef TORCH_SDMA_CUDA
+  return options_.direct && deviceIdx >= 0;
+#else
+  (void)deviceIdx;
+  return false;
+#endif
+}
+
+at::Tensor ProcessGroupSDMA::allocateTensor(long size, at::TensorOptions options) {
+  TORCH_CHECK_VALUE(options.has_device() && options.device().is_cuda(),
+                    "torch_sdma allocates communication buffers on CUDA devices only");
+#ifdef TORCH_SDMA_CUDA
+  const int device = options.device().has_index() ? options.device().index() : c10::cuda::current_device();
+  TORCH_CHECK(supportsTensorAlloc(static_cast<c10::DeviceIndex>(device)),
+              "torch_sdma allocates communication buffers only where the direct path is on (TORCH_SDMA_DIRECT=1)");
+  if (!commBuffers_) {
+    commBuffers_ = std::make_unique<CommBufferPool>(device);
+  }
+  TORCH_CHECK(commBuffers_->device() == device, "torch_sdma: the group's communication buffers are on GPU ",
+              commBuffers_->device(), " but an allocation was requested on GPU ", device);
+  return commBuffers_->allocate(size, options);
+#else
+  TORCH_CHECK(false, "torch_sdma was built without CUDA: it allocates no communication buffers");
+#endif
 }
 
 bool ProcessGroupSDMA::supportsSplitting() const {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/collective_trace.hpp"
+#include "backend/comm_buffer_pool.hpp"
 #include "backend/inner_backend_factory.hpp"
 #include "backend/sdma_options.hpp"
 #include "backend/self_exchange.hpp"
@@ -107,6 +108,10 @@ class ProcessGroupSDMA : public c10d::Backend {
   void setTimeout(std::chrono::milliseconds timeout) override;
   void abort() override;
   void shutdown() override;
+  // Communication buffers (FSDP2's set_allocate_memory_from_process_group_for_comm) from a pool the direct path's
+  // peers map at full speed (comm_buffer_pool.hpp); offered where the direct path is on (TORCH_SDMA_DIRECT).
+  bool supportsTensorAlloc(c10::DeviceIndex deviceIdx) override;
+  at::Tensor allocateTensor(long size, at::TensorOptions options = {}) override;
 
   // For the Python side.
   const SdmaOptions& options() const {
@@ -157,6 +162,7 @@ class ProcessGroupSDMA : public c10d::Backend {
   // Hierarchical: this rank's node's own store (one per device), and the runner over the node and this rank's rail.
   c10::intrusive_ptr<c10d::Store> nodeStore(bool cuda) const;
   std::unique_ptr<AllgatherRunner> connectHierarchical(const at::Device& device, std::string* whyNot);
+  std::unique_ptr<CommBufferPool> commBuffers_;  // from the first allocateTensor
   CollectiveInfo describe(const char* op, c10d::OpType opType, const c10d::AllgatherOptions& opts);
   StagingGeometry geometry(const at::Device& device) const;
   void recordPath(const std::string& key, int64_t bytes);

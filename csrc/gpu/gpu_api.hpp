@@ -101,6 +101,8 @@ class CaptureRelaxedScope {
 };
 void destroyStream(Stream stream);
 void syncStream(Stream stream);
+// Every stream of `device`: before memory that work on any of them may still touch is unmapped.
+void syncDevice(int device);
 
 Event createEvent();
 void destroyEvent(Event event);

@@ -283,7 +283,9 @@ void closeIpc(void* ptr) {
 }
 
 void copyAsync(void* dst, const void* src, size_t bytes, Stream stream) {
-  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, raw(stream)), "cudaMemcpyAsync");
+  const cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, raw(stream));
+  TORCH_CHECK(err == cudaSuccess, "torch_sdma: cudaMemcpyAsync of ", bytes, " bytes from ", src, " to ", dst,
+              " failed: ", cudaGetErrorString(err));
 }
 
 void copyToHostAsync(void* dst, const void* src, size_t bytes, Stream stream) {
@@ -363,6 +365,15 @@ void destroyStream(Stream stream) {
   if (stream) {
     (void)cudaStreamDestroy(raw(stream));
   }
+}
+
+void syncDevice(int device) {
+  int current = 0;
+  check(cudaGetDevice(&current), "cudaGetDevice");
+  check(cudaSetDevice(device), "cudaSetDevice");
+  const cudaError_t err = cudaDeviceSynchronize();
+  cudaSetDevice(current);
+  check(err, "cudaDeviceSynchronize");
 }
 
 void syncStream(Stream stream) {

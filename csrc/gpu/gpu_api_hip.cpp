@@ -375,6 +375,15 @@ void destroyStream(Stream stream) {
   }
 }
 
+void syncDevice(int device) {
+  int current = 0;
+  check(hipGetDevice(&current), "hipGetDevice");
+  check(hipSetDevice(device), "hipSetDevice");
+  const hipError_t err = hipDeviceSynchronize();
+  (void)hipSetDevice(current);
+  check(err, "hipDeviceSynchronize");
+}
+
 void syncStream(Stream stream) {
   check(hipStreamSynchronize(raw(stream)), "hipStreamSynchronize");
 }

@@ -44,7 +44,7 @@ CopyEngineDirect::~CopyEngineDirect() {
 const std::shared_ptr<BounceArea>& CopyEngineDirect::bounceOf(size_t bytes) {
   if (!bounce_ || bounce_->bytes() < bytes) {
     bounce_.reset();  // collectives in flight still hold it; a new one is not added to it
-    bounce_ = std::make_shared<BounceArea>(device_, bytes, ++bounces_);
+    bounce_ = std::make_shared<BounceArea>(device_, bytes);
   }
   return bounce_;
 }

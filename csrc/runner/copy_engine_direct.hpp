@@ -58,7 +58,6 @@ class CopyEngineDirect {
   SegmentExporter exporter_;
   PeerSegmentMap peerSegments_;
   std::shared_ptr<BounceArea> bounce_;
-  uint64_t bounces_ = 0;  // ids of this rank's bounce areas
   uint64_t serial_ = 0;
 };
 

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "transport/peer_rendezvous.hpp"
+#include "transport/shareable_allocations.hpp"
 
 namespace sdma {
 namespace {
@@ -14,6 +15,9 @@ constexpr size_t kMaxRememberedHandles = 4096;
 }  // namespace
 
 bool SegmentExporter::exportRange(const void* ptr, size_t bytes, ExportedSegment* out) {
+  if (findShareable(ptr, bytes, out)) {
+    return true;  // the communication buffer pool's memory
+  }
   gpu::AllocationRange range;
   if (!gpu::describeAllocation(ptr, &range) || !range.legacyIpc ||
       static_cast<const char*>(ptr) + bytes > range.base + range.bytes) {
@@ -36,18 +40,18 @@ bool SegmentExporter::exportRange(const void* ptr, size_t bytes, ExportedSegment
   return true;
 }
 
-BounceArea::BounceArea(int device, size_t bytes, uint64_t id) {
+BounceArea::BounceArea(int device, size_t bytes) {
   const std::string error = gpu::allocateShareable(device, bytes, &alloc_);
   TORCH_CHECK(error.empty(), "torch_sdma: allocating ", bytes,
               " bytes for the direct path's bounce area failed: ", error);
-  segment_.kind = ExportedSegment::kShareableFd;
-  segment_.fd = alloc_.fd;
-  segment_.id = id;
-  segment_.base = reinterpret_cast<uint64_t>(alloc_.ptr);
-  segment_.bytes = alloc_.bytes;
+  // Registered with the pool's segments, so that its id is unique among every allocation peers map by descriptor.
+  rememberShareable(alloc_);
+  findShareable(alloc_.ptr, alloc_.bytes, &segment_);
 }
 
 BounceArea::~BounceArea() {
+  gpu::SharedAllocation registered;
+  forgetShareable(alloc_.ptr, &registered);
   gpu::freeShareable(&alloc_);
 }
 

@@ -18,7 +18,8 @@
 
 namespace sdma {
 
-// This rank's side: how a peer maps the allocation of a buffer.
+// This rank's side: how a peer maps the allocation of a buffer (the communication buffer pool's by descriptor,
+// cudaMalloc memory by legacy IPC).
 class SegmentExporter {
  public:
   // False when peers cannot map [ptr, ptr + bytes) (memory legacy IPC cannot export, e.g. expandable segments).
@@ -34,7 +35,7 @@ class SegmentExporter {
 class BounceArea {
  public:
   // Throws when the memory cannot be had.
-  BounceArea(int device, size_t bytes, uint64_t id);
+  BounceArea(int device, size_t bytes);
   ~BounceArea();
   BounceArea(const BounceArea&) = delete;
   BounceArea& operator=(const BounceArea&) = delete;
