@@ -15,7 +15,9 @@
 #include <vector>
 
 #include "backend/collective_trace.hpp"
+#ifdef TORCH_SDMA_CUDA
 #include "backend/comm_buffer_pool.hpp"
+#endif
 #include "backend/inner_backend_factory.hpp"
 #include "backend/sdma_options.hpp"
 #include "backend/self_exchange.hpp"
@@ -162,7 +164,9 @@ class ProcessGroupSDMA : public c10d::Backend {
   // Hierarchical: this rank's node's own store (one per device), and the runner over the node and this rank's rail.
   c10::intrusive_ptr<c10d::Store> nodeStore(bool cuda) const;
   std::unique_ptr<AllgatherRunner> connectHierarchical(const at::Device& device, std::string* whyNot);
-  std::unique_ptr<CommBufferPool> commBuffers_;  // from the first allocateTensor
+#ifdef TORCH_SDMA_CUDA
+  std::unique_ptr<CommBufferPool> commBuffers_;  // from the first allocateTensor (a build without CUDA has none)
+#endif
   CollectiveInfo describe(const char* op, c10d::OpType opType, const c10d::AllgatherOptions& opts);
   StagingGeometry geometry(const at::Device& device) const;
   void recordPath(const std::string& key, int64_t bytes);
