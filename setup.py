@@ -75,7 +75,12 @@ SOURCES = {
 }
 GPU_SOURCES = {
     "backend": ["comm_buffer_pool.cpp"],
-    "transport": ["copy_engine_transport.cpp", "peer_segments.cpp", "shareable_allocations.cpp"],
+    "transport": [
+        "copy_engine_transport.cpp",
+        "peer_segments.cpp",
+        "shareable_allocations.cpp",
+        "freed_allocations.cpp",
+    ],
     "runner": ["copy_engine_runner.cpp", "copy_engine_direct.cpp", "gpu_rail_allgather.cpp"],
     "work": ["gpu_work.cpp", "gpu_completion.cpp"],
 }

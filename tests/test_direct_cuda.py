@@ -8,8 +8,12 @@ between the ranks' own buffers without staging.
 - Communication buffers from the backend's allocate_tensor (the pool FSDP2 uses after
   set_allocate_memory_from_process_group_for_comm), gathered in place, with empty_cache() between.
 - FSDP2 with set_allocate_memory_from_process_group_for_comm: losses bit-identical with the same training on NCCL.
-- Allocator churn: all-gathers into fresh outputs of random sizes, torch.cuda.empty_cache() between some, so that
-  segments are freed and their addresses reused under new allocation ids.
+- Allocator churn: 10^4 all-gathers into fresh outputs of random sizes, torch.cuda.empty_cache() between some, so
+  that segments are freed and their addresses reused under new allocation ids.
+- Mapped memory bounded by what is live: after the churn and after the pool's segments are given back, the peers'
+  memory a rank maps is at most what the peers still hold (reserved by their caching allocators, plus their bounce
+  areas), as each rank retires what it freed and its peers unmap it; and the device memory of a 2 GiB output and
+  1 GiB input that the peer mapped comes back once both ranks freed them and all-gathered again.
 - A peer that never calls: the all-gather fails within the group's timeout naming it ("never reached it": its
   Arrived flag never came), and the stream stuck on it is released.
 - The same with expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), whose memory legacy IPC
@@ -48,7 +52,29 @@ def _expected_on(dev, name, world, n, dtype=torch.bfloat16):
     return torch.cat([rand(name, r, (n,), dtype, dev) for r in range(world)])
 
 
-def direct_cases(ctx, churn_iters=300):
+def _assert_peer_mappings_bounded(g, dev, rank, world, what):
+    """The peer memory this rank maps is at most what its peers hold, once two all-gathers have carried every rank's
+    retirements: each rank retires its frees at its next all-gather, and a peer that arrived earlier reads them at
+    the one after."""
+    torch.cuda.synchronize()
+    for i in range(2):
+        _gather(g, dev, rank, world, f"{what}-retire{i}", 1024, in_place=False, async_op=False)
+        torch.cuda.synchronize()
+        dist.all_reduce(torch.zeros(1), group=g)  # on CPU (gloo): every rank is past its arrival
+    import torch_sdma
+
+    mine = torch.tensor([torch_sdma.peer_mapped_bytes(g),
+                         torch.cuda.memory_reserved(dev) + torch_sdma.staging_bytes(g)], dtype=torch.int64)
+    every = [torch.zeros(2, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(every, mine, group=g)  # CPU tensors: gloo
+    held_by_peers = sum(int(every[q][1]) for q in range(world) if q != rank)
+    mapped = int(every[rank][0])
+    assert mapped <= held_by_peers, (
+        f"{what}: rank {rank} maps {mapped} bytes of its peers' memory, which hold only {held_by_peers}")
+    return mapped, held_by_peers
+
+
+def direct_cases(ctx, churn_iters=10000):
     import torch_sdma
 
     rank, dev, world = ctx.rank, ctx.device, ctx.world
@@ -110,7 +136,10 @@ def direct_cases(ctx, churn_iters=300):
             out = _gather(g, dev, rank, world, name, n, in_place, async_op=bool(i % 2))
             if not torch.equal(out.view(torch.int16), _expected_on(dev, name, world, n).view(torch.int16)):
                 raise AssertionError(f"churn iteration {i} ({n} elements, in_place={in_place}): wrong bytes")
+        del out
         torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        _assert_peer_mappings_bounded(g, dev, rank, world, "after the churn")
 
     def comm_buffers_from_the_pool():
         # What FSDP2 does after set_allocate_memory_from_process_group_for_comm: outputs from the backend's
@@ -132,8 +161,39 @@ def direct_cases(ctx, churn_iters=300):
             if i % 20 == 19:
                 del out
                 torch.cuda.synchronize()
-                torch.cuda.empty_cache()  # the pool's free segments go back (and are unmapped here)
+                torch.cuda.empty_cache()  # the pool's free segments go back, and the peers unmap them
+                _assert_peer_mappings_bounded(g, dev, rank, world, f"pool, after empty_cache {i // 20}")
         torch.cuda.synchronize()
+
+    def freed_memory_comes_back():
+        # A peer's mapping holds the owner's memory until it is closed: only the retirements give it back.
+        def barrier():
+            torch.cuda.synchronize()
+            dist.all_reduce(torch.zeros(1), group=g)
+
+        import torch_sdma
+
+        barrier()
+        start, staged = torch.cuda.mem_get_info(dev)[0], torch_sdma.staging_bytes(g)
+        n = 512 << 20  # 1 GiB of bf16 per rank
+        x = rand("big", rank, (n,), torch.bfloat16, dev)
+        out = torch.empty(world * n, dtype=torch.bfloat16, device=dev)
+        dist.all_gather_into_tensor(out, x, group=g)
+        ok = torch.equal(out.view(torch.int16), _expected_on(dev, "big", world, n).view(torch.int16))
+        del x, out
+        barrier()
+        torch.cuda.empty_cache()
+        _assert_peer_mappings_bounded(g, dev, rank, world, "after the large all-gather")
+        torch.cuda.empty_cache()
+        barrier()
+        short = start - torch.cuda.mem_get_info(dev)[0]
+        # Bounce areas (expandable segments) grew and stay: count those of every rank on this device.
+        grown = torch.tensor([dev.index, torch_sdma.staging_bytes(g) - staged], dtype=torch.int64)
+        every = [torch.zeros(2, dtype=torch.int64) for _ in range(world)]
+        dist.all_gather(every, grown, group=g)
+        kept = sum(int(e[1]) for e in every if int(e[0]) == dev.index)
+        assert ok, "the large all-gather's bytes are wrong"
+        assert short - kept < 256 << 20, f"{(short - kept) >> 20} MiB of device memory did not come back"
 
     return [
         ("every_size_both_forms", every_size_both_forms),
@@ -141,11 +201,12 @@ def direct_cases(ctx, churn_iters=300):
         ("list_form_takes_staging", list_form_takes_staging),
         ("freed_before_wait", freed_before_wait),
         ("allocator_churn", allocator_churn),
+        ("freed_memory_comes_back", freed_memory_comes_back),
     ]
 
 
 def _body(ctx):
-    return {"failed": ctx.run_cases(direct_cases(ctx, int(os.environ.get("SDMA_TEST_CHURN", "300"))))}
+    return {"failed": ctx.run_cases(direct_cases(ctx, int(os.environ.get("SDMA_TEST_CHURN", "10000"))))}
 
 
 @pytest.mark.parametrize("alloc_conf", ["", "expandable_segments:True"], ids=["cudaMalloc", "expandable"])

@@ -12,9 +12,10 @@ _hw_queues.request_before_cuda_starts()
 
 from . import _C, _default_backend, _nccl_split_source
 from ._registration import BACKEND_NAME, create_backend, perform_nocolor_split
-from ._stats import group_path, node_layout, reset_stats, staging_bytes, stats
+from ._stats import group_path, node_layout, peer_mapped_bytes, reset_stats, staging_bytes, stats
 
-__all__ = ["stats", "reset_stats", "group_path", "node_layout", "staging_bytes", "ProcessGroupSDMA"]
+__all__ = ["stats", "reset_stats", "group_path", "node_layout", "staging_bytes", "peer_mapped_bytes",
+           "ProcessGroupSDMA"]
 
 ProcessGroupSDMA = _C.ProcessGroupSDMA
 ProcessGroupSDMA.perform_nocolor_split = perform_nocolor_split

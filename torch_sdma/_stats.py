@@ -52,5 +52,12 @@ def node_layout(group: Optional[dist.ProcessGroup] = None) -> str:
 
 
 def staging_bytes(group: Optional[dist.ProcessGroup] = None) -> int:
-    """Staging memory this process holds for `group` (device memory for CUDA, shared memory for CPU)."""
+    """Memory this process holds for `group` outside the caching allocator: staging (device memory for CUDA, shared
+    memory for CPU) and the direct path's bounce area."""
     return sum(b._sdma_staging_bytes() for b in _sdma_backends(group))
+
+
+def peer_mapped_bytes(group: Optional[dist.ProcessGroup] = None) -> int:
+    """Bytes of the other members' device memory that this process maps for `group`'s direct path (their memory,
+    which they cannot give back while it is mapped here; unmapped once they free it and all-gather again)."""
+    return sum(b._sdma_peer_mapped_bytes() for b in _sdma_backends(group) if hasattr(b, "_sdma_peer_mapped_bytes"))

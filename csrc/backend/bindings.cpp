@@ -144,6 +144,7 @@ PYBIND11_MODULE(_C, m) {
              return py::make_tuple(kind, path.reason);
            })
       .def("_sdma_staging_bytes", &sdma::ProcessGroupSDMA::stagingBytesInUse)
+      .def("_sdma_peer_mapped_bytes", &sdma::ProcessGroupSDMA::peerMappedBytes)
       .def("_sdma_node_layout", &sdma::ProcessGroupSDMA::nodeLayoutDescription)
       // torch <= 2.13's split_group (and so DeviceMesh) deep-copies `parent_backend.options` as the child's options,
       // as ProcessGroupNCCL binds it. These are the inner NCCL's (gloo's on a CPU-only group): a split then

@@ -703,4 +703,14 @@ int64_t ProcessGroupSDMA::stagingBytesInUse() const {
   return b;
 }
 
+int64_t ProcessGroupSDMA::peerMappedBytes() const {
+  int64_t b = 0;
+  for (const DevicePath* path : {&cudaPath_, &hostPath_}) {
+    if (path->runner) {
+      b += static_cast<int64_t>(path->runner->peerMappedBytes());
+    }
+  }
+  return b;
+}
+
 }  // namespace sdma

@@ -126,6 +126,7 @@ class ProcessGroupSDMA : public c10d::Backend {
   // that device.
   CollectivePath creationVerdict(c10::DeviceType device) const;
   int64_t stagingBytesInUse() const;
+  int64_t peerMappedBytes() const;
   // "2 nodes x 2 ranks (rails [0,2],[1,3])" when the members span several nodes, else "".
   std::string nodeLayoutDescription() const;
 

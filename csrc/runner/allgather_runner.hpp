@@ -30,7 +30,12 @@ class AllgatherRunner {
   // peers. Consumes planned's tensors.
   virtual c10::intrusive_ptr<c10d::Work> run(PlannedAllgather& planned, const CollectivePath& path, bool asyncOp,
                                              const CollectiveInfo& info) = 0;
+  // Device or shared memory this runner holds outside the caching allocator (staging, the direct path's bounce area).
   virtual size_t stagingBytes() const = 0;
+  // Bytes of the peers' memory mapped into this process (the direct path), which the peers cannot give back.
+  virtual size_t peerMappedBytes() const {
+    return 0;
+  }
 };
 
 // What a runner of the hierarchical path (docs/multinode.md) knows beyond its node: the group's layout over nodes,

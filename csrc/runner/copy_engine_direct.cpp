@@ -2,8 +2,13 @@
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
 
+#include <mutex>
+
+#include "transport/freed_allocations.hpp"
 #include "transport/host_shared_memory.hpp"
 
 namespace sdma {
@@ -20,6 +25,26 @@ std::vector<int> pidsOf(const std::vector<MemberIdentity>& members) {
   return pids;
 }
 
+// Once per process: the caching allocator reports every segment it gives back, so that peers drop their mappings of
+// it. Without the report (an allocator that cannot be watched) a free is seen when its address is exported again,
+// or by a periodic check, and mappings stay bounded by count (PeerSegmentMap::kMaxMappingsPerPeer).
+void watchCachingAllocatorFrees() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    using c10::cuda::CUDACachingAllocator::TraceEntry;
+    try {
+      c10::cuda::CUDACachingAllocator::attachAllocatorTraceTracker([](const TraceEntry& e) {
+        if (e.action_ == TraceEntry::SEGMENT_FREE) {
+          noteAllocationFreed(static_cast<uint64_t>(e.addr_));
+        }
+      });
+    } catch (const std::exception& e) {
+      LOG(WARNING) << "torch_sdma: the CUDA allocator cannot be watched (" << e.what()
+                   << "); peers unmap this process's freed memory later";
+    }
+  });
+}
+
 }  // namespace
 
 CopyEngineDirect::CopyEngineDirect(const c10::intrusive_ptr<c10d::Store>& groupStore, int rank, int size, int device,
@@ -34,11 +59,46 @@ CopyEngineDirect::CopyEngineDirect(const c10::intrusive_ptr<c10d::Store>& groupS
   mailboxMemory_ = mapGroupRegion(store, "mailbox", rank, size, mailboxBytes_, &why);
   TORCH_CHECK(mailboxMemory_, "torch_sdma: the direct path's arrival mailbox could not be shared: ", why);
   mailbox_ = std::make_unique<ArrivalMailbox>(mailboxMemory_, rank, size, kMailboxDepth);
+  retiredBytes_ = RetiredSegmentLog::bytesFor(size);
+  retiredMemory_ = mapGroupRegion(store, "retired", rank, size, retiredBytes_, &why);
+  TORCH_CHECK(retiredMemory_, "torch_sdma: the direct path's retired-allocation log could not be shared: ", why);
+  retired_ = std::make_unique<RetiredSegmentLog>(retiredMemory_, rank, size);
+  watchCachingAllocatorFrees();
 }
 
 CopyEngineDirect::~CopyEngineDirect() {
   mailbox_.reset();
   unmapSegment(mailboxMemory_, mailboxBytes_);
+  retired_.reset();
+  unmapSegment(retiredMemory_, retiredBytes_);
+}
+
+size_t CopyEngineDirect::bounceBytes() const {
+  return bounce_ ? bounce_->bytes() : 0;
+}
+
+void CopyEngineDirect::retireFreedAllocations() {
+  std::vector<RetiredSegment> mine;
+  exporter_.collectFreed(&mine);
+  for (const auto& s : mine) {
+    retired_->publish(s);
+  }
+}
+
+void CopyEngineDirect::forgetPeersFreedAllocations() {
+  std::vector<RetiredSegment> theirs;
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_) {
+      continue;
+    }
+    theirs.clear();
+    if (!retired_->readNew(q, &theirs)) {
+      peerSegments_.forgetUnheld(q);
+    }
+    for (const auto& s : theirs) {
+      peerSegments_.forget(q, s);
+    }
+  }
 }
 
 const std::shared_ptr<BounceArea>& CopyEngineDirect::bounceOf(size_t bytes) {
@@ -50,6 +110,7 @@ const std::shared_ptr<BounceArea>& CopyEngineDirect::bounceOf(size_t bytes) {
 }
 
 CopyEngineDirect::Arrival CopyEngineDirect::arrive(const AllgatherPlan& plan, std::chrono::milliseconds timeout) {
+  retireFreedAllocations();
   const size_t n = plan.bytesPerRank;
   const char* input = plan.input.front().ptr;
   Arrival a;
@@ -61,13 +122,17 @@ CopyEngineDirect::Arrival CopyEngineDirect::arrive(const AllgatherPlan& plan, st
   if (!inputMappable || !outputMappable) {
     const auto& bounce = bounceOf(n * size_);
     a.holds.push_back(bounce);
+    // Exported like the pool's memory, so that the peers' mappings of an outgrown bounce area are retired too.
+    ExportedSegment bounceSegment;
+    TORCH_CHECK(exporter_.exportRange(bounce->data(), bounce->bytes(), &bounceSegment),
+                "torch_sdma: the direct path's bounce area is not in the registry of shareable memory");
     if (!outputMappable) {
       a.posted.outputBase = bounce->data();
-      post.outputSegment = bounce->segment();
+      post.outputSegment = bounceSegment;
     }
     if (!inputMappable) {
       a.posted.input = bounce->data() + static_cast<size_t>(rank_) * n;
-      post.inputSegment = bounce->segment();
+      post.inputSegment = bounceSegment;
     }
   }
   post.input = reinterpret_cast<uint64_t>(a.posted.input);
@@ -75,6 +140,7 @@ CopyEngineDirect::Arrival CopyEngineDirect::arrive(const AllgatherPlan& plan, st
 
   a.serial = static_cast<uint32_t>(++serial_);
   const auto seen = mailbox_->arrive(serial_, post, timeout);
+  forgetPeersFreedAllocations();
   a.peers.resize(size_);
   for (int q = 0; q < size_; ++q) {
     if (!seen[q]) {

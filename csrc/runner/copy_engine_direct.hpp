@@ -1,7 +1,8 @@
 // What the copy-engine runner keeps for the direct path (docs/design-direct-push.md): the Arrived and Done flags (a
 // small copy-engine transport of their own, so that staging may grow without resetting them), the arrival mailbox
-// in host memory the members share, the export of this rank's buffers, the mappings of the peers', and the bounce
-// area that stands in for a buffer peers cannot map.
+// in host memory the members share, the export of this rank's buffers, the mappings of the peers', the log through
+// which each rank retires the allocations it freed (so that peers unmap them), and the bounce area that stands in
+// for a buffer peers cannot map.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -17,6 +18,7 @@
 #include "transport/arrival_mailbox.hpp"
 #include "transport/copy_engine_transport.hpp"
 #include "transport/peer_segments.hpp"
+#include "transport/retired_segments.hpp"
 
 namespace sdma {
 
@@ -43,10 +45,19 @@ class CopyEngineDirect {
   const std::shared_ptr<CopyEngineTransport>& flags() const {
     return flags_;
   }
+  size_t bounceBytes() const;
+  // The peers' memory mapped here: bounded by what they hold, as they report their frees.
+  size_t peerMappedBytes() const {
+    return peerSegments_.mappedBytes();
+  }
 
  private:
   // The bounce area, at least `bytes` large (a larger one replaces it; collectives in flight hold the old one).
   const std::shared_ptr<BounceArea>& bounceOf(size_t bytes);
+  // Tells the peers which allocations this rank exported to them it has freed since its last all-gather.
+  void retireFreedAllocations();
+  // Drops the mappings of what the peers retired.
+  void forgetPeersFreedAllocations();
 
   const int rank_;
   const int size_;
@@ -55,6 +66,9 @@ class CopyEngineDirect {
   char* mailboxMemory_ = nullptr;
   size_t mailboxBytes_ = 0;
   std::unique_ptr<ArrivalMailbox> mailbox_;
+  char* retiredMemory_ = nullptr;
+  size_t retiredBytes_ = 0;
+  std::unique_ptr<RetiredSegmentLog> retired_;
   SegmentExporter exporter_;
   PeerSegmentMap peerSegments_;
   std::shared_ptr<BounceArea> bounce_;

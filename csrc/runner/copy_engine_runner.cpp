@@ -133,7 +133,13 @@ CopyEngineRunner::~CopyEngineRunner() {
 
 size_t CopyEngineRunner::stagingBytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return (staging_ ? staging_->geometry().bytes() : 0) + (captured_ ? captured_->geometry().bytes() : 0);
+  return (staging_ ? staging_->geometry().bytes() : 0) + (captured_ ? captured_->geometry().bytes() : 0) +
+         (direct_ ? direct_->bounceBytes() : 0);
+}
+
+size_t CopyEngineRunner::peerMappedBytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return direct_ ? direct_->peerMappedBytes() : 0;
 }
 
 CollectivePath CopyEngineRunner::pathFor(const PlannedAllgather& planned) {

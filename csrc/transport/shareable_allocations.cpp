@@ -3,6 +3,8 @@
 #include <map>
 #include <mutex>
 
+#include "transport/freed_allocations.hpp"
+
 namespace sdma {
 namespace {
 
@@ -44,6 +46,7 @@ bool forgetShareable(const void* ptr, gpu::SharedAllocation* allocation) {
   }
   *allocation = it->second.allocation;
   r.byBase.erase(it);
+  noteAllocationFreed(reinterpret_cast<uint64_t>(ptr));  // peers that mapped it drop their mappings
   return true;
 }
 
