@@ -60,7 +60,8 @@ def compare(nccl, sdma):
         "speedup": nccl["mean_step_time_s"] / sdma["mean_step_time_s"],
         "peak_memory_gib": {"nccl": nccl["peak_memory_bytes"] / 2**30, "sdma": sdma["peak_memory_bytes"] / 2**30},
         "staging_bytes": sdma["sdma"].get("staging_bytes", 0),
-        "dma_share": sdma["sdma"]["dma_share"], "allgather_calls": sdma["sdma"]["allgather_calls"],
+        "dma_share": sdma["sdma"]["dma_share"], "direct_share": sdma["sdma"].get("direct_share", 0.0),
+        "allgather_calls": sdma["sdma"]["allgather_calls"],
         "sdma_stats": sdma["sdma"]["stats"],
         "hw_queues": {b: r.get("cuda_device_max_connections") or "unset (8)"
                       for b, r in (("nccl", nccl), ("sdma", sdma))},
@@ -90,7 +91,7 @@ def markdown(results, nproc):
              f"{lm_harness.STARTUP_STEPS} steps. Hardware queues: CUDA_DEVICE_MAX_CONNECTIONS in each run (the "
              f"sdma runs' `import torch_sdma` sets 32 where the environment left it unset).", "",
              "| framework | losses bit-identical | steps | step ms nccl | step ms sdma | sdma speedup | tok/s nccl "
-             "| tok/s sdma | peak GiB nccl | peak GiB sdma | sdma staging bytes | all-gathers on dma "
+             "| tok/s sdma | peak GiB nccl | peak GiB sdma | sdma staging bytes | all-gathers on dma (direct) "
              "| HW queues nccl / sdma |",
              "|" + "---|" * 13]
     for name, r in results.items():
@@ -102,7 +103,8 @@ def markdown(results, nproc):
             f"| {name} | {same} | {r['steps']} | {r['mean_step_ms']['nccl']:.1f} | {r['mean_step_ms']['sdma']:.1f} "
             f"| {r['speedup']:.3f}x | {r['tokens_per_s']['nccl']:.0f} | {r['tokens_per_s']['sdma']:.0f} "
             f"| {r['peak_memory_gib']['nccl']:.2f} | {r['peak_memory_gib']['sdma']:.2f} | {r['staging_bytes']} "
-            f"| {r['dma_share']:.1%} of {r['allgather_calls']} | {r['hw_queues']['nccl']} / {r['hw_queues']['sdma']} |")
+            f"| {r['dma_share']:.1%} ({r['direct_share']:.1%}) of {r['allgather_calls']} "
+            f"| {r['hw_queues']['nccl']} / {r['hw_queues']['sdma']} |")
     for name, r in results.items():
         if r.get("runs"):
             per_run = ", ".join(f"{n:.1f}/{s:.1f}" for n, s in zip(r["step_ms_per_run"]["nccl"],

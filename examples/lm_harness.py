@@ -191,7 +191,8 @@ def init_distributed(backend, sdma_load="import"):
 
 def allgather_paths(groups):
     """torch_sdma's counters summed over the distinct process groups a framework communicated on: calls and bytes
-    per path, the all-gather calls (paths "dma" and "inner:<reason>") and the share of them on "dma"."""
+    per path, the all-gather calls (paths "dma", "dma:<variant>" and "inner:<reason>"), the share of them on a DMA
+    path and the share on the direct one ("dma:direct")."""
     import torch_sdma
     stats = {}
     # None and dist.group.WORLD name the same group; count it once.
@@ -203,10 +204,14 @@ def allgather_paths(groups):
             total["bytes"] += c["bytes"]
     # Device memory the groups' staging areas hold outside the caching allocator (not in peak_memory_bytes).
     staging = sum(torch_sdma.staging_bytes(g) for g in groups)
-    calls = sum(v["calls"] for k, v in stats.items() if k == "dma" or k.startswith("inner:"))
-    dma_calls = stats.get("dma", {}).get("calls", 0)
-    return {"stats": stats, "allgather_calls": calls, "dma_calls": dma_calls,
-            "dma_share": dma_calls / calls if calls else 0.0, "staging_bytes": staging}
+    def on_dma(path):
+        return path == "dma" or path.startswith("dma:")
+    calls = sum(v["calls"] for k, v in stats.items() if on_dma(k) or k.startswith("inner:"))
+    dma_calls = sum(v["calls"] for k, v in stats.items() if on_dma(k))
+    direct_calls = stats.get("dma:direct", {}).get("calls", 0)
+    return {"stats": stats, "allgather_calls": calls, "dma_calls": dma_calls, "direct_calls": direct_calls,
+            "dma_share": dma_calls / calls if calls else 0.0,
+            "direct_share": direct_calls / calls if calls else 0.0, "staging_bytes": staging}
 
 
 def profiled_if(wanted, path):

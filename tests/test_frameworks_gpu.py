@@ -1,7 +1,9 @@
 """Frameworks on sdma, end to end (GPU only): FSDP2, DeepSpeed ZeRO-3 and megatron-core's distributed optimizer
 each train a tiny model for a few steps on 2 GPUs, once with NCCL and once with sdma. The losses must be identical
 bit for bit (an all-gather is a copy, the rest runs on the same NCCL underneath), and sdma must have served the
-framework's all-gathers on its DMA path rather than handing them to NCCL.
+framework's all-gathers on its DMA path rather than handing them to NCCL. FSDP2 and ZeRO-3 run once more with the
+direct path on (TORCH_SDMA_DIRECT=1): FSDP2's all_gather_into_tensor calls must then take it; ZeRO-3's forms that
+the direct path does not serve go through staging in the same group.
 
 Skipped without 2 GPUs; the DeepSpeed and Megatron cases are skipped where those packages do not import
 (examples/install_framework_wheels.sh installs them offline). Each case launches 2 torchruns (a minute or less).
@@ -26,12 +28,19 @@ TINY_MODEL = ["--steps", str(STEPS), "--layers", "4", "--dim", "256", "--heads",
 NEEDS = {"fsdp2": None, "zero3": "deepspeed", "megatron": "megatron.core"}
 
 
-@pytest.mark.parametrize("framework", list(NEEDS))
-def test_losses_bit_identical_and_allgathers_on_dma(framework, tmp_path, monkeypatch):
+CASES = [(f, False) for f in NEEDS] + [("fsdp2", True), ("zero3", True)]
+
+
+@pytest.mark.parametrize("framework,direct", CASES, ids=[f + ("-direct" if d else "") for f, d in CASES])
+def test_losses_bit_identical_and_allgathers_on_dma(framework, direct, tmp_path, monkeypatch):
     if NEEDS[framework]:
         pytest.importorskip(NEEDS[framework])
     # The tiny model's all-gathers are far below the GPU default threshold; the DMA path is what is under test.
     monkeypatch.setenv("TORCH_SDMA_MIN_BYTES", "0")
+    if direct:
+        monkeypatch.setenv("TORCH_SDMA_DIRECT", "1")
+    else:
+        monkeypatch.delenv("TORCH_SDMA_DIRECT", raising=False)
     script, _ = compare_frameworks.FRAMEWORKS[framework]
     reports = {}
     for backend in ("nccl", "sdma"):
@@ -48,3 +57,5 @@ def test_losses_bit_identical_and_allgathers_on_dma(framework, tmp_path, monkeyp
     counters = reports["sdma"]["sdma"]
     assert counters["dma_calls"] > 0, f"no all-gather took the DMA path: {counters['stats']}"
     assert counters["dma_share"] > 0.9, f"only {counters['dma_share']:.1%} on the DMA path: {counters['stats']}"
+    if direct and framework == "fsdp2":
+        assert counters["direct_share"] > 0.9, f"only {counters['direct_share']:.1%} direct: {counters['stats']}"
