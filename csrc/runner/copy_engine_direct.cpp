@@ -10,20 +10,13 @@
 
 #include "transport/freed_allocations.hpp"
 #include "transport/host_shared_memory.hpp"
+#include "transport/peer_rendezvous.hpp"
 
 namespace sdma {
 namespace {
 
 // Collectives a rank's CPU may run ahead of a peer's on the direct path before it waits for it.
 constexpr int kMailboxDepth = 1024;
-
-std::vector<int> pidsOf(const std::vector<MemberIdentity>& members) {
-  std::vector<int> pids;
-  for (const auto& m : members) {
-    pids.push_back(m.pid);
-  }
-  return pids;
-}
 
 // Once per process: the caching allocator reports every segment it gives back, so that peers drop their mappings of
 // it. Without the report (an allocator that cannot be watched) a free is seen when its address is exported again,
@@ -117,8 +110,16 @@ CopyEngineDirect::Arrival CopyEngineDirect::arrive(const AllgatherPlan& plan, st
   BufferPost post;
   post.bytes = n;
   a.posted = {input, plan.outputBase};
-  const bool inputMappable = plan.input.size() == 1 && exporter_.exportRange(input, n, &post.inputSegment);
   const bool outputMappable = exporter_.exportRange(plan.outputBase, n * size_, &post.outputSegment);
+  // In place (how FSDP2 and ZeRO-3 call it) the input lies in the output's allocation: one export serves both.
+  const bool inPlace = plan.input.size() == 1 && input >= plan.outputBase && input + n <= plan.outputBase + n * size_;
+  bool inputMappable = false;
+  if (inPlace) {
+    inputMappable = outputMappable;
+    post.inputSegment = post.outputSegment;
+  } else {
+    inputMappable = plan.input.size() == 1 && exporter_.exportRange(input, n, &post.inputSegment);
+  }
   if (!inputMappable || !outputMappable) {
     const auto& bounce = bounceOf(n * size_);
     a.holds.push_back(bounce);

@@ -47,9 +47,7 @@ std::unique_ptr<CopyEngineTransport> CopyEngineTransport::connect(c10d::Store& s
                                                                   const StagingGeometry& geometry,
                                                                   const std::vector<MemberIdentity>& members) {
   std::unique_ptr<CopyEngineTransport> t(new CopyEngineTransport(rank, size, device, geometry));
-  for (int q = 0; q < size; ++q) {
-    t->peerPids_[q] = members[q].pid;
-  }
+  t->peerPids_ = pidsOf(members);
   const size_t bytes = t->flagBytes_ + geometry.bytes();
   if (!t->mapWithVmm(store, bytes)) {
     t->mapWithLegacyIpc(store, bytes);

@@ -66,10 +66,7 @@ std::unique_ptr<HostShmTransport> HostShmTransport::connect(c10d::Store& store, 
     return nullptr;
   }
 
-  std::vector<int> pids(size);
-  for (int q = 0; q < size; ++q) {
-    pids[q] = members[q].pid;
-  }
+  const std::vector<int> pids = pidsOf(members);
   std::string directUnavailable;
   if (direct) {
     directUnavailable = probePeerMemoryAccess(store, rank, size, pids);

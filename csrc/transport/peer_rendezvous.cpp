@@ -69,6 +69,15 @@ std::vector<MemberIdentity> exchangeIdentities(c10d::Store& store, const std::st
   return members;
 }
 
+std::vector<int> pidsOf(const std::vector<MemberIdentity>& members) {
+  std::vector<int> pids;
+  pids.reserve(members.size());
+  for (const auto& m : members) {
+    pids.push_back(m.pid);
+  }
+  return pids;
+}
+
 std::string memberOnAnotherHost(const std::vector<MemberIdentity>& members, int rank) {
   for (size_t q = 0; q < members.size(); ++q) {
     if (members[q].host != members[rank].host) {

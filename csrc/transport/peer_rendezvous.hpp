@@ -35,6 +35,8 @@ struct MemberIdentity {
 // Collective: every member's identity, indexed by group rank. `pseudoNode` must not contain '|'.
 std::vector<MemberIdentity> exchangeIdentities(c10d::Store& store, const std::string& key, int rank, int size,
                                                const std::string& gpuBusId, const std::string& pseudoNode = "");
+// The members' process ids, indexed by group rank.
+std::vector<int> pidsOf(const std::vector<MemberIdentity>& members);
 // "" when every member runs on this rank's host, else which one does not.
 std::string memberOnAnotherHost(const std::vector<MemberIdentity>& members, int rank);
 // The members on this rank's host whose process has exited, as "group rank 3 (pid 1234), ..."; "" when none. A
