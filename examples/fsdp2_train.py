@@ -7,15 +7,26 @@ FSDP2 all-gathers each block's bf16 parameters before its forward and again befo
 (reshard_after_forward), as all_gather_into_tensor on the group of the mesh; with --backend sdma those take the
 copy-engine path, everything else (the fp32 gradient reduce-scatters) stays on NCCL. Losses must match the NCCL run
 bit for bit. examples/compare_frameworks.py runs both and compares.
+
+--comm-buffers calls set_allocate_memory_from_process_group_for_comm(True) on every FSDP module: the all-gather
+outputs then come from the backend's allocate_tensor where it offers one (sdma with TORCH_SDMA_DIRECT=1: a pool its
+peers map once; NCCL: its own allocator), e.g.
+
+    TORCH_SDMA_DIRECT=1 python examples/compare_frameworks.py --frameworks fsdp2 --repeats 3 -- --comm-buffers
 """
 import lm_harness as h
 import torch
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+
+def comm_buffer_args(p):
+    p.add_argument("--comm-buffers", action="store_true",
+                   help="all-gather outputs from the process group's allocator (every FSDP module)")
 
 
 def main():
-    args, device, log, cfg = h.start(__doc__, "fsdp2_result.json")
+    args, device, log, cfg = h.start(__doc__, "fsdp2_result.json", comm_buffer_args)
     world = torch.distributed.get_world_size()
     # An explicit 1-D mesh, so that the group FSDP communicates on is known (its counters are the ones reported).
     mesh = init_device_mesh("cuda", (world,))
@@ -25,9 +36,15 @@ def main():
     for block in model.blocks:
         fully_shard(block, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
+    if args.comm_buffers:
+        # Per module: the setting covers the module's own parameter group only.
+        for m in model.modules():
+            if isinstance(m, FSDPModule):
+                m.set_allocate_memory_from_process_group_for_comm(True)
     opt = torch.optim.AdamW(model.parameters(), **h.adamw_kwargs(args))
     inputs, targets = h.synthetic_batches(cfg, args.steps, args.batch, args.seed, torch.distributed.get_rank())
-    log(f"fsdp2/{args.backend}: {cfg}, {cfg.n_params() / 1e9:.3f}B params, world {world}, batch {args.batch}/rank")
+    log(f"fsdp2/{args.backend}: {cfg}, {cfg.n_params() / 1e9:.3f}B params, world {world}, batch {args.batch}/rank"
+        + (", outputs from the group's allocator" if args.comm_buffers else ""))
     torch.cuda.reset_peak_memory_stats()
 
     def step(x, y):

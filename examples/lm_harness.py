@@ -295,11 +295,14 @@ def rank0_logger():
     return (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
 
 
-def start(description, default_out):
-    """What every training example does first: its arguments, deterministic kernels, the process group on
-    --backend. Returns (args, this rank's device, a logger that prints on rank 0 only, the model config)."""
+def start(description, default_out, add_args=None):
+    """What every training example does first: its arguments (the common ones, then add_args(parser)'s),
+    deterministic kernels, the process group on --backend. Returns (args, this rank's device, a logger that prints
+    on rank 0 only, the model config)."""
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(p, default_out)
+    if add_args:
+        add_args(p)
     args = p.parse_args()
     make_deterministic()
     device = init_distributed(args.backend, args.sdma_load)
