@@ -103,7 +103,8 @@ def parse_args():
                         "FSDP2 and ZeRO-3 call them")
     p.add_argument("--skip-enqueue", action="store_true", help="GPU: skip the CPU enqueue-cost measurement")
     p.add_argument("--enqueue-iters", type=int, default=200, help="GPU: timed calls per backend for enqueue cost")
-    p.add_argument("--enqueue-bytes", type=parse_bytes, default=8 * MIB, help="GPU: output size for enqueue cost")
+    p.add_argument("--enqueue-sizes", type=lambda s: [parse_bytes(x) for x in s.split(",")], default=[MIB, 64 * MIB],
+                   help="GPU: output sizes for the enqueue cost, each out of place and in place (default 1M,64M)")
     p.add_argument("--skip-captured", action="store_true", help="GPU: skip the CUDA-graph replay measurement")
     p.add_argument("--captured-sizes", type=lambda s: [parse_bytes(x) for x in s.split(",")],
                    default=[256 * MIB, GIB], help="GPU: output sizes of the captured all-gathers")
@@ -428,39 +429,67 @@ def gemm_overlap(b):
 
 
 def enqueue_cost(b):
-    """CPU time of one async all_gather_into_tensor call, per backend; batches alternate between backends and each
-    batch is waited on and synchronized so that no queue fills up and throttles the calls being timed."""
+    """CPU time of one async all_gather_into_tensor call, per backend, size and form; batches alternate between
+    backends and each batch is waited on and synchronized so that no queue fills up and throttles the calls being
+    timed."""
     a = b.args
-    n_out = a.enqueue_bytes // 2 // b.world * b.world
-    inp = torch.randn(n_out // b.world, device=b.device).to(torch.bfloat16)
-    out = torch.empty(n_out, dtype=torch.bfloat16, device=b.device)
     batch = 20
     groups = [("sdma", b.dma_group), ("sdma-direct", b.direct_group), (b.base_name, b.base_group)]
-    samples = {name: [] for name, _ in groups}
+    rows = []
+    for size in a.enqueue_sizes:
+        n_out = size // 2 // b.world * b.world
+        for form in ("out", "in"):
+            out = torch.empty(n_out, dtype=torch.bfloat16, device=b.device)
+            if form == "in":
+                inp = out.narrow(0, b.rank * (n_out // b.world), n_out // b.world)
+            else:
+                inp = torch.randn(n_out // b.world, device=b.device).to(torch.bfloat16)
+            samples = {name: [] for name, _ in groups}
 
-    def run_batch(group, record):
-        works = []
-        for _ in range(batch):
-            t0 = time.perf_counter_ns()
-            w = dist.all_gather_into_tensor(out, inp, group=group, async_op=True)
-            t1 = time.perf_counter_ns()
-            works.append(w)
-            if record is not None:
-                record.append((t1 - t0) / 1e3)
-        for w in works:
-            w.wait()
-        b.sync()
+            def run_batch(group, record):
+                works = []
+                for _ in range(batch):
+                    t0 = time.perf_counter_ns()
+                    w = dist.all_gather_into_tensor(out, inp, group=group, async_op=True)
+                    t1 = time.perf_counter_ns()
+                    works.append(w)
+                    if record is not None:
+                        record.append((t1 - t0) / 1e3)
+                for w in works:
+                    w.wait()
+                b.sync()
 
-    for _, group in groups:
-        run_batch(group, None)  # warm-up
-    before = torch_sdma.stats(b.dma_group)
-    for i in range(max(1, a.enqueue_iters // batch)):
-        order = groups if i % 2 == 0 else groups[::-1]
-        for name, group in order:
-            run_batch(group, samples[name])
-    return {"output_bytes": n_out * 2, "sdma_path": sdma_path(before, torch_sdma.stats(b.dma_group)),
-            "backends": {name: {"calls": len(s), "median_us": statistics.median(s), "mean_us": statistics.fmean(s),
-                                "p90_us": sorted(s)[int(0.9 * (len(s) - 1))]} for name, s in samples.items()}}
+            for _, group in groups:
+                run_batch(group, None)  # warm-up
+            before = torch_sdma.stats(b.dma_group)
+            before_direct = torch_sdma.stats(b.direct_group)
+            for i in range(max(1, a.enqueue_iters // batch)):
+                order = groups if i % 2 == 0 else groups[::-1]
+                for name, group in order:
+                    run_batch(group, samples[name])
+            rows.append({
+                "output_bytes": n_out * 2, "form": form,
+                "paths": {"sdma": sdma_path(before, torch_sdma.stats(b.dma_group)),
+                          "sdma-direct": sdma_path(before_direct, torch_sdma.stats(b.direct_group))},
+                "backends": {name: {"calls": len(s), "median_us": statistics.median(s),
+                                    "mean_us": statistics.fmean(s), "p90_us": sorted(s)[int(0.9 * (len(s) - 1))]}
+                             for name, s in samples.items()}})
+    return {"base": b.base_name, "rows": rows}
+
+
+def enqueue_markdown(enqueue):
+    """The enqueue-cost table: one row per size, form and backend, with the median's ratio to the base backend's."""
+    base = enqueue["base"]
+    lines = ["## CPU cost of enqueueing one async all_gather_into_tensor (bf16; lower is better)\n",
+             f"| output | form | backend | path | calls | median us | mean us | p90 us | median / {base} |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in enqueue["rows"]:
+        ref = r["backends"][base]["median_us"]
+        for name, e in r["backends"].items():
+            lines.append(f"| {human_bytes(r['output_bytes'])} | {r['form']} | {name} | {r['paths'].get(name, base)} "
+                         f"| {e['calls']} | {e['median_us']:.1f} | {e['mean_us']:.1f} | {e['p90_us']:.1f} "
+                         f"| {e['median_us'] / ref:.2f} |")
+    return "\n".join(lines) + "\n"
 
 
 def captured_replay(b):
@@ -850,13 +879,7 @@ def main():
                   f"{groups['device_bytes_after_destroy'] / MIB:.0f} MiB | "
                   f"{groups['default_group_staging_bytes'] / MIB:.0f} MiB |\n")
         if enqueue:
-            print(f"## CPU cost of enqueueing one async all_gather_into_tensor "
-                  f"({human_bytes(enqueue['output_bytes'])} output; sdma path: {enqueue['sdma_path']})\n")
-            print("| backend | calls | median us | mean us | p90 us |\n|---|---|---|---|---|")
-            for name in enqueue["backends"]:
-                e = enqueue["backends"][name]
-                print(f"| {name} | {e['calls']} | {e['median_us']:.1f} | {e['mean_us']:.1f} | {e['p90_us']:.1f} |")
-            print()
+            print(enqueue_markdown(enqueue))
         csv_path = args.out_dir / f"allgather_{tag}.csv"
         with open(csv_path, "w", newline="") as f:
             fields = [k for k in rows[0] if not k.endswith("_rounds_us")] if rows else []
