@@ -693,24 +693,22 @@ std::string ProcessGroupSDMA::nodeLayoutDescription() const {
   return spansNodes() ? layout_.describe() : "";
 }
 
-int64_t ProcessGroupSDMA::stagingBytesInUse() const {
+int64_t ProcessGroupSDMA::sumOverRunners(size_t (AllgatherRunner::*bytes)() const) const {
   int64_t b = 0;
   for (const DevicePath* path : {&cudaPath_, &hostPath_}) {
     if (path->runner) {
-      b += static_cast<int64_t>(path->runner->stagingBytes());
+      b += static_cast<int64_t>(((*path->runner).*bytes)());
     }
   }
   return b;
 }
 
+int64_t ProcessGroupSDMA::stagingBytesInUse() const {
+  return sumOverRunners(&AllgatherRunner::stagingBytes);
+}
+
 int64_t ProcessGroupSDMA::peerMappedBytes() const {
-  int64_t b = 0;
-  for (const DevicePath* path : {&cudaPath_, &hostPath_}) {
-    if (path->runner) {
-      b += static_cast<int64_t>(path->runner->peerMappedBytes());
-    }
-  }
-  return b;
+  return sumOverRunners(&AllgatherRunner::peerMappedBytes);
 }
 
 }  // namespace sdma

@@ -141,6 +141,8 @@ class ProcessGroupSDMA : public c10d::Backend {
   DevicePath& devicePath(const at::Device& device) {
     return device.is_cuda() ? cudaPath_ : hostPath_;
   }
+  // A runner's byte count (stagingBytes, peerMappedBytes) summed over both devices.
+  int64_t sumOverRunners(size_t (AllgatherRunner::*bytes)() const) const;
 
   // The one shape of every all-gather form: decide the path, then run the DMA schedule or call the inner backend.
   template <typename InnerCall>
