@@ -250,7 +250,7 @@ def _fsdp2_body(ctx, steps=4):
     except (ImportError, AttributeError):
         pool_allocations = None
 
-    def train(group):
+    def train(group, comm_buffers):
         torch.manual_seed(0)
         model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024, device=dev) for _ in range(4)])
         mesh = DeviceMesh.from_group(group, "cuda")
@@ -259,7 +259,7 @@ def _fsdp2_body(ctx, steps=4):
         fully_shard(model, mesh=mesh)
         # Per module: the setting covers the module's own parameter group only.
         for m in model.modules():
-            if isinstance(m, FSDPModule):
+            if comm_buffers and isinstance(m, FSDPModule):
                 m.set_allocate_memory_from_process_group_for_comm(True)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         losses = []
@@ -273,10 +273,10 @@ def _fsdp2_body(ctx, steps=4):
         return losses
 
     before = torch_sdma.stats().get("dma:direct", {}).get("calls", 0)
-    sdma_losses = train(dist.group.WORLD)
+    sdma_losses = train(dist.group.WORLD, comm_buffers=True)
     direct_calls = torch_sdma.stats()["dma:direct"]["calls"] - before
     from_pool = None if pool_allocations is None else len(pool_allocations)
-    nccl_losses = train(nccl)
+    nccl_losses = train(nccl, comm_buffers=False)  # the reference: plain allocations, plain NCCL
     assert sdma_losses == nccl_losses, (sdma_losses, nccl_losses)
     assert direct_calls >= steps * 4, f"only {direct_calls} all-gathers took the direct path"  # 4 forwards a step
     assert from_pool is None or from_pool >= steps * 4, f"only {from_pool} outputs came from sdma's pool"
