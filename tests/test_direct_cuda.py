@@ -48,27 +48,38 @@ def _gather(g, dev, rank, world, name, n, in_place, async_op, dtype=torch.bfloat
     return out
 
 
-def _expected_on(dev, name, world, n, dtype=torch.bfloat16):
-    return torch.cat([rand(name, r, (n,), dtype, dev) for r in range(world)])
+def _holds_expected(out, dev, name, world, n):
+    """Bit-exact on the device: out's bytes are every rank's rand(name) input in rank order."""
+    return torch.equal(out.view(torch.uint8), expected_concat(name, range(world), (n,), out.dtype, device=dev))
+
+
+def _cpu_barrier(g):
+    """Every rank is past its GPU work and this point (an all-reduce on CPU, which gloo runs)."""
+    torch.cuda.synchronize()
+    dist.all_reduce(torch.zeros(1), group=g)
+
+
+def _gather_ints(g, world, *values):
+    """Every rank's `values`, as lists of ints by rank (over gloo)."""
+    every = [torch.zeros(len(values), dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(every, torch.tensor(values, dtype=torch.int64), group=g)
+    return [e.tolist() for e in every]
 
 
 def _assert_peer_mappings_bounded(g, dev, rank, world, what):
     """The peer memory this rank maps is at most what its peers hold, once two all-gathers have carried every rank's
     retirements: each rank retires its frees at its next all-gather, and a peer that arrived earlier reads them at
     the one after."""
+    import torch_sdma
+
     torch.cuda.synchronize()
     for i in range(2):
         _gather(g, dev, rank, world, f"{what}-retire{i}", 1024, in_place=False, async_op=False)
-        torch.cuda.synchronize()
-        dist.all_reduce(torch.zeros(1), group=g)  # on CPU (gloo): every rank is past its arrival
-    import torch_sdma
-
-    mine = torch.tensor([torch_sdma.peer_mapped_bytes(g),
-                         torch.cuda.memory_reserved(dev) + torch_sdma.staging_bytes(g)], dtype=torch.int64)
-    every = [torch.zeros(2, dtype=torch.int64) for _ in range(world)]
-    dist.all_gather(every, mine, group=g)  # CPU tensors: gloo
-    held_by_peers = sum(int(every[q][1]) for q in range(world) if q != rank)
-    mapped = int(every[rank][0])
+        _cpu_barrier(g)  # every rank is past its arrival
+    every = _gather_ints(g, world, torch_sdma.peer_mapped_bytes(g),
+                         torch.cuda.memory_reserved(dev) + torch_sdma.staging_bytes(g))
+    held_by_peers = sum(every[q][1] for q in range(world) if q != rank)
+    mapped = every[rank][0]
     assert mapped <= held_by_peers, (
         f"{what}: rank {rank} maps {mapped} bytes of its peers' memory, which hold only {held_by_peers}")
     return mapped, held_by_peers
@@ -134,7 +145,7 @@ def direct_cases(ctx, churn_iters=10000):
                 torch.cuda.empty_cache()
             name = f"churn{i}"
             out = _gather(g, dev, rank, world, name, n, in_place, async_op=bool(i % 2))
-            if not torch.equal(out.view(torch.int16), _expected_on(dev, name, world, n).view(torch.int16)):
+            if not _holds_expected(out, dev, name, world, n):
                 raise AssertionError(f"churn iteration {i} ({n} elements, in_place={in_place}): wrong bytes")
         del out
         torch.cuda.synchronize()
@@ -156,7 +167,7 @@ def direct_cases(ctx, churn_iters=10000):
             work = dist.all_gather_into_tensor(out, out.narrow(0, rank * n, n), group=g, async_op=bool(i % 2))
             if work is not None:
                 work.wait()
-            if not torch.equal(out.view(torch.int16), _expected_on(dev, name, world, n).view(torch.int16)):
+            if not _holds_expected(out, dev, name, world, n):
                 raise AssertionError(f"pool iteration {i} ({n} elements): wrong bytes")
             if i % 20 == 19:
                 del out
@@ -167,31 +178,23 @@ def direct_cases(ctx, churn_iters=10000):
 
     def freed_memory_comes_back():
         # A peer's mapping holds the owner's memory until it is closed: only the retirements give it back.
-        def barrier():
-            torch.cuda.synchronize()
-            dist.all_reduce(torch.zeros(1), group=g)
-
-        import torch_sdma
-
-        barrier()
+        _cpu_barrier(g)
         start, staged = torch.cuda.mem_get_info(dev)[0], torch_sdma.staging_bytes(g)
         n = 512 << 20  # 1 GiB of bf16 per rank
         x = rand("big", rank, (n,), torch.bfloat16, dev)
         out = torch.empty(world * n, dtype=torch.bfloat16, device=dev)
         dist.all_gather_into_tensor(out, x, group=g)
-        ok = torch.equal(out.view(torch.int16), _expected_on(dev, "big", world, n).view(torch.int16))
+        ok = _holds_expected(out, dev, "big", world, n)
         del x, out
-        barrier()
+        _cpu_barrier(g)
         torch.cuda.empty_cache()
         _assert_peer_mappings_bounded(g, dev, rank, world, "after the large all-gather")
         torch.cuda.empty_cache()
-        barrier()
+        _cpu_barrier(g)
         short = start - torch.cuda.mem_get_info(dev)[0]
         # Bounce areas (expandable segments) grew and stay: count those of every rank on this device.
-        grown = torch.tensor([dev.index, torch_sdma.staging_bytes(g) - staged], dtype=torch.int64)
-        every = [torch.zeros(2, dtype=torch.int64) for _ in range(world)]
-        dist.all_gather(every, grown, group=g)
-        kept = sum(int(e[1]) for e in every if int(e[0]) == dev.index)
+        every = _gather_ints(g, world, dev.index, torch_sdma.staging_bytes(g) - staged)
+        kept = sum(grown for index, grown in every if index == dev.index)
         assert ok, "the large all-gather's bytes are wrong"
         assert short - kept < 256 << 20, f"{(short - kept) >> 20} MiB of device memory did not come back"
 

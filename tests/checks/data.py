@@ -133,9 +133,10 @@ def assert_bytes_equal(got, expected, what=""):
         )
 
 
-def expected_concat(name, ranks, shape, dtype, kind="bytes"):
-    """Bytes of the concatenation of every member's input, rebuilt locally from the seeds."""
-    return torch.cat([raw(rand(name, r, shape, dtype, "cpu", kind)) for r in ranks])
+def expected_concat(name, ranks, shape, dtype, kind="bytes", device="cpu"):
+    """Bytes of the concatenation of every member's input, rebuilt locally from the seeds (on `device`, for a
+    comparison where the output is)."""
+    return torch.cat([raw(rand(name, r, shape, dtype, "cpu", kind)) for r in ranks]).to(device)
 
 
 def group_ranks(g):
