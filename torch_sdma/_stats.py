@@ -60,4 +60,4 @@ def staging_bytes(group: Optional[dist.ProcessGroup] = None) -> int:
 def peer_mapped_bytes(group: Optional[dist.ProcessGroup] = None) -> int:
     """Bytes of the other members' device memory that this process maps for `group`'s direct path (their memory,
     which they cannot give back while it is mapped here; unmapped once they free it and all-gather again)."""
-    return sum(b._sdma_peer_mapped_bytes() for b in _sdma_backends(group) if hasattr(b, "_sdma_peer_mapped_bytes"))
+    return sum(b._sdma_peer_mapped_bytes() for b in _sdma_backends(group))
