@@ -9,7 +9,8 @@ shows "n/a" and why.
                group's config, input and output from NCCL's memory pool registered as symmetric windows, issued from
                a side stream. NCCL reads the variable once per process, so this peer runs in processes of its own:
                every bench rank starts this file as a script and waits for it.
-- symm-mem-ce: torch symmetric memory's copy-engine all-gather (torch.ops.symm_mem._low_contention_all_gather);
+- symm-mem-ce: torch symmetric memory's copy-engine all-gather (torch.ops.symm_mem._low_contention_all_gather):
+               input in symmetric memory, waited for with wait_tensor (it runs on a stream of its own);
                out of place only, it returns a new tensor.
 - ce-limit:    not an all-gather: each rank pushes its input into every peer's memory (mapped by torch symmetric
                memory, VMM) with plain copy-engine copies, no ordering at all. What these links and engines do with
@@ -127,6 +128,8 @@ class SymmMemAllGather(InProcessPeer):
         why = symm_mem_unavailable()
         if not why and not hasattr(getattr(torch.ops, "symm_mem", None), "_low_contention_all_gather"):
             why = f"torch {torch.__version__} has no torch.ops.symm_mem._low_contention_all_gather"
+        if not why and not hasattr(getattr(torch.ops, "_c10d_functional", None), "wait_tensor"):
+            why = f"torch {torch.__version__} has no torch.ops._c10d_functional.wait_tensor to wait for the op"
         super().__init__("symm-mem-ce", ("out",), why)
         self.group, self.rank, self.world, self.device = group, rank, world, device
         if not why:
@@ -134,12 +137,25 @@ class SymmMemAllGather(InProcessPeer):
             enable_symm_mem_for_group(group.group_name)
 
     def prepare(self, n_bytes):
-        inp = hashed_bytes(self.rank, n_bytes, self.device)
-        expected = expected_output(self.world, n_bytes, self.device)
+        import torch.distributed._symmetric_memory as symm_mem
         name = self.group.group_name
+        # The input in symmetric memory, as the op's documentation asks: then every rank pulls straight from the
+        # peers' inputs with copy-engine copies. Given any other tensor, the op finds no symmetric allocation
+        # (and warns at every call), copies the input into a workspace of its own first, and gathers from there.
+        inp = symm_mem.empty(n_bytes, dtype=torch.uint8, device=self.device)
+        symm_mem.rendezvous(inp, name)
+        # No barrier needed before peers read it: the op's backend stream waits for this stream, then for a
+        # barrier of all ranks, before it pulls.
+        inp.copy_(hashed_bytes(self.rank, n_bytes, self.device))
+        expected = expected_output(self.world, n_bytes, self.device)
 
         def call():
-            return torch.ops.symm_mem._low_contention_all_gather(as_bf16(inp), name)
+            # The op enqueues its barriers and copies on symmetric memory's own backend stream, not the current one,
+            # and registers them as the output's work: wait_tensor makes the current stream wait for them (and
+            # retires the work). Without it a check reads the output before its bytes arrive, and the timing events
+            # on the current stream see only the enqueueing.
+            out = torch.ops.symm_mem._low_contention_all_gather(as_bf16(inp), name)
+            return torch.ops._c10d_functional.wait_tensor(out)
 
         def check():
             return torch.equal(call().view(torch.uint8), expected)
@@ -261,15 +277,17 @@ def nccl_ce_main():
     pool = symm_mem.get_mem_pool(device)
     side = torch.cuda.Stream()  # from the legacy default stream NCCL's copy-engine path refuses ("invalid argument")
     results = {}
-    for size, iters in zip(map(int, a.sizes.split(",")), map(int, a.iters.split(","))):
-        n = size // world
-        with torch.cuda.use_mem_pool(pool):
-            bufs = Buffers(rank, world, n, lambda k: torch.empty(k, dtype=torch.uint8, device=device))
-        symm_mem.rendezvous(bufs.out, dist.group.WORLD.group_name)
-        symm_mem.rendezvous(bufs.inp, dist.group.WORLD.group_name)
-        expected = expected_output(world, n, device)
-        results[str(size)] = {}
-        with torch.cuda.stream(side):
+    # Everything on `side`, the expected bytes and the buffers too: torch's streams do not wait for the legacy
+    # default stream, so bytes written there could still be in flight when a check on `side` reads them.
+    with torch.cuda.stream(side):
+        for size, iters in zip(map(int, a.sizes.split(",")), map(int, a.iters.split(","))):
+            n = size // world
+            with torch.cuda.use_mem_pool(pool):
+                bufs = Buffers(rank, world, n, lambda k: torch.empty(k, dtype=torch.uint8, device=device))
+            symm_mem.rendezvous(bufs.out, dist.group.WORLD.group_name)
+            symm_mem.rendezvous(bufs.inp, dist.group.WORLD.group_name)
+            expected = expected_output(world, n, device)
+            results[str(size)] = {}
             for form in FORMS:
                 def call(form=form, bufs=bufs):
                     dist.all_gather_into_tensor(as_bf16(bufs.out), as_bf16(bufs.input_for(form)))
@@ -285,7 +303,7 @@ def nccl_ce_main():
                 worst = torch.tensor([sorted(times)[len(times) // 2], float(not match)], device=device)
                 dist.all_reduce(worst, op=dist.ReduceOp.MAX)
                 results[str(size)][form] = {"seconds": worst[0].item(), "match": worst[1].item() == 0}
-        del bufs
+            del bufs, expected
     if rank == 0:
         Path(a.out).write_text(json.dumps(results))
     dist.barrier()
