@@ -185,7 +185,9 @@ def init_distributed(backend, sdma_load="import"):
     if backend == "sdma":
         dist.init_process_group("cpu:gloo,cuda:sdma")
     else:
-        dist.init_process_group("nccl")
+        # device_id: NCCL's communicator exists from here on, which its allocator for communication buffers
+        # (FSDP2's set_allocate_memory_from_process_group_for_comm) requires before its first allocation.
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
     return torch.device("cuda", local_rank)
 
 
