@@ -2,6 +2,7 @@
 
 #include <map>
 #include <sstream>
+#include <stdexcept>
 
 #include "collective/rank_list.hpp"
 
@@ -23,11 +24,45 @@ NodeLayout NodeLayout::group(const std::vector<std::string>& nodeOfRank) {
 }
 
 std::vector<int> NodeLayout::rail(int local) const {
+  if (nodes_.empty()) {
+    throwEmpty("rail");
+  }
   std::vector<int> ranks;
-  for (const auto& n : nodes_) {
-    ranks.push_back(n[local]);
+  for (int m = 0; m < nodeCount(); ++m) {
+    ranks.push_back(rankAt(m, local));  // checked: a smaller node has no member with that local index
   }
   return ranks;
+}
+
+namespace {
+
+std::string layoutBug(const char* what, const std::string& problem) {
+  return std::string("torch_sdma: NodeLayout::") + what + ": " + problem + " (a bug in torch_sdma)";
+}
+
+}  // namespace
+
+void NodeLayout::throwBadRank(int rank, const char* what) const {
+  throw std::logic_error(layoutBug(
+      what, "group rank " + std::to_string(rank) + " is not in this layout of " + std::to_string(size()) + " ranks" +
+                (size() == 0 ? " (an empty layout: default-constructed, or read after it was moved)" : "")));
+}
+
+void NodeLayout::throwBadNode(int node, const char* what) const {
+  throw std::logic_error(layoutBug(
+      what, "node " + std::to_string(node) + " is not in this layout of " + std::to_string(nodeCount()) + " nodes" +
+                (nodeCount() == 0 ? " (an empty layout: default-constructed, or read after it was moved)" : "")));
+}
+
+void NodeLayout::throwBadLocal(int node, int local, const char* what) const {
+  throw std::logic_error(layoutBug(what, "node " + std::to_string(node) + " has " +
+                                             std::to_string(nodes_[node].size()) + " ranks, no local index " +
+                                             std::to_string(local)));
+}
+
+void NodeLayout::throwEmpty(const char* what) const {
+  throw std::logic_error(
+      layoutBug(what, "the layout has no nodes (an empty layout: default-constructed, or read after it was moved)"));
 }
 
 bool NodeLayout::equalNodeSizes() const {
@@ -40,6 +75,9 @@ bool NodeLayout::equalNodeSizes() const {
 }
 
 std::string NodeLayout::hierarchyProblem() const {
+  if (nodes_.empty()) {
+    return "no members";
+  }
   if (!equalNodeSizes()) {
     return "nodes of unequal size";
   }

@@ -72,8 +72,9 @@ CopyEngineRunner::CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int ra
 CopyEngineRunner::CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int device,
                                    std::vector<MemberIdentity> nodeMembers, const StagingGeometry& cap,
                                    HierarchicalSetup setup)
+    // A copy of `setup`, not a move: the same argument list reads it, in an order C++ leaves open.
     : CopyEngineRunner(std::move(store), setup.localIndex(), setup.layout.ranksPerNode(), device,
-                       std::move(nodeMembers), cap, std::make_shared<const HierarchicalSetup>(std::move(setup)),
+                       std::move(nodeMembers), cap, std::make_shared<const HierarchicalSetup>(setup),
                        /*direct=*/false) {}
 
 CopyEngineRunner::CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int rank, int size, int device,
