@@ -72,7 +72,12 @@ void GpuRailAllgather::gather(int slot, Lane after, const std::vector<ByteSpan>&
         c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(network_), static_cast<c10::DeviceIndex>(device_)));
     c10d::AllgatherOptions opts;  // the rail backend's timeout: the group's
     opts.asyncOp = false;
-    setup_->rail->_allgather_base(output, input, opts)->wait();
+    // ProcessGroupNCCL returns no Work for a synchronous call (torch >= 2.8): its gather is on the network stream
+    // already, which is all the schedule needs. Calling wait() through the null Work crashed every rank.
+    const auto work = setup_->rail->_allgather_base(output, input, opts);
+    if (work) {
+      work->wait();
+    }
   }
   gpu::recordEvent(landed_[slot], network_);
 }
