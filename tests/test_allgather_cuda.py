@@ -146,6 +146,9 @@ def cuda_stream_body(ctx):
         x = ag.x(name, (n,), torch.bfloat16)
         exp = ag.local_expected(name, (n,), torch.bfloat16)
         out = poison_(torch.empty(W * n, dtype=torch.bfloat16, device=dev), exp)
+        # Once at this size first: a group's first all-gather of a larger chunk connects larger staging with its
+        # peers (once, as NCCL's first collective creates its communicator), which is not what this case times.
+        dist.all_gather_into_tensor(torch.empty_like(out), x, group=g)
         torch.cuda.synchronize()
         ctx.barrier_store("wnb")
         _gemm_chain(dev, iters)  # the current stream is busy for about t_chain
