@@ -36,6 +36,8 @@ std::vector<int> NodeLayout::rail(int local) const {
 
 namespace {
 
+constexpr const char* kEmptyLayout = "an empty layout: default-constructed, or read after it was moved";
+
 std::string layoutBug(const char* what, const std::string& problem) {
   return std::string("torch_sdma: NodeLayout::") + what + ": " + problem + " (a bug in torch_sdma)";
 }
@@ -43,15 +45,15 @@ std::string layoutBug(const char* what, const std::string& problem) {
 }  // namespace
 
 void NodeLayout::throwBadRank(int rank, const char* what) const {
-  throw std::logic_error(layoutBug(
-      what, "group rank " + std::to_string(rank) + " is not in this layout of " + std::to_string(size()) + " ranks" +
-                (size() == 0 ? " (an empty layout: default-constructed, or read after it was moved)" : "")));
+  throw std::logic_error(layoutBug(what, "group rank " + std::to_string(rank) + " is not in this layout of " +
+                                             std::to_string(size()) + " ranks" +
+                                             (size() == 0 ? std::string(" (") + kEmptyLayout + ")" : "")));
 }
 
 void NodeLayout::throwBadNode(int node, const char* what) const {
-  throw std::logic_error(layoutBug(
-      what, "node " + std::to_string(node) + " is not in this layout of " + std::to_string(nodeCount()) + " nodes" +
-                (nodeCount() == 0 ? " (an empty layout: default-constructed, or read after it was moved)" : "")));
+  throw std::logic_error(layoutBug(what, "node " + std::to_string(node) + " is not in this layout of " +
+                                             std::to_string(nodeCount()) + " nodes" +
+                                             (nodeCount() == 0 ? std::string(" (") + kEmptyLayout + ")" : "")));
 }
 
 void NodeLayout::throwBadLocal(int node, int local, const char* what) const {
@@ -61,8 +63,7 @@ void NodeLayout::throwBadLocal(int node, int local, const char* what) const {
 }
 
 void NodeLayout::throwEmpty(const char* what) const {
-  throw std::logic_error(
-      layoutBug(what, "the layout has no nodes (an empty layout: default-constructed, or read after it was moved)"));
+  throw std::logic_error(layoutBug(what, std::string("the layout has no nodes (") + kEmptyLayout + ")"));
 }
 
 bool NodeLayout::equalNodeSizes() const {

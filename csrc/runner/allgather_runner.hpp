@@ -6,6 +6,8 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <c10/util/Exception.h>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -52,6 +54,17 @@ struct HierarchicalSetup {
   }
   int localIndex() const {
     return layout.localIndexOf(groupRank);
+  }
+  // For the rail step's constructor: the schedule addresses the node transport (rank `transportRank` of
+  // `transportSize`) by local index and calls the rail backend, so a setup that does not describe that transport, or
+  // has no rail backend, is refused with the numbers rather than found later as a crash.
+  void checkDescribes(int transportRank, int transportSize) const {
+    TORCH_CHECK(rail,
+                "torch_sdma: the hierarchical all-gather has no inner backend for its rail (a bug in torch_sdma)");
+    TORCH_CHECK(transportRank == localIndex() && transportSize == layout.ranksPerNode(),
+                "torch_sdma: the node transport is rank ", transportRank, " of ", transportSize, ", but group rank ",
+                groupRank, " is local index ", localIndex(), " of a node of ", layout.ranksPerNode(),
+                " (a bug in torch_sdma)");
   }
   // When the runner goes, after its last collective: NCCL's communicators are destroyed in order rather than found
   // still alive by the backend's destructor, or aborted when a collective of the group failed (one may be stuck in

@@ -13,16 +13,9 @@ GpuRailAllgather::GpuRailAllgather(CopyEngineTransport& transport, std::shared_p
       device_(device),
       network_(network),
       segmentBytes_(transport.geometry().chunkBytes) {
-  // The schedule addresses the node transport by local index and the rail by node, both from the setup: a setup
-  // that does not describe this transport (or has lost its rail backend) would push into the wrong segments or call
-  // through a null backend, so it is refused here with the numbers rather than found later as a crash.
-  TORCH_CHECK(setup_ && setup_->rail, "torch_sdma: the hierarchical all-gather on GPU ", device_,
-              " has no inner backend for its rail (a bug in torch_sdma)");
-  TORCH_CHECK(
-      transport.rank() == setup_->localIndex() && transport.geometry().worldSize == setup_->layout.ranksPerNode(),
-      "torch_sdma: the node transport on GPU ", device_, " is rank ", transport.rank(), " of ",
-      transport.geometry().worldSize, ", but group rank ", setup_->groupRank, " is local index ", setup_->localIndex(),
-      " of a node of ", setup_->layout.ranksPerNode(), " (a bug in torch_sdma)");
+  TORCH_CHECK(setup_, "torch_sdma: the hierarchical all-gather on GPU ", device_,
+              " has no setup (a bug in torch_sdma)");
+  setup_->checkDescribes(transport.rank(), transport.geometry().worldSize);
   // From torch's caching allocator, on the network stream, rather than cudaMalloc: freeing it then never
   // synchronizes the device (the watchdog may free it, and must never wait on a stuck stream), and no other stream
   // is handed the memory while a gather on the network stream could still write it.

@@ -14,15 +14,7 @@ HostRailAllgather::HostRailAllgather(HostShmTransport& transport, HierarchicalSe
       segmentBytes_(segmentBytes),
       buffer_(new char[static_cast<size_t>(transport.geometry().slots) * segmentBytes]),
       setup_(std::move(setup)) {
-  // As GpuRailAllgather: a setup that does not describe this transport, or has no rail backend, is refused here
-  // rather than found as a crash in the first gather.
-  TORCH_CHECK(setup_.rail,
-              "torch_sdma: the hierarchical all-gather on CPU has no inner backend for its rail (a bug "
-              "in torch_sdma)");
-  TORCH_CHECK(transport.rank() == setup_.localIndex() && transport.geometry().worldSize == setup_.layout.ranksPerNode(),
-              "torch_sdma: the node transport is rank ", transport.rank(), " of ", transport.geometry().worldSize,
-              ", but group rank ", setup_.groupRank, " is local index ", setup_.localIndex(), " of a node of ",
-              setup_.layout.ranksPerNode(), " (a bug in torch_sdma)");
+  setup_.checkDescribes(transport.rank(), transport.geometry().worldSize);
 }
 
 void HostRailAllgather::gather(int slot, Lane /*after: the worker runs everything in order*/,
