@@ -37,8 +37,13 @@ SIZES = (1, 1000, 256 * 1024, 6 << 20, 24 << 20)
 
 
 def _gather(g, dev, rank, world, name, n, in_place, async_op, dtype=torch.bfloat16):
-    x = rand(name, rank, (n,), dtype, dev)
-    out = poison_(torch.empty(world * n, dtype=dtype, device=dev))
+    return _gather_input(g, rand(name, rank, (n,), dtype, dev), rank, world, in_place, async_op)
+
+
+def _gather_input(g, x, rank, world, in_place, async_op):
+    """all_gather_into_tensor of `x` into a fresh poisoned output (x copied into its slot first when in place)."""
+    n = x.numel()
+    out = poison_(torch.empty(world * n, dtype=x.dtype, device=x.device))
     if in_place:
         out.narrow(0, rank * n, n).copy_(x)
         x = out.narrow(0, rank * n, n)
@@ -154,17 +159,10 @@ def direct_cases(ctx, churn_iters=10000):
             # Random bytes made on the GPU: 10^4 inputs made on the CPU, and their expected concatenations, took
             # minutes. Every rank rebuilds every rank's input from the same seeds.
             inputs = [_device_bytes(f"churn{i}", r, n, dev) for r in range(world)]
-            out = poison_(torch.empty(world * n, dtype=torch.bfloat16, device=dev))
-            x = inputs[rank]
-            if in_place:
-                out.narrow(0, rank * n, n).copy_(x)
-                x = out.narrow(0, rank * n, n)
-            work = dist.all_gather_into_tensor(out, x, group=g, async_op=bool(i % 2))
-            if i % 2:
-                work.wait()
+            out = _gather_input(g, inputs[rank], rank, world, in_place, async_op=bool(i % 2))
             if not torch.equal(out.view(torch.int16), torch.cat(inputs).view(torch.int16)):
                 raise AssertionError(f"churn iteration {i} ({n} elements, in_place={in_place}): wrong bytes")
-        del out, x, inputs
+        del out, inputs
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         _assert_peer_mappings_bounded(g, dev, rank, world, "after the churn")
