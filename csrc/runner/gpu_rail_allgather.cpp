@@ -58,9 +58,11 @@ void GpuRailAllgather::gather(int slot, Lane after, const std::vector<ByteSpan>&
   const auto n = static_cast<int64_t>(bytes);
   at::Tensor output = at::from_blob(out, {n * railSize()}, options);
   at::Tensor input = at::from_blob(const_cast<char*>(in), {n}, options);
-  {
-    // NCCL enqueues on the current stream for a synchronous call, and wait() orders the current stream after the
-    // work wherever NCCL ran it; neither blocks the CPU.
+  // From our own thread, outside any NCCL group the caller has open (group_free_caller.hpp). NCCL enqueues on the
+  // current stream for a synchronous call, and wait() orders the current stream after the work wherever NCCL ran
+  // it; neither blocks the CPU.
+  railCaller_.run([&] {
+    c10::cuda::CUDAGuard onDevice(static_cast<c10::DeviceIndex>(device_));
     c10::cuda::CUDAStreamGuard onNetwork(
         c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(network_), static_cast<c10::DeviceIndex>(device_)));
     c10d::AllgatherOptions opts;  // the rail backend's timeout: the group's
@@ -71,7 +73,7 @@ void GpuRailAllgather::gather(int slot, Lane after, const std::vector<ByteSpan>&
     if (work) {
       work->wait();
     }
-  }
+  });
   gpu::recordEvent(landed_[slot], network_);
 }
 

@@ -12,6 +12,7 @@
 #include "collective/inner_allgather.hpp"
 #include "gpu/gpu_api.hpp"
 #include "runner/allgather_runner.hpp"
+#include "runner/group_free_caller.hpp"
 #include "transport/copy_engine_transport.hpp"
 
 namespace sdma {
@@ -47,6 +48,7 @@ class GpuRailAllgather : public InnerAllgather {
   char* buffer_ = nullptr;
   gpu::Event lanePassed_ = nullptr;
   std::vector<gpu::Event> landed_;  // per slot: its last gather
+  GroupFreeCaller railCaller_;
 };
 
 }  // namespace sdma
