@@ -54,6 +54,7 @@ def options_from_env(group_size: int) -> "_C.ProcessGroupSDMA.Options":
     o.chunk_bytes = _parse_bytes("TORCH_SDMA_CHUNK_BYTES", o.chunk_bytes)
     o.log = _parse_bool("TORCH_SDMA_LOG", o.log)
     o.direct = _parse_bool("TORCH_SDMA_DIRECT", o.direct)
+    o.direct_peer_wait_us = _parse_int("TORCH_SDMA_DIRECT_PEER_WAIT_US", o.direct_peer_wait_us)
     validate(o, group_size)
     return o
 
@@ -83,6 +84,8 @@ def validate(o, group_size: int) -> None:
         raise ValueError(f"TORCH_SDMA_SLOTS={o.slots} must be a power of two, at least 2")
     if o.chunk_bytes % _PAGE:
         raise ValueError(f"TORCH_SDMA_CHUNK_BYTES={o.chunk_bytes} must be 0 (automatic) or a multiple of {_PAGE}")
+    if o.direct_peer_wait_us < 0:
+        raise ValueError(f"TORCH_SDMA_DIRECT_PEER_WAIT_US={o.direct_peer_wait_us} must be 0 or more")
     floor = o.slots * max(group_size, 1) * _PAGE
     staging = min(o.staging_bytes_cuda, o.staging_bytes_cpu)
     if staging < floor:

@@ -104,6 +104,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("min_bytes_cpu", &sdma::SdmaOptions::minBytesCpu)
       .def_readwrite("slots", &sdma::SdmaOptions::slots)
       .def_readwrite("chunk_bytes", &sdma::SdmaOptions::chunkBytes)
+      .def_readwrite("direct_peer_wait_us", &sdma::SdmaOptions::directPeerWaitUs)
       .def_readwrite("direct", &sdma::SdmaOptions::direct)
       .def_readwrite("log", &sdma::SdmaOptions::log)
       .def_readwrite("test_pseudo_node", &sdma::SdmaOptions::testPseudoNode)

@@ -21,6 +21,10 @@ constexpr int64_t kDefaultMinBytesCuda = int64_t{20} << 20;
 constexpr int64_t kDefaultMinBytesCpu = 0;
 // Two staging slots: the next chunk's push overlaps this one's drain.
 constexpr int kDefaultSlots = 2;
+// On the direct path a rank waits this long at enqueue for peers that have not posted yet, so that each rank of a
+// pair pushes its own bytes (both GPUs' copy engines) instead of the later one moving both directions (one GPU's,
+// at half the rate: docs/results/2xH200.md). Lockstep ranks post within microseconds of each other.
+constexpr int64_t kDefaultDirectPeerWaitUs = 100;
 
 struct SdmaOptions {
   bool disable = false;                                 // TORCH_SDMA_DISABLE
@@ -31,6 +35,7 @@ struct SdmaOptions {
   int slots = kDefaultSlots;  // TORCH_SDMA_SLOTS, a power of two
   int64_t chunkBytes = 0;     // TORCH_SDMA_CHUNK_BYTES; 0: automatic
   bool direct = false;        // TORCH_SDMA_DIRECT: all_gather_into_tensor without staging
+  int64_t directPeerWaitUs = kDefaultDirectPeerWaitUs;  // TORCH_SDMA_DIRECT_PEER_WAIT_US
   bool log = true;            // TORCH_SDMA_LOG: one line per group at creation (written by the Python side)
   // TORCH_SDMA_TEST_PSEUDO_NODES (tests only): the pseudo-node of its host this process is placed on, "" for none.
   // Processes on one host with different pseudo-nodes form different nodes of the hierarchical path.

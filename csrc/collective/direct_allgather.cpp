@@ -14,31 +14,34 @@ void scheduleDirectAllgather(Transport& t, const AllgatherPlan& plan, uint32_t s
   const bool inputBounced = plan.input.size() != 1 || plan.input.front().ptr != posted.input;
   const bool outputBounced = posted.outputBase != plan.outputBase;
 
-  // Own bytes first: into our output (nothing when in place) and, when peers read them from the bounce area, there.
-  // Then tell every peer that our input is readable and our output free.
+  // Peers may read our input and write our output as soon as our stream is here: tell them first, so that their
+  // pushes overlap our own-slot copy (bounced, once the bounce area holds our bytes).
   if (inputBounced) {
     copyPieces(t, Lane::Drain, {ByteSpan{postedInput, n}}, plan.input);
     d.joinLane(Lane::Push, Lane::Drain);  // our pushes below read the bounce area
   }
-  copyPieces(t, Lane::Drain, plan.outputByRank[me], plan.input);
   for (int q = 0; q < size; ++q) {
     if (q != me) {
       d.signalPeer(Lane::Drain, q, Flag::Arrived, serial);
     }
   }
-  // Late for a pair: move both directions of it, once the early peer's stream is there too; the write over the
-  // link and the read over it on separate lanes.
+  copyPieces(t, Lane::Drain, plan.outputByRank[me], plan.input);  // nothing when in place
+  // Our bytes into each peer's output once its stream is there; from a peer that stopped waiting for us, its bytes
+  // too, the write over the link and the read over it on separate lanes.
   for (int q = 0; q < size; ++q) {
-    if (q == me || !peerPosts[q].posted) {
+    const PeerBuffers& peer = peerPosts[q];
+    if (q == me || peer.pairing == Pairing::kPeerMovesBoth) {
       continue;
     }
     d.waitPeer(Lane::Push, q, Flag::Arrived, serial);
-    d.copyToPeer(Lane::Push, q, peerPosts[q].outputBase + static_cast<uint64_t>(me) * n, posted.input, n);
-    d.waitPeer(Lane::Drain, q, Flag::Arrived, serial);
-    d.copyFromPeer(Lane::Drain, q, posted.outputBase + static_cast<size_t>(q) * n, peerPosts[q].input, n);
+    d.copyToPeer(Lane::Push, q, peer.outputBase + static_cast<uint64_t>(me) * n, posted.input, n);
+    if (peer.pairing == Pairing::kThisMovesBoth) {
+      d.waitPeer(Lane::Drain, q, Flag::Arrived, serial);
+      d.copyFromPeer(Lane::Drain, q, posted.outputBase + static_cast<size_t>(q) * n, peer.input, n);
+    }
   }
   d.joinLane(Lane::Drain, Lane::Push);
-  // Done after our copies; complete only after every peer's, since a late peer may be writing into our output.
+  // Done after our copies; complete only after every peer's, since a peer may be writing into our output.
   for (int q = 0; q < size; ++q) {
     if (q != me) {
       d.signalPeer(Lane::Drain, q, Flag::Done, serial);

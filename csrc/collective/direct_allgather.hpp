@@ -1,11 +1,13 @@
-// The all-gather without staging (docs/design-direct-push.md): for each pair of ranks the later arriver moves both
-// directions, straight between the two ranks' own buffers.
+// The all-gather without staging (docs/design-direct-push.md): straight between the ranks' own buffers. For each
+// pair, as the arrival mailbox settled it, each rank pushes its own bytes into the other's output, or the later
+// arriver moves both directions.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "collective/allgather_plan.hpp"
+#include "transport/arrival_mailbox.hpp"
 #include "transport/transport.hpp"
 
 namespace sdma {
@@ -17,10 +19,10 @@ struct PostedBuffers {
   char* outputBase = nullptr;   // where a late peer writes its bytes: rank q's at outputBase + q * bytesPerRank
 };
 
-// Rank q's posted buffers when q arrived before this rank (this rank then moves both directions of the pair), as
-// the transport's copyToPeer / copyFromPeer address them.
+// How the pair with rank q is shared and, where this rank copies to or from q, q's posted buffers as the
+// transport's copyToPeer / copyFromPeer address them (input only for kThisMovesBoth).
 struct PeerBuffers {
-  bool posted = false;
+  Pairing pairing = Pairing::kPeerMovesBoth;
   uint64_t input = 0;
   uint64_t outputBase = 0;
 };

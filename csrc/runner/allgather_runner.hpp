@@ -8,6 +8,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -85,16 +86,21 @@ struct HierarchicalSetup {
   }
 };
 
+// The direct path of CUDA all-gathers (docs/design-direct-push.md).
+struct DirectPathOptions {
+  bool enabled = false;                    // TORCH_SDMA_DIRECT: all_gather_into_tensor takes it
+  std::chrono::microseconds peerWait{0};  // TORCH_SDMA_DIRECT_PEER_WAIT_US: see CopyEngineDirect
+};
+
 // Copy engines, for CUDA tensors (copy_engine_runner.cpp; a build without CUDA says why not).
 // Collective, at group creation: "" when the group's CUDA all-gathers can take the copy engines, else why not.
 std::string copyEnginePathProblem(c10d::Store& store, int rank, int size);
 // Collective, at the group's first eligible CUDA all-gather: null, with the reason in *whyNot, when the
 // transport cannot connect (every member then agrees).
-// `geometry`: the cap; the runner sizes staging to what the group needs, up to it. `direct`: all_gather_into_tensor
-// takes the direct path (TORCH_SDMA_DIRECT).
+// `geometry`: the cap; the runner sizes staging to what the group needs, up to it.
 std::unique_ptr<AllgatherRunner> connectCopyEngineRunner(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                                          int size, int device, const StagingGeometry& geometry,
-                                                         bool direct, std::string* whyNot);
+                                                         const DirectPathOptions& direct, std::string* whyNot);
 
 // Shared memory, for CPU tensors (shared_memory_runner.cpp).
 std::string sharedMemoryPathProblem(c10d::Store& store, int rank, int size);

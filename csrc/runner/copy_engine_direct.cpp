@@ -41,8 +41,8 @@ void watchCachingAllocatorFrees() {
 }  // namespace
 
 CopyEngineDirect::CopyEngineDirect(const c10::intrusive_ptr<c10d::Store>& groupStore, int rank, int size, int device,
-                                   const std::vector<MemberIdentity>& members)
-    : rank_(rank), size_(size), device_(device), peerSegments_(device, pidsOf(members)) {
+                                   const std::vector<MemberIdentity>& members, std::chrono::microseconds peerWait)
+    : rank_(rank), size_(size), device_(device), peerWait_(peerWait), peerSegments_(device, pidsOf(members)) {
   // One slot of one page: only the flags are used.
   StagingGeometry g = StagingGeometry::fit(size, 1, kPageBytes, 0);
   c10d::PrefixStore store("direct/", groupStore);
@@ -102,6 +102,11 @@ const std::shared_ptr<BounceArea>& CopyEngineDirect::bounceOf(size_t bytes) {
   return bounce_;
 }
 
+std::chrono::microseconds CopyEngineDirect::peerWaitFor(size_t bytesPerRank) const {
+  return bytesPerRank * static_cast<size_t>(size_) >= kPeerWaitFromOutputBytes ? peerWait_
+                                                                               : std::chrono::microseconds(0);
+}
+
 CopyEngineDirect::Arrival CopyEngineDirect::arrive(const AllgatherPlan& plan, std::chrono::milliseconds timeout) {
   retireFreedAllocations();
   const size_t n = plan.bytesPerRank;
@@ -140,20 +145,23 @@ CopyEngineDirect::Arrival CopyEngineDirect::arrive(const AllgatherPlan& plan, st
   post.output = reinterpret_cast<uint64_t>(a.posted.outputBase);
 
   a.serial = static_cast<uint32_t>(++serial_);
-  const auto seen = mailbox_->arrive(serial_, post, timeout);
+  const auto settled = mailbox_->arrive(serial_, post, timeout, peerWaitFor(n));
   forgetPeersFreedAllocations();
   a.peers.resize(size_);
   for (int q = 0; q < size_; ++q) {
-    if (!seen[q]) {
+    const ArrivalMailbox::PeerArrival& peer = settled[q];
+    a.peers[q].pairing = peer.pairing;
+    if (q == rank_ || peer.pairing == Pairing::kPeerMovesBoth) {
       continue;
     }
-    TORCH_CHECK(seen[q]->bytes == n, "torch_sdma: group rank ", q, " all-gathers ", seen[q]->bytes,
+    TORCH_CHECK(peer.post.bytes == n, "torch_sdma: group rank ", q, " all-gathers ", peer.post.bytes,
                 " bytes per rank in the same direct all-gather where this rank all-gathers ", n);
-    a.peers[q].posted = true;
-    a.peers[q].input =
-        reinterpret_cast<uint64_t>(peerSegments_.locate(q, seen[q]->inputSegment, seen[q]->input, &a.holds));
     a.peers[q].outputBase =
-        reinterpret_cast<uint64_t>(peerSegments_.locate(q, seen[q]->outputSegment, seen[q]->output, &a.holds));
+        reinterpret_cast<uint64_t>(peerSegments_.locate(q, peer.post.outputSegment, peer.post.output, &a.holds));
+    if (peer.pairing == Pairing::kThisMovesBoth) {
+      a.peers[q].input =
+          reinterpret_cast<uint64_t>(peerSegments_.locate(q, peer.post.inputSegment, peer.post.input, &a.holds));
+    }
   }
   return a;
 }

@@ -22,24 +22,30 @@
 
 namespace sdma {
 
+// Below this many output bytes a rank does not wait for late peers (TORCH_SDMA_DIRECT_PEER_WAIT_US): the later
+// rank of a pair moving both directions costs a second copy's start-up there, not half the bandwidth.
+constexpr size_t kPeerWaitFromOutputBytes = size_t{16} << 20;
+
 class CopyEngineDirect {
  public:
-  // Collective: every member calls it at the same all-gather (the group's first on the direct path).
+  // Collective: every member calls it at the same all-gather (the group's first on the direct path). `peerWait`:
+  // how long an all-gather of at least kPeerWaitFromOutputBytes waits at enqueue for peers that have not posted,
+  // so that each pushes its own bytes (arrival_mailbox.hpp).
   CopyEngineDirect(const c10::intrusive_ptr<c10d::Store>& groupStore, int rank, int size, int device,
-                   const std::vector<MemberIdentity>& members);
+                   const std::vector<MemberIdentity>& members, std::chrono::microseconds peerWait);
   ~CopyEngineDirect();
 
-  // One all-gather's part of the direct schedule, decided at enqueue without waiting for any peer.
+  // One all-gather's part of the direct schedule, decided at enqueue (waiting at most the peer wait).
   struct Arrival {
     uint32_t serial = 0;
     PostedBuffers posted;
-    std::vector<PeerBuffers> peers;  // the early peers' buffers, mapped here
+    std::vector<PeerBuffers> peers;  // how each pair is shared, and the peer buffers this rank copies with, mapped here
     // The mappings and bounce area the copies use: kept until the collective is done.
     std::vector<std::shared_ptr<void>> holds;
   };
-  // Posts this rank's buffers for the next direct all-gather (bouncing those peers cannot map) and maps the buffers
-  // of the peers that posted theirs first. Waits only when a peer's CPU is a mailbox's depth behind; past
-  // `timeout` that throws.
+  // Posts this rank's buffers for the next direct all-gather (bouncing those peers cannot map), settles each pair
+  // and maps the peer buffers this rank will copy with. Waits longer than the peer wait only when a peer's CPU is a
+  // mailbox's depth behind; past `timeout` that throws.
   Arrival arrive(const AllgatherPlan& plan, std::chrono::milliseconds timeout);
 
   const std::shared_ptr<CopyEngineTransport>& flags() const {
@@ -52,6 +58,7 @@ class CopyEngineDirect {
   }
 
  private:
+  std::chrono::microseconds peerWaitFor(size_t bytesPerRank) const;
   // The bounce area, at least `bytes` large (a larger one replaces it; collectives in flight hold the old one).
   const std::shared_ptr<BounceArea>& bounceOf(size_t bytes);
   // Tells the peers which allocations this rank exported to them it has freed since its last all-gather.
@@ -62,6 +69,7 @@ class CopyEngineDirect {
   const int rank_;
   const int size_;
   const int device_;
+  const std::chrono::microseconds peerWait_;
   std::shared_ptr<CopyEngineTransport> flags_;
   char* mailboxMemory_ = nullptr;
   size_t mailboxBytes_ = 0;

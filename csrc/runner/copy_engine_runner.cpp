@@ -42,7 +42,7 @@ std::string copyEnginePathProblem(c10d::Store& store, int rank, int size) {
 
 std::unique_ptr<AllgatherRunner> connectCopyEngineRunner(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                                          int size, int device, const StagingGeometry& geometry,
-                                                         bool direct, std::string* whyNot) {
+                                                         const DirectPathOptions& direct, std::string* whyNot) {
   c10::cuda::CUDAGuard guard(device);
   std::vector<MemberIdentity> members;
   *whyNot = CopyEngineTransport::checkGroupReachable(*store, "ce/connect", rank, size, device, &members);
@@ -66,7 +66,8 @@ std::unique_ptr<AllgatherRunner> connectHierarchicalCopyEngineRunner(const c10::
 }
 
 CopyEngineRunner::CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int rank, int size, int device,
-                                   std::vector<MemberIdentity> members, const StagingGeometry& cap, bool direct)
+                                   std::vector<MemberIdentity> members, const StagingGeometry& cap,
+                                   const DirectPathOptions& direct)
     : CopyEngineRunner(std::move(store), rank, size, device, std::move(members), cap, nullptr, direct) {}
 
 CopyEngineRunner::CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int device,
@@ -75,11 +76,12 @@ CopyEngineRunner::CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int de
     // A copy of `setup`, not a move: the same argument list reads it, in an order C++ leaves open.
     : CopyEngineRunner(std::move(store), setup.localIndex(), setup.layout.ranksPerNode(), device,
                        std::move(nodeMembers), cap, std::make_shared<const HierarchicalSetup>(setup),
-                       /*direct=*/false) {}
+                       DirectPathOptions{}) {}
 
 CopyEngineRunner::CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int rank, int size, int device,
                                    std::vector<MemberIdentity> members, const StagingGeometry& cap,
-                                   std::shared_ptr<const HierarchicalSetup> hierarchy, bool direct)
+                                   std::shared_ptr<const HierarchicalSetup> hierarchy,
+                                   const DirectPathOptions& direct)
     : store_(std::move(store)),
       rank_(rank),
       size_(size),
@@ -88,7 +90,7 @@ CopyEngineRunner::CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int ra
       cap_(cap),
       injectWatchdogFault_(testFaultRequested("watchdog")),
       hierarchy_(std::move(hierarchy)),
-      directWanted_(direct) {
+      directOptions_(direct) {
   c10::cuda::CUDAGuard guard(device_);
   pushStream_ = gpu::createStream();
   drainStream_ = gpu::createStream();
@@ -157,7 +159,7 @@ CollectivePath CopyEngineRunner::pathFor(const PlannedAllgather& planned) {
     return CollectivePath::dma("hierarchical");
   }
   // The same choice on every member: it depends on the form and the knob only, never on this rank's buffers.
-  if (directWanted_ && planned.plan.outputBase && planned.plan.bytesPerRank > 0) {
+  if (directOptions_.enabled && planned.plan.outputBase && planned.plan.bytesPerRank > 0) {
     return CollectivePath::dma(CollectivePath::kDirect);
   }
   return CollectivePath::dma();
@@ -285,7 +287,7 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::enqueueDirect(PlannedAllgather&
                                                                std::unique_lock<std::mutex>& lock) {
   if (!direct_) {
     // Every member makes its first direct all-gather together, so they connect here together.
-    direct_ = std::make_unique<CopyEngineDirect>(store_, rank_, size_, device_, members_);
+    direct_ = std::make_unique<CopyEngineDirect>(store_, rank_, size_, device_, members_, directOptions_.peerWait);
   }
   CopyEngineDirect::Arrival arrival;
   try {

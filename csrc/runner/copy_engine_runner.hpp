@@ -40,9 +40,8 @@ namespace sdma {
 class CopyEngineRunner : public AllgatherRunner {
  public:
   // `members`: every member's identity, from a reachability check that said "" to all. `cap`: the largest staging.
-  // `direct`: all_gather_into_tensor takes the direct path.
   CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int rank, int size, int device,
-                   std::vector<MemberIdentity> members, const StagingGeometry& cap, bool direct);
+                   std::vector<MemberIdentity> members, const StagingGeometry& cap, const DirectPathOptions& direct);
   // Hierarchical: rank, size and members are those of this rank's node.
   CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int device, std::vector<MemberIdentity> nodeMembers,
                    const StagingGeometry& cap, HierarchicalSetup setup);
@@ -59,7 +58,7 @@ class CopyEngineRunner : public AllgatherRunner {
  private:
   CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int rank, int size, int device,
                    std::vector<MemberIdentity> members, const StagingGeometry& cap,
-                   std::shared_ptr<const HierarchicalSetup> hierarchy, bool direct);
+                   std::shared_ptr<const HierarchicalSetup> hierarchy, const DirectPathOptions& direct);
 
   // Never the Work itself: see gpu_completion.hpp.
   struct InFlight {
@@ -115,7 +114,7 @@ class CopyEngineRunner : public AllgatherRunner {
   const StagingGeometry cap_;
   const bool injectWatchdogFault_;
   const std::shared_ptr<const HierarchicalSetup> hierarchy_;  // null: the flat schedule
-  const bool directWanted_;
+  const DirectPathOptions directOptions_;
   int connections_ = 0;  // store keys of each connection are fresh
 
   std::shared_ptr<CopyEngineTransport> staging_;   // eager collectives; guarded by mutex_

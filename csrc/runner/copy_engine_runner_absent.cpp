@@ -11,7 +11,8 @@ std::string copyEnginePathProblem(c10d::Store&, int, int) {
 }
 
 std::unique_ptr<AllgatherRunner> connectCopyEngineRunner(const c10::intrusive_ptr<c10d::Store>&, int, int, int,
-                                                         const StagingGeometry&, bool, std::string* whyNot) {
+                                                         const StagingGeometry&, const DirectPathOptions&,
+                                                         std::string* whyNot) {
   *whyNot = kWhy;
   return nullptr;
 }

@@ -72,15 +72,14 @@ c10::intrusive_ptr<c10d::Work> SharedMemoryRunner::run(PlannedAllgather& planned
   ArrivalMailbox* mailbox = transport_->mailbox();
   if (mailbox && plan.outputBase && plan.bytesPerRank > 0) {
     const uint64_t serial = ++directSerial_;
-    const auto seen = mailbox->arrive(serial,
-                                      {reinterpret_cast<uint64_t>(plan.input.front().ptr),
-                                       reinterpret_cast<uint64_t>(plan.outputBase), plan.bytesPerRank},
-                                      info.timeout);
-    std::vector<PeerBuffers> peers(seen.size());
-    for (size_t q = 0; q < seen.size(); ++q) {
-      if (seen[q]) {
-        peers[q] = {true, seen[q]->input, seen[q]->output};
-      }
+    // One worker thread copies for this rank whichever way a pair is shared, so nobody waits for late peers.
+    const auto settled = mailbox->arrive(serial,
+                                         {reinterpret_cast<uint64_t>(plan.input.front().ptr),
+                                          reinterpret_cast<uint64_t>(plan.outputBase), plan.bytesPerRank},
+                                         info.timeout);
+    std::vector<PeerBuffers> peers(settled.size());
+    for (size_t q = 0; q < settled.size(); ++q) {
+      peers[q] = {settled[q].pairing, settled[q].post.input, settled[q].post.output};
     }
     scheduleDirectAllgather(*transport_, plan, static_cast<uint32_t>(serial), {plan.input.front().ptr, plan.outputBase},
                             peers);

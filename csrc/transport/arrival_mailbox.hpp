@@ -1,12 +1,19 @@
-// Who arrived first at each collective, per pair of ranks, learned by the CPU at enqueue without waiting for the
-// peer (docs/design-direct-push.md). Each rank posts its buffer addresses for serial s, then reads every peer's
-// post for s: a peer whose post is already there arrived earlier, so this rank is the late one of that pair and
-// will move the pair's bytes. Store-then-load, both sequentially consistent, guarantees that of two ranks at least
-// one sees the other's post; both may (they arrived together), never neither.
+// Who moves which bytes of each collective, per pair of ranks, agreed by the CPUs at enqueue
+// (docs/design-direct-push.md). Each rank posts its buffer addresses for serial s, then reads every peer's post
+// for s. A peer whose post is already there arrived earlier: this rank knows its buffers. A peer that has not
+// posted yet is waited for, at most `peerWait`; one that posts within it knows ours and we know its.
+//
+// A pair ends in one of two ways, settled by one compare-and-swap on a word of the earlier rank's post:
+// - each pushes its own bytes into the other's output (the later rank claimed the word while the earlier one was
+//   still waiting, or both arrived together): both copy engines work, one direction each;
+// - the later rank moves both directions (the earlier one stopped waiting first and closed the word): the
+//   earlier rank enqueued nothing for the pair and never learns the later one's addresses.
+// A rank never enqueues work for a collective after it returned from arrive(), so no copy of ours ever queues
+// behind a wait that needs it.
 //
 // The posts live in memory every member maps (host shared memory): a ring of `depth` posts per rank. A rank
 // overwrites its post for s - depth only after every peer has read it; every peer publishes the last serial it
-// has read. Only a rank more than `depth` collectives ahead of a peer's CPU ever waits.
+// has read. Only a rank more than `depth` collectives ahead of a peer's CPU ever waits for longer than peerWait.
 #pragma once
 
 #include <atomic>
@@ -14,7 +21,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <new>
-#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -34,6 +40,13 @@ struct ExportedSegment {
   char ipcHandle[64] = {};  // kLegacyIpc
 };
 
+// How this rank and one peer share a pair's two directions (the comment at the top).
+enum class Pairing : uint32_t {
+  kPeerMovesBoth = 0,  // the peer came later and moves both directions: nothing to enqueue for it here
+  kThisMovesBoth = 1,  // this rank came later than a peer that stopped waiting: it moves both directions
+  kEachPushesOwn = 2,  // both know both buffers: each pushes its own bytes into the other's output
+};
+
 struct BufferPost {
   uint64_t input = 0;   // peer-mappable address of the rank's input bytes
   uint64_t output = 0;  // peer-mappable address of the rank's whole output
@@ -45,8 +58,9 @@ struct BufferPost {
 class ArrivalMailbox {
  public:
   static size_t bytesFor(int worldSize, int depth) {
-    return sizeof(Header) * static_cast<size_t>(worldSize) +
-           sizeof(Slot) * static_cast<size_t>(worldSize) * static_cast<size_t>(depth);
+    const size_t posts = static_cast<size_t>(worldSize) * static_cast<size_t>(depth);
+    return sizeof(Header) * static_cast<size_t>(worldSize) + sizeof(Slot) * posts +
+           sizeof(std::atomic<uint32_t>) * posts * static_cast<size_t>(worldSize);
   }
 
   // `shared`: bytesFor() bytes, zeroed by whoever created them, mapped by every member at the same layout.
@@ -56,30 +70,57 @@ class ArrivalMailbox {
     }
     headers_ = static_cast<Header*>(shared);
     slots_ = reinterpret_cast<Slot*>(static_cast<char*>(shared) + sizeof(Header) * static_cast<size_t>(size_));
+    claims_ = reinterpret_cast<std::atomic<uint32_t>*>(slots_ + static_cast<size_t>(size_) * depth_);
   }
 
-  // For serial s (1, 2, 3, ... on every rank): posts `mine`, then returns, per peer, the peer's post when the peer
-  // had already posted s (this rank is late for that pair) or nothing (early). Entry rank() is always empty.
-  // Waits only when a peer has not yet read this rank's post for s - depth; past `timeout` that throws.
-  std::vector<std::optional<BufferPost>> arrive(uint64_t serial, const BufferPost& mine,
-                                                std::chrono::milliseconds timeout) {
+  struct PeerArrival {
+    Pairing pairing = Pairing::kPeerMovesBoth;
+    BufferPost post;  // the peer's, unless pairing is kPeerMovesBoth
+  };
+
+  // For serial s (1, 2, 3, ... on every rank): posts `mine`, then settles every pair (entry rank() is left
+  // kPeerMovesBoth and unused). Waits up to `peerWait` in all for peers that have not posted; longer only when a
+  // peer has not yet read this rank's post for s - depth, and past `timeout` that throws.
+  std::vector<PeerArrival> arrive(uint64_t serial, const BufferPost& mine, std::chrono::milliseconds timeout,
+                                  std::chrono::microseconds peerWait = std::chrono::microseconds(0)) {
     waitUntilPeersRead(serial - std::min<uint64_t>(serial, depth_), timeout);
     Slot& own = slot(rank_, serial);
     own.post = mine;
+    for (int q = 0; q < size_; ++q) {
+      claim(rank_, serial, q).store(kOpen, std::memory_order_relaxed);
+    }
     own.serial.store(serial, std::memory_order_seq_cst);
 
-    std::vector<std::optional<BufferPost>> seen(size_);
+    std::vector<PeerArrival> settled(size_);
+    std::vector<int> notYetHere;
     for (int q = 0; q < size_; ++q) {
       if (q == rank_) {
         continue;
       }
       Slot& theirs = slot(q, serial);
       if (theirs.serial.load(std::memory_order_seq_cst) == serial) {
-        seen[q] = theirs.post;
+        // It posted first, or with us: unless it already stopped waiting, it pushes its own bytes.
+        uint32_t open = kOpen;
+        const bool claimed = claim(q, serial, rank_).compare_exchange_strong(open, kClaimed, std::memory_order_seq_cst);
+        settled[q] = {claimed ? Pairing::kEachPushesOwn : Pairing::kThisMovesBoth, theirs.post};
+      } else {
+        notYetHere.push_back(q);
+      }
+    }
+    const auto deadline = std::chrono::steady_clock::now() + peerWait;
+    for (int q : notYetHere) {
+      std::atomic<uint32_t>& word = claim(rank_, serial, q);
+      while (word.load(std::memory_order_acquire) == kOpen && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::yield();
+      }
+      uint32_t open = kOpen;
+      if (!word.compare_exchange_strong(open, kClosed, std::memory_order_seq_cst)) {
+        // Claimed: the peer posted before it claimed, and reads our post again only after we mark it read.
+        settled[q] = {Pairing::kEachPushesOwn, slot(q, serial).post};
       }
     }
     headers_[rank_].readUpTo.store(serial, std::memory_order_release);
-    return seen;
+    return settled;
   }
 
   int rank() const {
@@ -95,9 +136,19 @@ class ArrivalMailbox {
     BufferPost post;
   };
   static_assert(std::atomic<uint64_t>::is_always_lock_free, "the mailbox needs lock-free 64-bit atomics");
+  static_assert(std::atomic<uint32_t>::is_always_lock_free, "the mailbox needs lock-free 32-bit atomics");
+
+  // A word of owner's post for `serial`, one per peer: open while the owner may still push its own bytes to that
+  // peer, claimed by the peer (it will, and the peer pushes its own), or closed by the owner (the peer moves both).
+  static constexpr uint32_t kOpen = 0;
+  static constexpr uint32_t kClaimed = 1;
+  static constexpr uint32_t kClosed = 2;
 
   Slot& slot(int owner, uint64_t serial) {
     return slots_[static_cast<size_t>(owner) * depth_ + serial % depth_];
+  }
+  std::atomic<uint32_t>& claim(int owner, uint64_t serial, int peer) {
+    return claims_[(static_cast<size_t>(owner) * depth_ + serial % depth_) * size_ + peer];
   }
 
   void waitUntilPeersRead(uint64_t serial, std::chrono::milliseconds timeout) {
@@ -122,6 +173,7 @@ class ArrivalMailbox {
   uint64_t depth_;
   Header* headers_;
   Slot* slots_;
+  std::atomic<uint32_t>* claims_;
 };
 
 }  // namespace sdma

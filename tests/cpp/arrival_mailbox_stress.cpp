@@ -1,8 +1,9 @@
-// Stress test of csrc/arrival_mailbox.hpp with real processes: W ranks run M collectives each with random delays
-// over one shared mapping, and the parent checks the rule the direct all-gather relies on: for every pair and
-// serial, at least one of the two saw the other's post (never two early arrivers), and every post seen carried the
+// Stress test of csrc/transport/arrival_mailbox.hpp with real processes: W ranks run M collectives each with random
+// delays over one shared mapping, each waiting a random while (none, or up to 60 us) for late peers, and the parent
+// checks the rule the direct all-gather relies on: for every pair and serial the two ranks settled the same
+// sharing (each pushes its own bytes, or exactly one of them moves both), and every post a rank uses carried the
 // addresses its owner posted for that serial. A small ring depth makes ranks overwrite slots and wait for peers.
-// Usage: arrival_mailbox_stress W M DEPTH SEED; prints "pairs=... both_late=... waits_ok" and exits 0 on success.
+// Usage: arrival_mailbox_stress W M DEPTH SEED; prints "pairs=... each_own=... ok" and exits 0 on success.
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,6 +18,7 @@
 
 using sdma::ArrivalMailbox;
 using sdma::BufferPost;
+using sdma::Pairing;
 
 static BufferPost postOf(int rank, uint64_t serial) {
   return {uint64_t(rank) << 40 | serial, (uint64_t(rank) << 40 | serial) + 7, serial * 3 + rank};
@@ -54,17 +56,21 @@ int main(int argc, char** argv) {
           for (volatile int i = 0; i < d * 50; ++i) {
           }
         }
-        auto got = box.arrive(s, postOf(r, s), std::chrono::milliseconds(20000));
+        const auto wait = std::chrono::microseconds(delay(rng) < 20 ? 0 : 60);
+        auto got = box.arrive(s, postOf(r, s), std::chrono::milliseconds(20000), wait);
         for (int q = 0; q < W; ++q) {
-          if (!got[q]) {
+          if (q == r) {
             continue;
           }
-          const BufferPost want = postOf(q, s);
-          if (got[q]->input != want.input || got[q]->output != want.output || got[q]->bytes != want.bytes) {
-            fprintf(stderr, "rank %d serial %llu: peer %d's post is wrong\n", r, (unsigned long long)s, q);
-            _exit(1);
+          if (got[q].pairing != Pairing::kPeerMovesBoth) {
+            const BufferPost want = postOf(q, s);
+            if (got[q].post.input != want.input || got[q].post.output != want.output ||
+                got[q].post.bytes != want.bytes) {
+              fprintf(stderr, "rank %d serial %llu: peer %d's post is wrong\n", r, (unsigned long long)s, q);
+              _exit(1);
+            }
           }
-          seen[(size_t(r) * W + q) * (M + 1) + s] = 1;
+          seen[(size_t(r) * W + q) * (M + 1) + s] = 1 + static_cast<unsigned char>(got[q].pairing);
         }
       }
       _exit(0);
@@ -80,21 +86,25 @@ int main(int argc, char** argv) {
     fprintf(stderr, "a rank failed\n");
     return 1;
   }
-  long pairs = 0, bothLate = 0;
+  long pairs = 0, eachOwn = 0;
+  const auto of = [](unsigned char v) { return static_cast<Pairing>(v - 1); };
   for (int i = 0; i < W; ++i) {
     for (int j = i + 1; j < W; ++j) {
       for (int s = 1; s <= M; ++s) {
-        const bool ij = seen[(size_t(i) * W + j) * (M + 1) + s];
-        const bool ji = seen[(size_t(j) * W + i) * (M + 1) + s];
-        if (!ij && !ji) {
-          fprintf(stderr, "ranks %d and %d were both early at serial %d\n", i, j, s);
+        const Pairing ij = of(seen[(size_t(i) * W + j) * (M + 1) + s]);
+        const Pairing ji = of(seen[(size_t(j) * W + i) * (M + 1) + s]);
+        const bool agree = (ij == Pairing::kEachPushesOwn && ji == Pairing::kEachPushesOwn) ||
+                           (ij == Pairing::kThisMovesBoth && ji == Pairing::kPeerMovesBoth) ||
+                           (ij == Pairing::kPeerMovesBoth && ji == Pairing::kThisMovesBoth);
+        if (!agree) {
+          fprintf(stderr, "ranks %d and %d settled serial %d differently (%d / %d)\n", i, j, s, int(ij), int(ji));
           return 1;
         }
         ++pairs;
-        bothLate += ij && ji;
+        eachOwn += ij == Pairing::kEachPushesOwn;
       }
     }
   }
-  printf("pairs=%ld both_late=%ld ok\n", pairs, bothLate);
+  printf("pairs=%ld each_own=%ld ok\n", pairs, eachOwn);
   return 0;
 }

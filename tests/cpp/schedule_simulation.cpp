@@ -398,7 +398,8 @@ void stagingCase(std::mt19937& rng, int caseNo) {
   }
 }
 
-// The direct schedule: every pair has a late arriver (maybe two), as the arrival mailbox guarantees. A rank posts
+// The direct schedule: every pair is shared one of the ways the arrival mailbox settles it (one rank moves both
+// directions, or each pushes its own bytes). A rank posts
 // its own buffers, or a bounce area of its own for either (a buffer its peers cannot map); lanes run apart (two
 // GPU streams) or as one (one stream, or the host runner's worker).
 void directCase(std::mt19937& rng, int caseNo) {
@@ -427,13 +428,14 @@ void directCase(std::mt19937& rng, int caseNo) {
       posted[r].outputBase = pick & 2 ? bounce[r].data() : b.plans[r].outputBase;
       bounced += std::to_string(pick);
     }
-    // late[r][q]: r saw q's post (r is late for the pair). Never both early.
-    std::vector<std::vector<bool>> late(W, std::vector<bool>(W, false));
+    // pairing[r][q]: how r and q share their pair, as the arrival mailbox would settle it: one of them moves
+    // both directions, or each pushes its own bytes.
+    std::vector<std::vector<Pairing>> pairing(W, std::vector<Pairing>(W, Pairing::kPeerMovesBoth));
     for (int r = 0; r < W; ++r) {
       for (int q = r + 1; q < W; ++q) {
         const int pick = std::uniform_int_distribution<int>(0, 2)(rng);
-        late[r][q] = pick != 1;
-        late[q][r] = pick != 0;
+        pairing[r][q] = pick == 0 ? Pairing::kThisMovesBoth : pick == 1 ? Pairing::kPeerMovesBoth : Pairing::kEachPushesOwn;
+        pairing[q][r] = pick == 0 ? Pairing::kPeerMovesBoth : pick == 1 ? Pairing::kThisMovesBoth : Pairing::kEachPushesOwn;
       }
     }
     for (int r = 0; r < W; ++r) {
@@ -441,8 +443,8 @@ void directCase(std::mt19937& rng, int caseNo) {
         original[r].assign(b.plans[r].input[0].ptr, b.plans[r].input[0].ptr + bytes);
       std::vector<PeerBuffers> posts(W);
       for (int q = 0; q < W; ++q) {
-        if (late[r][q]) {
-          posts[q] = {true, reinterpret_cast<uint64_t>(posted[q].input),
+        if (q != r) {
+          posts[q] = {pairing[r][q], reinterpret_cast<uint64_t>(posted[q].input),
                       reinterpret_cast<uint64_t>(posted[q].outputBase)};
         }
       }
