@@ -21,10 +21,11 @@ constexpr int64_t kDefaultMinBytesCuda = int64_t{20} << 20;
 constexpr int64_t kDefaultMinBytesCpu = 0;
 // Two staging slots: the next chunk's push overlaps this one's drain.
 constexpr int kDefaultSlots = 2;
-// On the direct path a rank waits this long at enqueue for peers that have not posted yet, so that each rank of a
-// pair pushes its own bytes (both GPUs' copy engines) instead of the later one moving both directions (one GPU's,
-// at half the rate: docs/results/2xH200.md). Lockstep ranks post within microseconds of each other.
-constexpr int64_t kDefaultDirectPeerWaitUs = 100;
+// On the direct path a rank waits at most this long at enqueue for peers that have not posted yet, so that each rank
+// of a pair pushes its own bytes (both GPUs' copy engines) instead of the later one moving both directions (one
+// GPU's, at half the rate: docs/results/2xH200.md); never longer than that would cost (CopyEngineDirect). On 2x
+// H200 a 100 us cap let 1 GiB in place fall back in one bench run of two (255.8 GB/s against 381.4).
+constexpr int64_t kDefaultDirectPeerWaitUs = 2000;
 
 struct SdmaOptions {
   bool disable = false;                                 // TORCH_SDMA_DISABLE

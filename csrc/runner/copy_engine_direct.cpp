@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/Logging.h>
 
+#include <algorithm>
 #include <mutex>
 
 #include "transport/freed_allocations.hpp"
@@ -103,8 +104,8 @@ const std::shared_ptr<BounceArea>& CopyEngineDirect::bounceOf(size_t bytes) {
 }
 
 std::chrono::microseconds CopyEngineDirect::peerWaitFor(size_t bytesPerRank) const {
-  return bytesPerRank * static_cast<size_t>(size_) >= kPeerWaitFromOutputBytes ? peerWait_
-                                                                               : std::chrono::microseconds(0);
+  const auto saves = std::chrono::microseconds(bytesPerRank * static_cast<size_t>(size_ - 1) / kCopyEngineBytesPerUs);
+  return std::min(peerWait_, saves);
 }
 
 CopyEngineDirect::Arrival CopyEngineDirect::arrive(const AllgatherPlan& plan, std::chrono::milliseconds timeout) {

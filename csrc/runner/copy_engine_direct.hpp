@@ -22,15 +22,16 @@
 
 namespace sdma {
 
-// Below this many output bytes a rank does not wait for late peers (TORCH_SDMA_DIRECT_PEER_WAIT_US): the later
-// rank of a pair moving both directions costs a second copy's start-up there, not half the bandwidth.
-constexpr size_t kPeerWaitFromOutputBytes = size_t{16} << 20;
+// A rank waits for late peers at most as long as their waiting saves: the later rank of a pair moving both
+// directions copies bytesPerRank once more per peer on its own GPU, at about this rate (H200 over NVLink: 390 GB/s).
+// So a 1 GiB all-gather of two ranks waits up to 1.3 ms, one of 16 MiB 21 us, capped by the knob.
+constexpr size_t kCopyEngineBytesPerUs = 400000;
 
 class CopyEngineDirect {
  public:
   // Collective: every member calls it at the same all-gather (the group's first on the direct path). `peerWait`:
-  // how long an all-gather of at least kPeerWaitFromOutputBytes waits at enqueue for peers that have not posted,
-  // so that each pushes its own bytes (arrival_mailbox.hpp).
+  // the longest an all-gather waits at enqueue for peers that have not posted, so that each pushes its own bytes
+  // (arrival_mailbox.hpp); shorter for small messages (kCopyEngineBytesPerUs).
   CopyEngineDirect(const c10::intrusive_ptr<c10d::Store>& groupStore, int rank, int size, int device,
                    const std::vector<MemberIdentity>& members, std::chrono::microseconds peerWait);
   ~CopyEngineDirect();
