@@ -345,10 +345,9 @@ void ProcessGroupSDMA::connect(const at::Device& device) {
   if (spansNodes()) {
     path.runner = connectHierarchical(device, &why);
   } else {
-    path.runner = device.is_cuda() ? connectCopyEngineRunner(sdmaStore_, getRank(), getSize(), device.index(),
-                                                             geometry(device),
-                                                             {options_.direct, std::chrono::microseconds(options_.directPeerWaitUs)},
-                                                             &why)
+    path.runner = device.is_cuda() ? connectCopyEngineRunner(
+                                         sdmaStore_, getRank(), getSize(), device.index(), geometry(device),
+                                         {options_.direct, std::chrono::microseconds(options_.directPeerWaitUs)}, &why)
                                    : connectSharedMemoryRunner(sdmaStore_, getRank(), getSize(), geometry(device),
                                                                options_.direct, options_.groupName, &why);
   }

@@ -33,11 +33,11 @@ struct SdmaOptions {
   int64_t stagingBytesCpu = kDefaultStagingBytesCpu;
   int64_t minBytesCuda = kDefaultMinBytesCuda;  // TORCH_SDMA_MIN_BYTES
   int64_t minBytesCpu = kDefaultMinBytesCpu;
-  int slots = kDefaultSlots;  // TORCH_SDMA_SLOTS, a power of two
-  int64_t chunkBytes = 0;     // TORCH_SDMA_CHUNK_BYTES; 0: automatic
-  bool direct = false;        // TORCH_SDMA_DIRECT: all_gather_into_tensor without staging
+  int slots = kDefaultSlots;                            // TORCH_SDMA_SLOTS, a power of two
+  int64_t chunkBytes = 0;                               // TORCH_SDMA_CHUNK_BYTES; 0: automatic
+  bool direct = false;                                  // TORCH_SDMA_DIRECT: all_gather_into_tensor without staging
   int64_t directPeerWaitUs = kDefaultDirectPeerWaitUs;  // TORCH_SDMA_DIRECT_PEER_WAIT_US
-  bool log = true;            // TORCH_SDMA_LOG: one line per group at creation (written by the Python side)
+  bool log = true;  // TORCH_SDMA_LOG: one line per group at creation (written by the Python side)
   // TORCH_SDMA_TEST_PSEUDO_NODES (tests only): the pseudo-node of its host this process is placed on, "" for none.
   // Processes on one host with different pseudo-nodes form different nodes of the hierarchical path.
   std::string testPseudoNode;

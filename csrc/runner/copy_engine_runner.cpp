@@ -80,8 +80,7 @@ CopyEngineRunner::CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int de
 
 CopyEngineRunner::CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int rank, int size, int device,
                                    std::vector<MemberIdentity> members, const StagingGeometry& cap,
-                                   std::shared_ptr<const HierarchicalSetup> hierarchy,
-                                   const DirectPathOptions& direct)
+                                   std::shared_ptr<const HierarchicalSetup> hierarchy, const DirectPathOptions& direct)
     : store_(std::move(store)),
       rank_(rank),
       size_(size),

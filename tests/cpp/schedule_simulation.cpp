@@ -434,8 +434,12 @@ void directCase(std::mt19937& rng, int caseNo) {
     for (int r = 0; r < W; ++r) {
       for (int q = r + 1; q < W; ++q) {
         const int pick = std::uniform_int_distribution<int>(0, 2)(rng);
-        pairing[r][q] = pick == 0 ? Pairing::kThisMovesBoth : pick == 1 ? Pairing::kPeerMovesBoth : Pairing::kEachPushesOwn;
-        pairing[q][r] = pick == 0 ? Pairing::kPeerMovesBoth : pick == 1 ? Pairing::kThisMovesBoth : Pairing::kEachPushesOwn;
+        pairing[r][q] = pick == 0   ? Pairing::kThisMovesBoth
+                        : pick == 1 ? Pairing::kPeerMovesBoth
+                                    : Pairing::kEachPushesOwn;
+        pairing[q][r] = pick == 0   ? Pairing::kPeerMovesBoth
+                        : pick == 1 ? Pairing::kThisMovesBoth
+                                    : Pairing::kEachPushesOwn;
       }
     }
     for (int r = 0; r < W; ++r) {
