@@ -22,6 +22,8 @@ BAD = [
     ("TORCH_SDMA_LOG", "loud"),
     ("TORCH_SDMA_CHUNK_BYTES", "100"),
     ("TORCH_SDMA_CHUNK_BYTES", "6000"),
+    ("TORCH_SDMA_DIRECT_PEER_WAIT_US", "-5"),
+    ("TORCH_SDMA_DIRECT_PEER_WAIT_US", "soon"),
 ]
 
 
