@@ -1,13 +1,13 @@
 """The all-gather schedules of csrc/collective/ against a fake transport (tests/cpp/schedule_simulation.cpp): W ranks'
-recorded operations run in random interleavings that honour only the flags, as independent GPU streams would.
-Every form (into tensor, in place, list, coalesced), 1 to 5 ranks, 2 or 4 slots, tiny segments and chunks so that
-messages span many chunks, several collectives per group, serials wrapping past 2^32, and the direct schedule with
-every mix of early and late arrivers, and the captured schedule recorded once and replayed three times with new
-inputs (every flag back at 0 after each replay), and the hierarchical schedule over 1-4 fake nodes of 1-4 ranks in
-any order of ranks to nodes, with a fake inner all-gather per rail, its gathers on a lane of their own, beside push
-and drain on one lane (one GPU stream), or everything of a rank in one queue (the host runner's worker): each rank's
-output must hold every rank's bytes, and no interleaving may deadlock. It also pins the calls a one-chunk all-gather
-makes (its per-call CPU cost)."""
+recorded operations run in random interleavings that honour only the flags, as independent GPU streams would. Every
+form (into tensor, in place, list, coalesced), 1 to 5 ranks, 2 or 4 slots, tiny segments and chunks so that messages
+span many chunks, several collectives per group, serials wrapping past 2^32, and the direct schedule with every way
+the mailbox settles a pair (one rank moving both directions, or each pushing its own bytes), and the captured
+schedule recorded once and replayed three times with new inputs (every flag back at 0 after each replay), and the
+hierarchical schedule over 1-4 fake nodes of 1-4 ranks in any order of ranks to nodes, with a fake inner all-gather
+per rail, its gathers on a lane of their own, beside push and drain on one lane (one GPU stream), or everything of a
+rank in one queue (the host runner's worker): each rank's output must hold every rank's bytes, and no interleaving
+may deadlock. It also pins the calls a one-chunk all-gather makes (its per-call CPU cost)."""
 import subprocess
 
 import pytest
