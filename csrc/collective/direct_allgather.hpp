@@ -15,8 +15,8 @@ namespace sdma {
 // What this rank posted for its peers: its own buffers, or a bounce area of its own standing in for a buffer the
 // peers cannot map (then the schedule fills it before and empties it after, locally).
 struct PostedBuffers {
-  const char* input = nullptr;  // this rank's bytes, where a late peer reads them
-  char* outputBase = nullptr;   // where a late peer writes its bytes: rank q's at outputBase + q * bytesPerRank
+  const char* input = nullptr;  // this rank's bytes, where a peer that moves both directions reads them
+  char* outputBase = nullptr;   // where peers write their bytes: rank q's at outputBase + q * bytesPerRank
 };
 
 // How the pair with rank q is shared and, where this rank copies to or from q, q's posted buffers as the

@@ -22,7 +22,7 @@
 
 namespace sdma {
 
-// A rank waits for late peers at most as long as their waiting saves: the later rank of a pair moving both
+// A rank waits for late peers at most as long as the wait saves: the later rank of a pair moving both
 // directions copies bytesPerRank once more per peer on its own GPU, at about this rate (H200 over NVLink: 390 GB/s).
 // So a 1 GiB all-gather of two ranks waits up to 1.3 ms, one of 16 MiB 21 us, capped by the knob.
 constexpr size_t kCopyEngineBytesPerUs = 400000;
