@@ -53,7 +53,12 @@ def options_from_env(group_size: int) -> "_C.ProcessGroupSDMA.Options":
     o.slots = _parse_int("TORCH_SDMA_SLOTS", o.slots)
     o.chunk_bytes = _parse_bytes("TORCH_SDMA_CHUNK_BYTES", o.chunk_bytes)
     o.log = _parse_bool("TORCH_SDMA_LOG", o.log)
-    o.direct = _parse_bool("TORCH_SDMA_DIRECT", o.direct)
+    # Unset: on for CUDA (off where the caching allocator makes expandable segments, which peers cannot map), off
+    # for CPU. Set: both devices.
+    if os.environ.get("TORCH_SDMA_DIRECT", "").strip():
+        o.direct_cuda = o.direct_cpu = _parse_bool("TORCH_SDMA_DIRECT", o.direct_cuda)
+    elif _C._caching_allocator_uses_expandable_segments():
+        o.direct_cuda = False
     o.direct_peer_wait_us = _parse_int("TORCH_SDMA_DIRECT_PEER_WAIT_US", o.direct_peer_wait_us)
     validate(o, group_size)
     return o

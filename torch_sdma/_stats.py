@@ -19,13 +19,16 @@ def _sdma_backends(group: Optional[dist.ProcessGroup]):
 
 
 def stats(group: Optional[dist.ProcessGroup] = None) -> Dict[str, Dict[str, int]]:
-    """Calls and output bytes per path ("dma", "inner:<reason>", "delegated:<op>") of this process."""
+    """Calls and output bytes per path ("dma", "dma:direct", "inner:<reason>", "delegated:<op>") of this process.
+    "dma:direct" also counts how this rank's pairs (one per peer per call) shared their copies:
+    "pairs_each_pushing_own" (both GPUs' copy engines at work) and "pairs_one_moving_both" (one rank moved both
+    directions, at half the rate: its peer had not yet posted within TORCH_SDMA_DIRECT_PEER_WAIT_US)."""
     out: Dict[str, Dict[str, int]] = {}
     for backend in _sdma_backends(group):
         for path, v in backend._sdma_stats().items():
-            acc = out.setdefault(path, {"calls": 0, "bytes": 0})
-            acc["calls"] += v["calls"]
-            acc["bytes"] += v["bytes"]
+            acc = out.setdefault(path, {})
+            for field, count in v.items():
+                acc[field] = acc.get(field, 0) + count
     return out
 
 

@@ -5,6 +5,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "backend/process_group_sdma.hpp"
+#include "runner/allgather_runner.hpp"
 
 namespace py = pybind11;
 
@@ -105,7 +106,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("slots", &sdma::SdmaOptions::slots)
       .def_readwrite("chunk_bytes", &sdma::SdmaOptions::chunkBytes)
       .def_readwrite("direct_peer_wait_us", &sdma::SdmaOptions::directPeerWaitUs)
-      .def_readwrite("direct", &sdma::SdmaOptions::direct)
+      .def_readwrite("direct_cuda", &sdma::SdmaOptions::directCuda)
+      .def_readwrite("direct_cpu", &sdma::SdmaOptions::directCpu)
       .def_readwrite("log", &sdma::SdmaOptions::log)
       .def_readwrite("test_pseudo_node", &sdma::SdmaOptions::testPseudoNode)
       .def_readwrite("_timeout", &sdma::SdmaOptions::timeout)
@@ -130,6 +132,11 @@ PYBIND11_MODULE(_C, m) {
                py::dict entry;
                entry["calls"] = v.first;
                entry["bytes"] = v.second;
+               if (path == sdma::CollectivePath::dma(sdma::CollectivePath::kDirect).key()) {
+                 const auto pairs = self.directPairs();
+                 entry["pairs_each_pushing_own"] = pairs.eachPushingOwn;
+                 entry["pairs_one_moving_both"] = pairs.oneMovingBoth;
+               }
                out[py::str(path)] = entry;
              }
              return out;
@@ -151,4 +158,6 @@ PYBIND11_MODULE(_C, m) {
       // as ProcessGroupNCCL binds it. These are the inner NCCL's (gloo's on a CPU-only group): a split then
       // carries the caller's NCCL settings on to the child's inner NCCL.
       .def_property_readonly("options", &sdma::ProcessGroupSDMA::getBackendOptions);
+
+  m.def("_caching_allocator_uses_expandable_segments", &sdma::cachingAllocatorUsesExpandableSegments);
 }

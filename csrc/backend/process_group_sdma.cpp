@@ -345,11 +345,12 @@ void ProcessGroupSDMA::connect(const at::Device& device) {
   if (spansNodes()) {
     path.runner = connectHierarchical(device, &why);
   } else {
-    path.runner = device.is_cuda() ? connectCopyEngineRunner(
-                                         sdmaStore_, getRank(), getSize(), device.index(), geometry(device),
-                                         {options_.direct, std::chrono::microseconds(options_.directPeerWaitUs)}, &why)
-                                   : connectSharedMemoryRunner(sdmaStore_, getRank(), getSize(), geometry(device),
-                                                               options_.direct, options_.groupName, &why);
+    path.runner =
+        device.is_cuda()
+            ? connectCopyEngineRunner(sdmaStore_, getRank(), getSize(), device.index(), geometry(device),
+                                      {options_.directCuda, std::chrono::microseconds(options_.directPeerWaitUs)}, &why)
+            : connectSharedMemoryRunner(sdmaStore_, getRank(), getSize(), geometry(device), options_.directCpu,
+                                        options_.groupName, &why);
   }
   if (path.runner) {
     path.decided = spansNodes() ? CollectivePath::dma("hierarchical") : CollectivePath::dma();
@@ -553,7 +554,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::endCoalescing() {
 
 bool ProcessGroupSDMA::supportsTensorAlloc(c10::DeviceIndex deviceIdx) {
 #ifdef TORCH_SDMA_CUDA
-  return options_.direct && deviceIdx >= 0;
+  return options_.directCuda && deviceIdx >= 0;
 #else
   (void)deviceIdx;
   return false;
@@ -566,7 +567,7 @@ at::Tensor ProcessGroupSDMA::allocateTensor(long size, at::TensorOptions options
 #ifdef TORCH_SDMA_CUDA
   const int device = options.device().has_index() ? options.device().index() : c10::cuda::current_device();
   TORCH_CHECK(supportsTensorAlloc(static_cast<c10::DeviceIndex>(device)),
-              "torch_sdma allocates communication buffers only where the direct path is on (TORCH_SDMA_DIRECT=1)");
+              "torch_sdma allocates communication buffers only where the direct path is on (TORCH_SDMA_DIRECT)");
   if (!commBuffers_) {
     commBuffers_ = std::make_unique<CommBufferPool>(device);
   }
@@ -675,8 +676,18 @@ std::map<std::string, std::pair<int64_t, int64_t>> ProcessGroupSDMA::stats() con
 }
 
 void ProcessGroupSDMA::resetStats() {
+  const ArrivalMailbox::PairTally now =
+      cudaPath_.runner ? cudaPath_.runner->directPairs() : ArrivalMailbox::PairTally{};
   std::lock_guard<std::mutex> lock(statsMutex_);
   stats_.clear();
+  pairsAtReset_ = now;
+}
+
+ArrivalMailbox::PairTally ProcessGroupSDMA::directPairs() const {
+  const ArrivalMailbox::PairTally now =
+      cudaPath_.runner ? cudaPath_.runner->directPairs() : ArrivalMailbox::PairTally{};
+  std::lock_guard<std::mutex> lock(statsMutex_);
+  return {now.eachPushingOwn - pairsAtReset_.eachPushingOwn, now.oneMovingBoth - pairsAtReset_.oneMovingBoth};
 }
 
 CollectivePath ProcessGroupSDMA::pathFor(c10::DeviceType device) const {

@@ -127,6 +127,8 @@ class ProcessGroupSDMA : public c10d::Backend {
   CollectivePath creationVerdict(c10::DeviceType device) const;
   int64_t stagingBytesInUse() const;
   int64_t peerMappedBytes() const;
+  // How the direct path's pairs settled on this rank since the last resetStats().
+  ArrivalMailbox::PairTally directPairs() const;
   // "2 nodes x 2 ranks (rails [0,2],[1,3])" when the members span several nodes, else "".
   std::string nodeLayoutDescription() const;
 
@@ -198,6 +200,7 @@ class ProcessGroupSDMA : public c10d::Backend {
 
   mutable std::mutex statsMutex_;
   std::map<std::string, std::pair<int64_t, int64_t>> stats_;  // path key -> (calls, bytes)
+  ArrivalMailbox::PairTally pairsAtReset_;                    // the runner's tally when stats were last reset
 };
 
 }  // namespace sdma

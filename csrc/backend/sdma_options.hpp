@@ -15,9 +15,10 @@ namespace sdma {
 // copies serially, so a small area loses nothing.
 constexpr int64_t kDefaultStagingBytesCuda = int64_t{256} << 20;
 constexpr int64_t kDefaultStagingBytesCpu = int64_t{32} << 20;
-// Below this many output bytes a CUDA all-gather goes to NCCL: at 16 MiB the copy engines tied or lost to NCCL in
-// six of seven launches on 2x H200, at 24 MiB and above they won (docs/results/2xH200.md).
-constexpr int64_t kDefaultMinBytesCuda = int64_t{20} << 20;
+// Below this many output bytes a CUDA all-gather goes to NCCL. On 2x H200 (docs/results/2xH200.md) the direct path
+// lost to NCCL up to 4 MiB in both forms, tied at 8 MiB, and won from 16 MiB (43.7 against 54.6 us out of place,
+// 46.4 against 51.5 in place); staging ties NCCL at 16 MiB and wins from 24 MiB.
+constexpr int64_t kDefaultMinBytesCuda = int64_t{16} << 20;
 constexpr int64_t kDefaultMinBytesCpu = 0;
 // Two staging slots: the next chunk's push overlaps this one's drain.
 constexpr int kDefaultSlots = 2;
@@ -33,9 +34,14 @@ struct SdmaOptions {
   int64_t stagingBytesCpu = kDefaultStagingBytesCpu;
   int64_t minBytesCuda = kDefaultMinBytesCuda;  // TORCH_SDMA_MIN_BYTES
   int64_t minBytesCpu = kDefaultMinBytesCpu;
-  int slots = kDefaultSlots;                            // TORCH_SDMA_SLOTS, a power of two
-  int64_t chunkBytes = 0;                               // TORCH_SDMA_CHUNK_BYTES; 0: automatic
-  bool direct = false;                                  // TORCH_SDMA_DIRECT: all_gather_into_tensor without staging
+  int slots = kDefaultSlots;  // TORCH_SDMA_SLOTS, a power of two
+  int64_t chunkBytes = 0;     // TORCH_SDMA_CHUNK_BYTES; 0: automatic
+  // TORCH_SDMA_DIRECT: all_gather_into_tensor without staging. On by default for CUDA tensors, where it beats staging
+  // at every size it takes, unless the caching allocator uses expandable segments (which peers cannot map: each
+  // call would go through a bounce area as large as its output); off for CPU tensors, where one worker copies
+  // either way and staging is faster.
+  bool directCuda = true;
+  bool directCpu = false;
   int64_t directPeerWaitUs = kDefaultDirectPeerWaitUs;  // TORCH_SDMA_DIRECT_PEER_WAIT_US
   bool log = true;  // TORCH_SDMA_LOG: one line per group at creation (written by the Python side)
   // TORCH_SDMA_TEST_PSEUDO_NODES (tests only): the pseudo-node of its host this process is placed on, "" for none.

@@ -18,6 +18,7 @@
 #include "collective/collective_path.hpp"
 #include "collective/node_layout.hpp"
 #include "collective/rank_list.hpp"
+#include "transport/arrival_mailbox.hpp"
 #include "transport/peer_rendezvous.hpp"
 #include "transport/staging_geometry.hpp"
 
@@ -38,6 +39,10 @@ class AllgatherRunner {
   // Bytes of the peers' memory mapped into this process (the direct path), which the peers cannot give back.
   virtual size_t peerMappedBytes() const {
     return 0;
+  }
+  // How the direct path's pairs have settled on this rank (ArrivalMailbox::PairTally); zero without it.
+  virtual ArrivalMailbox::PairTally directPairs() const {
+    return {};
   }
 };
 
@@ -95,8 +100,11 @@ struct DirectPathOptions {
 // Copy engines, for CUDA tensors (copy_engine_runner.cpp; a build without CUDA says why not).
 // Collective, at group creation: "" when the group's CUDA all-gathers can take the copy engines, else why not.
 std::string copyEnginePathProblem(c10d::Store& store, int rank, int size);
+// Whether this process's CUDA caching allocator makes expandable segments, which peers cannot map (false without
+// CUDA): the direct path is then not on by default.
+bool cachingAllocatorUsesExpandableSegments();
 // Collective, at the group's first eligible CUDA all-gather: null, with the reason in *whyNot, when the
-// transport cannot connect (every member then agrees).
+// transport cannot connect (every member then agrees). The direct path is on only where every member asked for it.
 // `geometry`: the cap; the runner sizes staging to what the group needs, up to it.
 std::unique_ptr<AllgatherRunner> connectCopyEngineRunner(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                                          int size, int device, const StagingGeometry& geometry,

@@ -53,6 +53,9 @@ class CopyEngineDirect {
     return flags_;
   }
   size_t bounceBytes() const;
+  ArrivalMailbox::PairTally pairs() const {
+    return mailbox_->tally();
+  }
   // The peers' memory mapped here: bounded by what they hold, as they report their frees.
   size_t peerMappedBytes() const {
     return peerSegments_.mappedBytes();

@@ -2,6 +2,7 @@
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
+#include <c10/cuda/CUDAAllocatorConfig.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -49,7 +50,15 @@ std::unique_ptr<AllgatherRunner> connectCopyEngineRunner(const c10::intrusive_pt
   if (!whyNot->empty()) {
     return nullptr;
   }
-  return std::make_unique<CopyEngineRunner>(store, rank, size, device, std::move(members), geometry, direct);
+  // Every member must choose the same path for every all-gather, so one member without the direct path (its own
+  // pg_options, or expandable segments in its allocator) keeps the whole group on staging.
+  DirectPathOptions agreed = direct;
+  agreed.enabled = agreeOnPath(*store, "ce/direct", rank, size, direct.enabled ? "" : "off").empty();
+  return std::make_unique<CopyEngineRunner>(store, rank, size, device, std::move(members), geometry, agreed);
+}
+
+bool cachingAllocatorUsesExpandableSegments() {
+  return c10::cuda::CUDACachingAllocator::CUDAAllocatorConfig::expandable_segments();
 }
 
 std::unique_ptr<AllgatherRunner> connectHierarchicalCopyEngineRunner(const c10::intrusive_ptr<c10d::Store>& nodeStore,
@@ -142,6 +151,11 @@ size_t CopyEngineRunner::stagingBytes() const {
 size_t CopyEngineRunner::peerMappedBytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return direct_ ? direct_->peerMappedBytes() : 0;
+}
+
+ArrivalMailbox::PairTally CopyEngineRunner::directPairs() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return direct_ ? direct_->pairs() : ArrivalMailbox::PairTally{};
 }
 
 CollectivePath CopyEngineRunner::pathFor(const PlannedAllgather& planned) {

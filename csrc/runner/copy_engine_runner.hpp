@@ -54,6 +54,7 @@ class CopyEngineRunner : public AllgatherRunner {
                                      const CollectiveInfo& info) override;
   size_t stagingBytes() const override;
   size_t peerMappedBytes() const override;
+  ArrivalMailbox::PairTally directPairs() const override;
 
  private:
   CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int rank, int size, int device,

@@ -10,6 +10,10 @@ std::string copyEnginePathProblem(c10d::Store&, int, int) {
   return kWhy;
 }
 
+bool cachingAllocatorUsesExpandableSegments() {
+  return false;
+}
+
 std::unique_ptr<AllgatherRunner> connectCopyEngineRunner(const c10::intrusive_ptr<c10d::Store>&, int, int, int,
                                                          const StagingGeometry&, const DirectPathOptions&,
                                                          std::string* whyNot) {

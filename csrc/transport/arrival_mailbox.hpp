@@ -78,6 +78,16 @@ class ArrivalMailbox {
     BufferPost post;  // the peer's, unless pairing is kPeerMovesBoth
   };
 
+  // How this rank's pairs have settled so far, one count per peer per collective (torch_sdma.stats shows them):
+  // each pushing its own bytes, or one rank moving both directions at half the rate.
+  struct PairTally {
+    uint64_t eachPushingOwn = 0;
+    uint64_t oneMovingBoth = 0;
+  };
+  PairTally tally() const {
+    return {eachPushingOwn_.load(std::memory_order_relaxed), oneMovingBoth_.load(std::memory_order_relaxed)};
+  }
+
   // For serial s (1, 2, 3, ... on every rank): posts `mine`, then settles every pair (entry rank() is left
   // kPeerMovesBoth and unused). Waits up to `peerWait` in all for peers that have not posted; longer only when a
   // peer has not yet read this rank's post for s - depth, and past `timeout` that throws.
@@ -120,6 +130,12 @@ class ArrivalMailbox {
       }
     }
     headers_[rank_].readUpTo.store(serial, std::memory_order_release);
+    uint64_t eachOwn = 0;
+    for (int q = 0; q < size_; ++q) {
+      eachOwn += q != rank_ && settled[q].pairing == Pairing::kEachPushesOwn ? 1 : 0;
+    }
+    eachPushingOwn_.fetch_add(eachOwn, std::memory_order_relaxed);
+    oneMovingBoth_.fetch_add(static_cast<uint64_t>(size_ - 1) - eachOwn, std::memory_order_relaxed);
     return settled;
   }
 
@@ -174,6 +190,8 @@ class ArrivalMailbox {
   Header* headers_;
   Slot* slots_;
   std::atomic<uint32_t>* claims_;
+  std::atomic<uint64_t> eachPushingOwn_{0};  // this process's counts, not shared
+  std::atomic<uint64_t> oneMovingBoth_{0};
 };
 
 }  // namespace sdma
