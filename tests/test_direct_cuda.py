@@ -18,6 +18,8 @@ between the ranks' own buffers without staging.
   Arrived flag never came), and the stream stuck on it is released.
 - The same with expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), whose memory legacy IPC
   cannot export: every buffer then goes through the bounce area.
+- TORCH_SDMA_DIRECT unset (the default): all_gather_into_tensor takes the direct path, unless some member's caching
+  allocator makes expandable segments; then the whole group takes staging ("dma"), bit-exact either way.
 The cases also run on one GPU shared by two processes (.scratch or the device's one-GPU check), so the reference is
 the rebuilt bytes, which are what NCCL returns."""
 import os
@@ -233,6 +235,32 @@ def test_direct_path_bit_exact(alloc_conf):
     res = run_group(_body, 2, "cpu:gloo,cuda:sdma", env=env, cuda=True, timeout=600)
     res.check()
     assert all(r.value["failed"] == 0 for r in res.ranks), res.describe()
+
+
+def _default_path_body(ctx):
+    import torch_sdma
+
+    rank, dev, world = ctx.rank, ctx.device, ctx.world
+    g = dist.group.WORLD
+    for in_place in (False, True):
+        name = f"default{in_place}"
+        out = _gather(g, dev, rank, world, name, 3 << 20, in_place, False)
+        torch.cuda.synchronize()
+        assert_bytes_equal(out, expected_concat(name, range(world), (3 << 20,), torch.bfloat16), name)
+    return {k: v["calls"] for k, v in torch_sdma.stats(g).items()}
+
+
+# TORCH_SDMA_DIRECT unset: the direct path where every member's allocator makes memory peers can map, staging for the
+# whole group where some member's makes expandable segments.
+@pytest.mark.parametrize("expandable_on", [(), (0, 1), (1,)], ids=["none", "all", "rank1"])
+def test_direct_path_is_the_default_unless_expandable_segments(expandable_on):
+    env = dict(ENV, TORCH_SDMA_DIRECT=None, PYTORCH_CUDA_ALLOC_CONF=None)
+    per_rank = {r: {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"} for r in expandable_on}
+    res = run_group(_default_path_body, 2, "cpu:gloo,cuda:sdma", env=env, per_rank_env=per_rank, cuda=True,
+                    timeout=300)
+    res.check()
+    want = {"dma": 2} if expandable_on else {"dma:direct": 2}
+    assert all(r.value == want for r in res.ranks), [r.value for r in res.ranks]
 
 
 @pytest.mark.parametrize("async_op", [True, False])

@@ -24,6 +24,7 @@ BAD = [
     ("TORCH_SDMA_CHUNK_BYTES", "6000"),
     ("TORCH_SDMA_DIRECT_PEER_WAIT_US", "-5"),
     ("TORCH_SDMA_DIRECT_PEER_WAIT_US", "soon"),
+    ("TORCH_SDMA_DIRECT", "sometimes"),
 ]
 
 
@@ -135,7 +136,8 @@ def knobs_body(ctx):
     def options_as_pg_options():
         # The knobs as an object instead of the environment: the environment is then not read.
         o = torch_sdma.ProcessGroupSDMA.Options()
-        assert (o.staging_bytes_cuda, o.min_bytes_cuda, o.slots) == (256 << 20, 20 << 20, 2), "C++ defaults moved"
+        assert (o.staging_bytes_cuda, o.min_bytes_cuda, o.slots) == (256 << 20, 16 << 20, 2), "C++ defaults moved"
+        assert (o.direct_cuda, o.direct_cpu) == (True, False), "C++ defaults of the direct path moved"
         o.min_bytes_cpu = 4096
         o.staging_bytes_cpu = 64 << 10
         g = group_with("TORCH_SDMA_DISABLE", "1", pg_options=o)
@@ -156,10 +158,22 @@ def knobs_body(ctx):
             raise AssertionError("Options with 3 slots were accepted")
 
     cases.append(("ProcessGroupSDMA.Options as pg_options", options_as_pg_options))
+
+    def direct_default_and_override():
+        # Unset: CUDA on unless the caching allocator makes expandable segments, CPU off. Set: both devices.
+        expandable = torch_sdma._C._caching_allocator_uses_expandable_segments()
+        o = dist.new_group()._get_backend(CPU)._sdma_options
+        assert (o.direct_cuda, o.direct_cpu) == (not expandable, False), (o.direct_cuda, o.direct_cpu, expandable)
+        for value, on in (("1", True), ("0", False), ("off", False)):
+            o = group_with("TORCH_SDMA_DIRECT", value)._get_backend(CPU)._sdma_options
+            assert (o.direct_cuda, o.direct_cpu) == (on, on), (value, o.direct_cuda, o.direct_cpu)
+
+    cases.append(("TORCH_SDMA_DIRECT default and override", direct_default_and_override))
     return ctx.run_cases(cases)
 
 
 def test_env_knobs():
     res = run_group(knobs_body, 2, "sdma", timeout=180, pg_timeout_s=20,
-                    env={"TORCH_SDMA_STAGING_BYTES": None, "TORCH_SDMA_DISABLE": None, "TORCH_SDMA_MIN_BYTES": None})
+                    env={"TORCH_SDMA_STAGING_BYTES": None, "TORCH_SDMA_DISABLE": None, "TORCH_SDMA_MIN_BYTES": None,
+                         "TORCH_SDMA_DIRECT": None})
     res.check()

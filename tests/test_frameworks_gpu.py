@@ -1,9 +1,9 @@
 """Frameworks on sdma, end to end (GPU only): FSDP2, DeepSpeed ZeRO-3 and megatron-core's distributed optimizer
 each train a tiny model for a few steps on 2 GPUs, once with NCCL and once with sdma. The losses must be identical
 bit for bit (an all-gather is a copy, the rest runs on the same NCCL underneath), and sdma must have served the
-framework's all-gathers on its DMA path rather than handing them to NCCL. FSDP2 and ZeRO-3 run once more with the
-direct path on (TORCH_SDMA_DIRECT=1): FSDP2's all_gather_into_tensor calls must then take it; ZeRO-3's forms that
-the direct path does not serve go through staging in the same group.
+framework's all-gathers on its DMA path rather than handing them to NCCL. By default FSDP2's all_gather_into_tensor
+calls take the direct path; ZeRO-3's forms that it does not serve go through staging in the same group. FSDP2 and
+ZeRO-3 run once more with the direct path off (TORCH_SDMA_DIRECT=0): everything through staging.
 
 Skipped without 2 GPUs; the DeepSpeed and Megatron cases are skipped where those packages do not import
 (examples/install_framework_wheels.sh installs them offline). Each case launches 2 torchruns (a minute or less).
@@ -28,19 +28,19 @@ TINY_MODEL = ["--steps", str(STEPS), "--layers", "4", "--dim", "256", "--heads",
 NEEDS = {"fsdp2": None, "zero3": "deepspeed", "megatron": "megatron.core"}
 
 
-CASES = [(f, False) for f in NEEDS] + [("fsdp2", True), ("zero3", True)]
+CASES = [(f, True) for f in NEEDS] + [("fsdp2", False), ("zero3", False)]
 
 
-@pytest.mark.parametrize("framework,direct", CASES, ids=[f + ("-direct" if d else "") for f, d in CASES])
+@pytest.mark.parametrize("framework,direct", CASES, ids=[f + ("" if d else "-staging") for f, d in CASES])
 def test_losses_bit_identical_and_allgathers_on_dma(framework, direct, tmp_path, monkeypatch):
     if NEEDS[framework]:
         pytest.importorskip(NEEDS[framework])
     # The tiny model's all-gathers are far below the GPU default threshold; the DMA path is what is under test.
     monkeypatch.setenv("TORCH_SDMA_MIN_BYTES", "0")
     if direct:
-        monkeypatch.setenv("TORCH_SDMA_DIRECT", "1")
-    else:
         monkeypatch.delenv("TORCH_SDMA_DIRECT", raising=False)
+    else:
+        monkeypatch.setenv("TORCH_SDMA_DIRECT", "0")
     script, _ = compare_frameworks.FRAMEWORKS[framework]
     reports = {}
     for backend in ("nccl", "sdma"):

@@ -8,6 +8,7 @@ import torch.distributed as dist
 
 from checks.data import (
     ALL_DTYPES,
+    DMA_KEYS,
     EVERY_DTYPE,
     assert_bytes_equal,
     coalescing_manager,
@@ -366,11 +367,15 @@ def allgather_cases(g, ref, dev, tag, *, staging_bytes=None, dtypes=ALL_DTYPES, 
 
 
 def stats_cases(g, ref, dev, tag, device_name):
-    """The all-gathers of g are counted on the 'dma' path with their output bytes; group_path says 'dma'."""
+    """The all-gathers of g are counted on a DMA path with their output bytes ("dma", or "dma:direct" for
+    all_gather_into_tensor where the direct path is on); group_path says 'dma'."""
     import torch_sdma
 
     ag = AG(g, ref, dev, tag)
     W = ag.W
+
+    def on_dma(s):
+        return stats_calls(s, lambda k: k in DMA_KEYS)
 
     def check():
         # warm-up so that the path is known
@@ -382,19 +387,20 @@ def stats_cases(g, ref, dev, tag, device_name):
         ag.into_tensor("st1", (1000,), torch.float32)
         ag.into_tensor("st2", (33,), torch.uint8, async_op=True)
         s = torch_sdma.stats(g)
-        assert "dma" in s, f"no 'dma' key after 2 all_gather_into_tensor: {s}"
-        assert s["dma"]["calls"] == 2, s
-        assert s["dma"]["bytes"] == W * (4000 + 33), (s, W * 4033)
+        assert on_dma(s) == (2, W * (4000 + 33)), (s, W * 4033)
+        direct = s.get("dma:direct")
+        if direct:  # how this rank's pairs settled: one count per peer per call
+            assert direct["pairs_each_pushing_own"] + direct["pairs_one_moving_both"] == 2 * (W - 1), s
         ag.as_list("st3", (10,), torch.float64)
         s2 = torch_sdma.stats(g)
-        assert s2["dma"]["calls"] == 3 and s2["dma"]["bytes"] == W * (4000 + 33 + 80), s2
+        assert on_dma(s2) == (3, W * (4000 + 33 + 80)), s2
         ag.coalesced_cm("st4", [((10,), torch.float32), ((3,), torch.int64)])
         s3 = torch_sdma.stats(g)
-        assert s3["dma"]["calls"] >= 4, f"coalesced all-gather not counted on dma: {s3}"
-        c_before = s3["dma"]["calls"]
+        assert on_dma(s3)[0] >= 4, f"coalesced all-gather not counted on dma: {s3}"
+        c_before = on_dma(s3)[0]
         ag.coalesced_legacy("st5", [(4,), (2,)], torch.float32)
         s4 = torch_sdma.stats(g)
-        assert s4["dma"]["calls"] > c_before, f"all_gather_coalesced not counted on dma: {s4}"
+        assert on_dma(s4)[0] > c_before, f"all_gather_coalesced not counted on dma: {s4}"
         assert not any(k.startswith("inner:") for k in s4), f"some all-gathers went to the inner backend: {s4}"
 
     return [(f"{tag}/stats_dma", check)]
@@ -459,7 +465,7 @@ def dtype_sweep_cases(g, ref, dev, tag, min_bytes):
                 ag.coalesced_legacy(f"{name}_legacy", [(size,), (2, size)], dt)
             s = torch_sdma.stats(g)
             below = stats_calls(s, lambda k: k == "inner:below TORCH_SDMA_MIN_BYTES")[0]
-            above = stats_calls(s, lambda k: k == "dma")[0]
+            above = stats_calls(s, lambda k: k in DMA_KEYS)[0]
             # NCCL has no all_gather_coalesced: that form stays on the DMA path at every size on GPUs.
             lacking = 1 if dev.type == "cuda" else 0
             assert (below, above) == (5 - lacking, 5 + lacking), f"{dt}: calls per path: {s}"

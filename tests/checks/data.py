@@ -178,6 +178,11 @@ def wait_work(w):
         w.wait()
 
 
+# The stats keys of an eager all-gather on the DMA path: staging, or the direct path (all_gather_into_tensor, on by
+# default for CUDA tensors).
+DMA_KEYS = ("dma", "dma:direct")
+
+
 def stats_calls(stats, pred):
     c = b = 0
     for k, v in stats.items():
