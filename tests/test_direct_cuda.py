@@ -225,23 +225,40 @@ def direct_cases(ctx, churn_iters=10000):
     ]
 
 
-def _body(ctx):
-    return {"failed": ctx.run_cases(direct_cases(ctx, int(os.environ.get("SDMA_TEST_CHURN", "10000"))))}
+def _use_allocator_settings(conf):
+    # The caching allocator reads PYTORCH_CUDA_ALLOC_CONF when torch is imported, which a spawned rank does before
+    # the harness sets its environment: the same settings, applied at run time.
+    if conf:
+        torch.cuda.memory._set_allocator_settings(conf)
+
+
+def _body(ctx, alloc_conf=""):
+    import torch_sdma
+
+    _use_allocator_settings(alloc_conf)
+    # Whether this allocator's memory bounces: a fresh group's first all-gather leaves a bounce area only then.
+    g = dist.new_group()
+    _gather(g, ctx.device, ctx.rank, ctx.world, "bounce", 1 << 20, False, False)
+    torch.cuda.synchronize()
+    bounced = torch_sdma.staging_bytes(g) > 0
+    return {"failed": ctx.run_cases(direct_cases(ctx, int(os.environ.get("SDMA_TEST_CHURN", "10000")))),
+            "bounced": bounced}
 
 
 @pytest.mark.parametrize("alloc_conf", ["", "expandable_segments:True"], ids=["cudaMalloc", "expandable"])
 def test_direct_path_bit_exact(alloc_conf):
-    env = dict(ENV, PYTORCH_CUDA_ALLOC_CONF=alloc_conf or None)
-    res = run_group(_body, 2, "cpu:gloo,cuda:sdma", env=env, cuda=True, timeout=600)
+    res = run_group(_body, 2, "cpu:gloo,cuda:sdma", env=ENV, cuda=True, timeout=600, kwargs={"alloc_conf": alloc_conf})
     res.check()
     assert all(r.value["failed"] == 0 for r in res.ranks), res.describe()
+    assert all(r.value["bounced"] == bool(alloc_conf) for r in res.ranks), [r.value["bounced"] for r in res.ranks]
 
 
-def _default_path_body(ctx):
+def _default_path_body(ctx, expandable_on=()):
     import torch_sdma
 
     rank, dev, world = ctx.rank, ctx.device, ctx.world
-    g = dist.group.WORLD
+    _use_allocator_settings("expandable_segments:True" if rank in expandable_on else "")
+    g = dist.new_group()  # TORCH_SDMA_DIRECT is read at group creation, and unset here
     for in_place in (False, True):
         name = f"default{in_place}"
         out = _gather(g, dev, rank, world, name, 3 << 20, in_place, False)
@@ -255,9 +272,8 @@ def _default_path_body(ctx):
 @pytest.mark.parametrize("expandable_on", [(), (0, 1), (1,)], ids=["none", "all", "rank1"])
 def test_direct_path_is_the_default_unless_expandable_segments(expandable_on):
     env = dict(ENV, TORCH_SDMA_DIRECT=None, PYTORCH_CUDA_ALLOC_CONF=None)
-    per_rank = {r: {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"} for r in expandable_on}
-    res = run_group(_default_path_body, 2, "cpu:gloo,cuda:sdma", env=env, per_rank_env=per_rank, cuda=True,
-                    timeout=300)
+    res = run_group(_default_path_body, 2, "cpu:gloo,cuda:sdma", env=env, cuda=True, timeout=300,
+                    kwargs={"expandable_on": expandable_on})
     res.check()
     want = {"dma": 2} if expandable_on else {"dma:direct": 2}
     assert all(r.value == want for r in res.ranks), [r.value for r in res.ranks]
