@@ -2,7 +2,7 @@
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
-#include <c10/cuda/CUDAAllocatorConfig.h>
+#include <c10/core/AllocatorConfig.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -58,7 +58,9 @@ std::unique_ptr<AllgatherRunner> connectCopyEngineRunner(const c10::intrusive_pt
 }
 
 bool cachingAllocatorUsesExpandableSegments() {
-  return c10::cuda::CUDACachingAllocator::CUDAAllocatorConfig::expandable_segments();
+  // The parsed settings themselves: CUDAAllocatorConfig::expandable_segments() is inline and, compiled outside
+  // torch's own build (without PYTORCH_C10_DRIVER_API_SUPPORTED), always says false.
+  return c10::CachingAllocator::AcceleratorAllocatorConfig::use_expandable_segments();
 }
 
 std::unique_ptr<AllgatherRunner> connectHierarchicalCopyEngineRunner(const c10::intrusive_ptr<c10d::Store>& nodeStore,
