@@ -9,10 +9,10 @@ copy-engine path, everything else (the fp32 gradient reduce-scatters) stays on N
 bit for bit. examples/compare_frameworks.py runs both and compares.
 
 --comm-buffers calls set_allocate_memory_from_process_group_for_comm(True) on every FSDP module: the all-gather
-outputs then come from the backend's allocate_tensor where it offers one (sdma with TORCH_SDMA_DIRECT=1: a pool its
-peers map once; NCCL: its own allocator), e.g.
+outputs then come from the backend's allocate_tensor where it offers one (sdma where its direct path is on, the
+CUDA default: a pool its peers map once; NCCL: its own allocator), e.g.
 
-    TORCH_SDMA_DIRECT=1 python examples/compare_frameworks.py --frameworks fsdp2 --repeats 3 -- --comm-buffers
+    python examples/compare_frameworks.py --frameworks fsdp2 --repeats 3 -- --comm-buffers
 """
 import lm_harness as h
 import torch
