@@ -861,7 +861,7 @@ def main():
             print("|---|---|---|---|---|---|")
             print(f"| GEMMs alone | {overlap['gemm_alone_ms']:.2f} (min {overlap['gemm_alone_min_ms']:.2f}, max "
                   f"{overlap['gemm_alone_max_ms']:.2f}) | | | | |")
-            for name in overlap.get("beside", ("sdma", b.base_name)):
+            for name in overlap["beside"]:
                 lo, hi = overlap[f'gemm_slowdown_{name}_iqr_pct']
                 print(f"| beside {name} | {overlap[f'gemm_beside_{name}_ms']:.2f} "
                       f"| {overlap[f'gemm_slowdown_{name}_pct']:+.1f}% | {lo:+.1f}% to {hi:+.1f}% "
