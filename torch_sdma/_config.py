@@ -3,6 +3,7 @@ ProcessGroupSDMA.Options, whose defaults live in C++ (csrc/backend/sdma_options.
 the variable."""
 import os
 import re
+from typing import Optional
 
 from . import _C
 
@@ -11,7 +12,7 @@ _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 _PAGE = 4096
 
 
-def _parse_bool(name: str, default: bool) -> bool:
+def _parse_bool(name: str, default: Optional[bool]) -> Optional[bool]:
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return default
@@ -55,8 +56,9 @@ def options_from_env(group_size: int) -> "_C.ProcessGroupSDMA.Options":
     o.log = _parse_bool("TORCH_SDMA_LOG", o.log)
     # Unset: on for CUDA (off where the caching allocator makes expandable segments, which peers cannot map), off
     # for CPU. Set: both devices.
-    if os.environ.get("TORCH_SDMA_DIRECT", "").strip():
-        o.direct_cuda = o.direct_cpu = _parse_bool("TORCH_SDMA_DIRECT", o.direct_cuda)
+    direct = _parse_bool("TORCH_SDMA_DIRECT", None)
+    if direct is not None:
+        o.direct_cuda = o.direct_cpu = direct
     elif _C._caching_allocator_uses_expandable_segments():
         o.direct_cuda = False
     o.direct_peer_wait_us = _parse_int("TORCH_SDMA_DIRECT_PEER_WAIT_US", o.direct_peer_wait_us)
