@@ -146,7 +146,7 @@ CopyEngineDirect::Arrival CopyEngineDirect::arrive(const AllgatherPlan& plan, st
   post.output = reinterpret_cast<uint64_t>(a.posted.outputBase);
 
   a.serial = static_cast<uint32_t>(++serial_);
-  const auto settled = mailbox_->arrive(serial_, post, timeout, peerWaitFor(n));
+  const auto settled = mailbox_->arrive(serial_, post, timeout, peerWaitFor(n), peerWait_);
   forgetPeersFreedAllocations();
   a.peers.resize(size_);
   for (int q = 0; q < size_; ++q) {

@@ -31,7 +31,8 @@ class CopyEngineDirect {
  public:
   // Collective: every member calls it at the same all-gather (the group's first on the direct path). `peerWait`:
   // the longest an all-gather waits at enqueue for peers that have not posted, so that each pushes its own bytes
-  // (arrival_mailbox.hpp); shorter for small messages (kCopyEngineBytesPerUs).
+  // (arrival_mailbox.hpp): for a peer late at the previous all-gather; for the others no longer than the copy
+  // the wait saves (kCopyEngineBytesPerUs).
   CopyEngineDirect(const c10::intrusive_ptr<c10d::Store>& groupStore, int rank, int size, int device,
                    const std::vector<MemberIdentity>& members, std::chrono::microseconds peerWait);
   ~CopyEngineDirect();

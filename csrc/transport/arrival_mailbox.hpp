@@ -13,9 +13,17 @@
 //
 // The posts live in memory every member maps (host shared memory): a ring of `depth` posts per rank. A rank
 // overwrites its post for s - depth only after every peer has read it; every peer publishes the last serial it
-// has read. Only a rank more than `depth` collectives ahead of a peer's CPU ever waits for longer than peerWait.
+// has read. Only a rank more than `depth` collectives ahead of a peer's CPU ever waits for longer than lateWait.
+//
+// Lateness that outlasts one collective is paid once: the earlier rank stops waiting after `peerWait` (the copy
+// that moving both adds), but then waits up to `lateWait` at the next collective for the same peer. Without that, a
+// peer whose CPU fell behind by more than peerWait (a preemption, a slow Python step) stayed behind, since nobody
+// waited for it, and moved both directions at every collective of the run at half the rate (2x H200, 64 MiB in
+// place: every call of a 40-call loop, 195 us against 101). A rank that waited the long wait in vain goes back to
+// short waits until the pair pushes its own bytes again, so a peer that is always far behind costs one long wait.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -64,7 +72,8 @@ class ArrivalMailbox {
   }
 
   // `shared`: bytesFor() bytes, zeroed by whoever created them, mapped by every member at the same layout.
-  ArrivalMailbox(void* shared, int rank, int worldSize, int depth) : rank_(rank), size_(worldSize), depth_(depth) {
+  ArrivalMailbox(void* shared, int rank, int worldSize, int depth)
+      : rank_(rank), size_(worldSize), depth_(depth), lateness_(static_cast<size_t>(worldSize), Lateness::kOnTime) {
     if (depth < 1) {
       throw std::invalid_argument("ArrivalMailbox: depth must be at least 1");
     }
@@ -89,10 +98,12 @@ class ArrivalMailbox {
   }
 
   // For serial s (1, 2, 3, ... on every rank): posts `mine`, then settles every pair (entry rank() is left
-  // kPeerMovesBoth and unused). Waits up to `peerWait` in all for peers that have not posted; longer only when a
-  // peer has not yet read this rank's post for s - depth, and past `timeout` that throws.
+  // kPeerMovesBoth and unused). Waits up to `peerWait` for peers that have not posted, up to `lateWait` for one this
+  // rank stopped waiting for at the previous collective (the comment at the top); longer only when a peer has not
+  // yet read this rank's post for s - depth, and past `timeout` that throws. Called by one thread at a time.
   std::vector<PeerArrival> arrive(uint64_t serial, const BufferPost& mine, std::chrono::milliseconds timeout,
-                                  std::chrono::microseconds peerWait = std::chrono::microseconds(0)) {
+                                  std::chrono::microseconds peerWait = std::chrono::microseconds(0),
+                                  std::chrono::microseconds lateWait = std::chrono::microseconds(0)) {
     waitUntilPeersRead(serial - std::min<uint64_t>(serial, depth_), timeout);
     Slot& own = slot(rank_, serial);
     own.post = mine;
@@ -117,8 +128,9 @@ class ArrivalMailbox {
         notYetHere.push_back(q);
       }
     }
-    const auto deadline = std::chrono::steady_clock::now() + peerWait;
+    const auto start = std::chrono::steady_clock::now();
     for (int q : notYetHere) {
+      const auto deadline = start + (lateness_[q] == Lateness::kLateOnce ? std::max(peerWait, lateWait) : peerWait);
       std::atomic<uint32_t>& word = claim(rank_, serial, q);
       while (word.load(std::memory_order_acquire) == kOpen && std::chrono::steady_clock::now() < deadline) {
         std::this_thread::yield();
@@ -127,12 +139,17 @@ class ArrivalMailbox {
       if (!word.compare_exchange_strong(open, kClosed, std::memory_order_seq_cst)) {
         // Claimed: the peer posted before it claimed, and reads our post again only after we mark it read.
         settled[q] = {Pairing::kEachPushesOwn, slot(q, serial).post};
+      } else {
+        lateness_[q] = lateness_[q] == Lateness::kOnTime ? Lateness::kLateOnce : Lateness::kLateAgain;
       }
     }
     headers_[rank_].readUpTo.store(serial, std::memory_order_release);
     uint64_t eachOwn = 0;
     for (int q = 0; q < size_; ++q) {
-      eachOwn += q != rank_ && settled[q].pairing == Pairing::kEachPushesOwn ? 1 : 0;
+      if (q != rank_ && settled[q].pairing == Pairing::kEachPushesOwn) {
+        ++eachOwn;
+        lateness_[q] = Lateness::kOnTime;
+      }
     }
     eachPushingOwn_.fetch_add(eachOwn, std::memory_order_relaxed);
     oneMovingBoth_.fetch_add(static_cast<uint64_t>(size_ - 1) - eachOwn, std::memory_order_relaxed);
@@ -184,9 +201,17 @@ class ArrivalMailbox {
     }
   }
 
+  // Per peer, as this rank last found it when it had to wait for it (the comment at the top).
+  enum class Lateness : uint8_t {
+    kOnTime,     // came within the short wait, or this rank did not wait for it
+    kLateOnce,   // missed the short wait at the previous collective: waited for up to lateWait at the next
+    kLateAgain,  // missed the long wait too: short waits until the pair pushes its own bytes again
+  };
+
   int rank_;
   int size_;
   uint64_t depth_;
+  std::vector<Lateness> lateness_;
   Header* headers_;
   Slot* slots_;
   std::atomic<uint32_t>* claims_;

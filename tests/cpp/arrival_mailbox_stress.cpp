@@ -57,7 +57,9 @@ int main(int argc, char** argv) {
           }
         }
         const auto wait = std::chrono::microseconds(delay(rng) < 20 ? 0 : 60);
-        auto got = box.arrive(s, postOf(r, s), std::chrono::milliseconds(20000), wait);
+        // Half the ranks wait longer for a peer that was late at the previous collective, as the direct path does.
+        const auto lateWait = std::chrono::microseconds(r % 2 == 0 ? 300 : 0);
+        auto got = box.arrive(s, postOf(r, s), std::chrono::milliseconds(20000), wait, lateWait);
         for (int q = 0; q < W; ++q) {
           if (q == r) {
             continue;
