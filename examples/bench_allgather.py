@@ -139,7 +139,7 @@ class Bench:
                                  f"not {self.world}")
             # Read at group creation; every size on the hierarchical path.
             os.environ["TORCH_SDMA_TEST_PSEUDO_NODES"] = self.pseudo
-            os.environ["TORCH_SDMA_MIN_BYTES"] = "0"
+            os.environ["TORCH_SDMA_MIN_BYTES"] = os.environ["TORCH_SDMA_MIN_BYTES_ACROSS_NODES"] = "0"
             if mode == "gpu":
                 local_rank %= torch.cuda.device_count()  # two processes may share a GPU
         if mode == "gpu":

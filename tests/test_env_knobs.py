@@ -19,6 +19,7 @@ BAD = [
     ("TORCH_SDMA_STAGING_BYTES", "-1"),
     ("TORCH_SDMA_DISABLE", "maybe"),
     ("TORCH_SDMA_MIN_BYTES", "lots"),
+    ("TORCH_SDMA_MIN_BYTES_ACROSS_NODES", "16 MiB please"),
     ("TORCH_SDMA_LOG", "loud"),
     ("TORCH_SDMA_CHUNK_BYTES", "100"),
     ("TORCH_SDMA_CHUNK_BYTES", "6000"),
@@ -114,6 +115,17 @@ def knobs_body(ctx):
 
     cases.append(("TORCH_SDMA_MIN_BYTES=4K", min_bytes))
 
+    def min_bytes_across_nodes():
+        # Its own variable: it sets the threshold of groups that span nodes and leaves the one-node threshold alone.
+        o = group_with("TORCH_SDMA_MIN_BYTES_ACROSS_NODES", "64K")._get_backend(CPU)._sdma_options
+        assert (o.min_bytes_cuda_across_nodes, o.min_bytes_cuda, o.min_bytes_cpu) == (64 << 10, 0, 0), (
+            o.min_bytes_cuda_across_nodes, o.min_bytes_cuda, o.min_bytes_cpu)
+        o = group_with("TORCH_SDMA_MIN_BYTES", "8M")._get_backend(CPU)._sdma_options
+        assert (o.min_bytes_cuda_across_nodes, o.min_bytes_cuda) == (16 << 20, 8 << 20), (
+            o.min_bytes_cuda_across_nodes, o.min_bytes_cuda)
+
+    cases.append(("TORCH_SDMA_MIN_BYTES_ACROSS_NODES", min_bytes_across_nodes))
+
     def path_unknown_then_dma():
         g = dist.new_group()
         p0 = torch_sdma.group_path(g, device="cpu")
@@ -136,7 +148,8 @@ def knobs_body(ctx):
     def options_as_pg_options():
         # The knobs as an object instead of the environment: the environment is then not read.
         o = torch_sdma.ProcessGroupSDMA.Options()
-        assert (o.staging_bytes_cuda, o.min_bytes_cuda, o.slots) == (256 << 20, 16 << 20, 2), "C++ defaults moved"
+        assert (o.staging_bytes_cuda, o.min_bytes_cuda, o.slots) == (256 << 20, 0, 2), "C++ defaults moved"
+        assert o.min_bytes_cuda_across_nodes == 16 << 20, "C++ default of the across-nodes threshold moved"
         assert (o.direct_cuda, o.direct_cpu) == (True, False), "C++ defaults of the direct path moved"
         o.min_bytes_cpu = 4096
         o.staging_bytes_cpu = 64 << 10
@@ -175,5 +188,5 @@ def knobs_body(ctx):
 def test_env_knobs():
     res = run_group(knobs_body, 2, "sdma", timeout=180, pg_timeout_s=20,
                     env={"TORCH_SDMA_STAGING_BYTES": None, "TORCH_SDMA_DISABLE": None, "TORCH_SDMA_MIN_BYTES": None,
-                         "TORCH_SDMA_DIRECT": None})
+                         "TORCH_SDMA_MIN_BYTES_ACROSS_NODES": None, "TORCH_SDMA_DIRECT": None})
     res.check()

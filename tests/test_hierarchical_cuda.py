@@ -36,7 +36,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(cuda_count() < 2, reason="need
 W = 4
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 # every all-gather must take the DMA path (the group's own inner NCCL cannot run with two ranks on one GPU)
-ENV = {"TORCH_SDMA_MIN_BYTES": "0", "TORCH_SDMA_DISABLE": None}
+ENV = {"TORCH_SDMA_MIN_BYTES": "0", "TORCH_SDMA_MIN_BYTES_ACROSS_NODES": "0", "TORCH_SDMA_DISABLE": None}
 
 
 def pattern(case, rank, nbytes, device):

@@ -51,6 +51,7 @@ def options_from_env(group_size: int) -> "_C.ProcessGroupSDMA.Options":
     o.staging_bytes_cpu = _parse_bytes("TORCH_SDMA_STAGING_BYTES", o.staging_bytes_cpu)
     o.min_bytes_cuda = _parse_bytes("TORCH_SDMA_MIN_BYTES", o.min_bytes_cuda)
     o.min_bytes_cpu = _parse_bytes("TORCH_SDMA_MIN_BYTES", o.min_bytes_cpu)
+    o.min_bytes_cuda_across_nodes = _parse_bytes("TORCH_SDMA_MIN_BYTES_ACROSS_NODES", o.min_bytes_cuda_across_nodes)
     o.slots = _parse_int("TORCH_SDMA_SLOTS", o.slots)
     o.chunk_bytes = _parse_bytes("TORCH_SDMA_CHUNK_BYTES", o.chunk_bytes)
     o.log = _parse_bool("TORCH_SDMA_LOG", o.log)

@@ -103,6 +103,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("staging_bytes_cpu", &sdma::SdmaOptions::stagingBytesCpu)
       .def_readwrite("min_bytes_cuda", &sdma::SdmaOptions::minBytesCuda)
       .def_readwrite("min_bytes_cpu", &sdma::SdmaOptions::minBytesCpu)
+      .def_readwrite("min_bytes_cuda_across_nodes", &sdma::SdmaOptions::minBytesCudaAcrossNodes)
       .def_readwrite("slots", &sdma::SdmaOptions::slots)
       .def_readwrite("chunk_bytes", &sdma::SdmaOptions::chunkBytes)
       .def_readwrite("direct_peer_wait_us", &sdma::SdmaOptions::directPeerWaitUs)

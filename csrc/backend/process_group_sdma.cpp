@@ -404,9 +404,14 @@ CollectivePath ProcessGroupSDMA::choosePath(const PlannedAllgather& planned) {
     return CollectivePath::inner("TORCH_SDMA_DISABLE=1");
   }
   const bool cuda = planned.device.is_cuda();
-  if (static_cast<int64_t>(planned.outputBytes) < (cuda ? options_.minBytesCuda : options_.minBytesCpu) &&
-      !planned.innerLacksForm) {
-    return CollectivePath::inner("below TORCH_SDMA_MIN_BYTES");
+  if (!planned.innerLacksForm) {
+    const auto bytes = static_cast<int64_t>(planned.outputBytes);
+    if (cuda && spansNodes() && bytes < options_.minBytesCudaAcrossNodes) {
+      return CollectivePath::inner("below TORCH_SDMA_MIN_BYTES_ACROSS_NODES");
+    }
+    if (bytes < (cuda ? options_.minBytesCuda : options_.minBytesCpu)) {
+      return CollectivePath::inner("below TORCH_SDMA_MIN_BYTES");
+    }
   }
   DevicePath& path = devicePath(planned.device);
   if (path.decided.kind == CollectivePath::Kind::Unknown) {

@@ -15,11 +15,15 @@ namespace sdma {
 // copies serially, so a small area loses nothing.
 constexpr int64_t kDefaultStagingBytesCuda = int64_t{256} << 20;
 constexpr int64_t kDefaultStagingBytesCpu = int64_t{32} << 20;
-// Below this many output bytes a CUDA all-gather goes to NCCL. On 2x H200 (docs/results/2xH200.md) the direct path
-// lost to NCCL up to 4 MiB in both forms, tied at 8 MiB, and won from 16 MiB (43.7 against 54.6 us out of place,
-// 46.4 against 51.5 in place); staging ties NCCL at 16 MiB and wins from 24 MiB.
-constexpr int64_t kDefaultMinBytesCuda = int64_t{16} << 20;
+// Below this many output bytes a CUDA all-gather of a group on one node goes to NCCL. None by default: on 2x H200
+// (docs/results/2xH200.md, session 14) the direct path beat every other all-gather in place from 64 KiB to 8 MiB
+// in three benchmark runs of three, tied NCCL out of place (0.92-1.11x), and cost the CPU a third less per call.
+constexpr int64_t kDefaultMinBytesCuda = 0;
 constexpr int64_t kDefaultMinBytesCpu = 0;
+// The same for a group that spans nodes, whose small all-gathers would add a node-local step to NCCL's over the
+// network: never measured across real hosts, so NCCL keeps them up to where the copy engines won on one node
+// before session 14.
+constexpr int64_t kDefaultMinBytesCudaAcrossNodes = int64_t{16} << 20;
 // Two staging slots: the next chunk's push overlaps this one's drain.
 constexpr int kDefaultSlots = 2;
 // On the direct path a rank waits at most this long at enqueue for peers that have not posted yet, so that each rank
@@ -34,8 +38,9 @@ struct SdmaOptions {
   int64_t stagingBytesCpu = kDefaultStagingBytesCpu;
   int64_t minBytesCuda = kDefaultMinBytesCuda;  // TORCH_SDMA_MIN_BYTES
   int64_t minBytesCpu = kDefaultMinBytesCpu;
-  int slots = kDefaultSlots;  // TORCH_SDMA_SLOTS, a power of two
-  int64_t chunkBytes = 0;     // TORCH_SDMA_CHUNK_BYTES; 0: automatic
+  int64_t minBytesCudaAcrossNodes = kDefaultMinBytesCudaAcrossNodes;  // TORCH_SDMA_MIN_BYTES_ACROSS_NODES
+  int slots = kDefaultSlots;                                          // TORCH_SDMA_SLOTS, a power of two
+  int64_t chunkBytes = 0;                                             // TORCH_SDMA_CHUNK_BYTES; 0: automatic
   // TORCH_SDMA_DIRECT: all_gather_into_tensor without staging. On by default for CUDA tensors, where it beats staging
   // at every size it takes, unless the caching allocator uses expandable segments (which peers cannot map: each
   // call would go through a bounce area as large as its output); off for CPU tensors, where one worker copies
