@@ -61,6 +61,7 @@ def compare(nccl, sdma):
         "peak_memory_gib": {"nccl": nccl["peak_memory_bytes"] / 2**30, "sdma": sdma["peak_memory_bytes"] / 2**30},
         "staging_bytes": sdma["sdma"].get("staging_bytes", 0),
         "dma_share": sdma["sdma"]["dma_share"], "direct_share": sdma["sdma"].get("direct_share", 0.0),
+        "pairs_each_pushing_own_share": sdma["sdma"].get("pairs_each_pushing_own_share", 0.0),
         "allgather_calls": sdma["sdma"]["allgather_calls"],
         "sdma_stats": sdma["sdma"]["stats"],
         "hw_queues": {b: r.get("cuda_device_max_connections") or "unset (8)"
@@ -103,7 +104,8 @@ def markdown(results, nproc):
             f"| {name} | {same} | {r['steps']} | {r['mean_step_ms']['nccl']:.1f} | {r['mean_step_ms']['sdma']:.1f} "
             f"| {r['speedup']:.3f}x | {r['tokens_per_s']['nccl']:.0f} | {r['tokens_per_s']['sdma']:.0f} "
             f"| {r['peak_memory_gib']['nccl']:.2f} | {r['peak_memory_gib']['sdma']:.2f} | {r['staging_bytes']} "
-            f"| {r['dma_share']:.1%} ({r['direct_share']:.1%}) of {r['allgather_calls']} "
+            f"| {r['dma_share']:.1%} ({r['direct_share']:.1%}; {r['pairs_each_pushing_own_share']:.0%}) "
+            f"of {r['allgather_calls']} "
             f"| {r['hw_queues']['nccl']} / {r['hw_queues']['sdma']} |")
     for name, r in results.items():
         if r.get("runs"):

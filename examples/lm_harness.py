@@ -201,19 +201,23 @@ def allgather_paths(groups):
     groups = list({id(g): g for g in (dist.group.WORLD if g is None else g for g in groups)}.values())
     for group in groups:
         for path, c in torch_sdma.stats(group).items():
-            total = stats.setdefault(path, {"calls": 0, "bytes": 0})
-            total["calls"] += c["calls"]
-            total["bytes"] += c["bytes"]
+            total = stats.setdefault(path, {})
+            for field, count in c.items():  # calls, bytes, and on dma:direct how its pairs settled
+                total[field] = total.get(field, 0) + count
     # Device memory the groups' staging areas hold outside the caching allocator (not in peak_memory_bytes).
     staging = sum(torch_sdma.staging_bytes(g) for g in groups)
     def on_dma(path):
         return path == "dma" or path.startswith("dma:")
     calls = sum(v["calls"] for k, v in stats.items() if on_dma(k) or k.startswith("inner:"))
     dma_calls = sum(v["calls"] for k, v in stats.items() if on_dma(k))
-    direct_calls = stats.get("dma:direct", {}).get("calls", 0)
+    direct = stats.get("dma:direct", {})
+    direct_calls = direct.get("calls", 0)
+    pairs = direct.get("pairs_each_pushing_own", 0) + direct.get("pairs_one_moving_both", 0)
     return {"stats": stats, "allgather_calls": calls, "dma_calls": dma_calls, "direct_calls": direct_calls,
             "dma_share": dma_calls / calls if calls else 0.0,
-            "direct_share": direct_calls / calls if calls else 0.0, "staging_bytes": staging}
+            "direct_share": direct_calls / calls if calls else 0.0, "staging_bytes": staging,
+            # this rank's direct pairs in which each rank pushed its own bytes (the rest: one moved both directions)
+            "pairs_each_pushing_own_share": direct.get("pairs_each_pushing_own", 0) / pairs if pairs else 0.0}
 
 
 def profiled_if(wanted, path):
