@@ -203,15 +203,22 @@ def direct_cases(ctx, churn_iters=10000):
         dist.all_gather_into_tensor(out, x, group=g)
         ok = _holds_expected(out, dev, "big", world, n)
         del x, out
-        _cpu_barrier(g)
-        torch.cuda.empty_cache()
-        _assert_peer_mappings_bounded(g, dev, rank, world, "after the large all-gather")
-        torch.cuda.empty_cache()
-        _cpu_barrier(g)
-        short = start - torch.cuda.mem_get_info(dev)[0]
-        # Bounce areas (expandable segments) grew and stay: count those of every rank on this device.
-        every = _gather_ints(g, world, dev.index, torch_sdma.staging_bytes(g) - staged)
-        kept = sum(grown for index, grown in every if index == dev.index)
+        # A buffer (or outgrown bounce area) is freed once the watchdog has seen the last collective using it done,
+        # and retired at the owner's next all-gather after that: on 2x H200 that took a round of retiring
+        # all-gathers more now and then (521 MiB back one round late). Every rank takes the same number of rounds.
+        for round_ in range(4):
+            _cpu_barrier(g)
+            torch.cuda.empty_cache()
+            _assert_peer_mappings_bounded(g, dev, rank, world, f"after the large all-gather, round {round_}")
+            torch.cuda.empty_cache()
+            _cpu_barrier(g)
+            short = start - torch.cuda.mem_get_info(dev)[0]
+            # Bounce areas (expandable segments) grew and stay: count those of every rank on this device.
+            every = _gather_ints(g, world, dev.index, torch_sdma.staging_bytes(g) - staged, short)
+            kept = sum(grown for index, grown, _ in every if index == dev.index)
+            missing = max(s - sum(grown for i, grown, _ in every if i == index) for index, _, s in every)
+            if missing < 256 << 20:
+                break
         assert ok, "the large all-gather's bytes are wrong"
         assert short - kept < 256 << 20, f"{(short - kept) >> 20} MiB of device memory did not come back"
 
