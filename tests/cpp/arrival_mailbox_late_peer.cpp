@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "forked_ranks.hpp"
 #include "transport/arrival_mailbox.hpp"
 
 using sdma::ArrivalMailbox;
@@ -75,14 +76,7 @@ int main() {
       _exit(0);
     }
   }
-  int failed = 0;
-  for (int r = 0; r < 2; ++r) {
-    int status = 0;
-    wait(&status);
-    failed |= !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  }
-  if (failed) {
-    fprintf(stderr, "a rank failed\n");
+  if (!forkedRanksSucceeded(2)) {
     return 1;
   }
   for (int s = 1; s <= kSerials; ++s) {

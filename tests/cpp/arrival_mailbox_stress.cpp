@@ -14,6 +14,7 @@
 #include <cstring>
 #include <random>
 
+#include "forked_ranks.hpp"
 #include "transport/arrival_mailbox.hpp"
 
 using sdma::ArrivalMailbox;
@@ -78,14 +79,7 @@ int main(int argc, char** argv) {
       _exit(0);
     }
   }
-  int failed = 0;
-  for (int r = 0; r < W; ++r) {
-    int status = 0;
-    wait(&status);
-    failed |= !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  }
-  if (failed) {
-    fprintf(stderr, "a rank failed\n");
+  if (!forkedRanksSucceeded(W)) {
     return 1;
   }
   long pairs = 0, eachOwn = 0;
