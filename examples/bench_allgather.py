@@ -207,6 +207,12 @@ def sdma_path(before, after):
     return "+".join(sorted(moved)) or "none"
 
 
+def direct_pairs(group):
+    """This rank's direct-path pair counts in a group so far: (each pushing its own bytes, one moving both)."""
+    d = torch_sdma.stats(group).get("dma:direct", {})
+    return d.get("pairs_each_pushing_own", 0), d.get("pairs_one_moving_both", 0)
+
+
 def timing_fields(name, seconds, out_bytes, world):
     """A backend's time per call and bandwidths in a row; busbw only where the group's size means something."""
     fields = {f"{name}_us": seconds * 1e6, f"{name}_algbw_GBps": out_bytes / seconds / 1e9}
@@ -641,12 +647,19 @@ def peer_sweep(b):
         b.sync()
         iters = b.iters_for(out_bytes)
         per_round = {e: [] for e in entries}
+        # How the timed calls' pairs settled, per sdma group: one rank moving both directions halves a call's rate.
+        ours = [p for p in live if isinstance(p, GroupPeer) and p.name.startswith("sdma")]
+        pairs_before = {p.name: direct_pairs(p.group) for p in ours}
         for r in range(a.rounds):
             for e in (entries if r % 2 == 0 else entries[::-1]):
                 b.sync()
                 per_round[e].append(b.time_calls(prepared[e[0]][e[1]][0], iters))
         b.sync()
         row = {"bytes": out_bytes, "size": human_bytes(out_bytes), "iters": iters, "unavailable": dict(unavailable)}
+        row["direct_pairs"] = {p.name: dict(zip(("each_pushing_own", "one_moving_both"),
+                                                (now - then for now, then in zip(direct_pairs(p.group),
+                                                                                 pairs_before[p.name]))))
+                               for p in ours}
         for (name, form), ts in per_round.items():
             row[f"{name}_{form}"] = {"us": slowest(b, statistics.median(ts)) * 1e6,
                                      "match": all_ranks(b, match[(name, form)])}
@@ -672,7 +685,9 @@ def peer_sweep(b):
         rows.append(row)
         b.log(f"  peers {row['size']}: " + ", ".join(
             f"{k} {v['busbw_GBps']:.1f}{'' if v['match'] else ' (WRONG BYTES)'}" for k, v in row.items()
-            if isinstance(v, dict) and "us" in v))
+            if isinstance(v, dict) and "us" in v)
+            + "; direct pairs each-own/one-both: " + ", ".join(
+                f"{k} {v['each_pushing_own']}/{v['one_moving_both']}" for k, v in row["direct_pairs"].items()))
         del prepared
         if b.mode == "gpu":
             torch.cuda.synchronize()
@@ -703,6 +718,12 @@ def peer_table(rows):
             lines.append(f"| {r['size']} | {form} | " + " | ".join(cells) + f" | {r.get(f'best_peer_{form}', '')} | "
                          + " | ".join("" if x is None else f"{x:.2f}" for x in ratios) + " |")
     notes = [f"- {name}: n/a, {why}" for name, why in rows[0]["unavailable"].items() if why]
+    # Both forms' timed calls together: a pair in which one rank moved both directions ran at about half the rate.
+    pairs = [f"{r['size']} {name} {v['each_pushing_own']}/{v['one_moving_both']}"
+             for r in rows for name, v in r.get("direct_pairs", {}).items() if sum(v.values())]
+    if pairs:
+        notes.append("- this rank's direct-path pairs in the timed calls, each pushing its own bytes / one moving "
+                     "both: " + ", ".join(pairs))
     return "\n".join(lines + ([""] + notes if notes else []))
 
 
