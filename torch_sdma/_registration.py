@@ -148,6 +148,7 @@ def _log_group_paths(pg, opts, options) -> None:
         f"torch_sdma: group '{opts.group_id}' ({opts.group_size} ranks): " + "; ".join(parts)
         + f"; staging {options.staging_bytes_cuda >> 20} MiB (CUDA) / {options.staging_bytes_cpu >> 20} MiB (CPU)"
         + f" per rank, inner backend below {options.min_bytes_cuda} / {options.min_bytes_cpu} bytes"
+        + (f" ({options.min_bytes_cuda_across_nodes} for CUDA across nodes)" if layout else "")
         + f"; direct all_gather_into_tensor {'on' if options.direct_cuda else 'off'} (CUDA) /"
         + f" {'on' if options.direct_cpu else 'off'} (CPU)"
     )
