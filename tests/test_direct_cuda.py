@@ -22,6 +22,7 @@ between the ranks' own buffers without staging.
   allocator makes expandable segments; then the whole group takes staging ("dma"), bit-exact either way.
 The cases also run on one GPU shared by two processes (.scratch or the device's one-GPU check), so the reference is
 the rebuilt bytes, which are what NCCL returns."""
+import collections
 import os
 
 import pytest
@@ -215,9 +216,11 @@ def direct_cases(ctx, churn_iters=10000):
             short = start - torch.cuda.mem_get_info(dev)[0]
             # Bounce areas (expandable segments) grew and stay: count those of every rank on this device.
             every = _gather_ints(g, world, dev.index, torch_sdma.staging_bytes(g) - staged, short)
-            kept = sum(grown for index, grown, _ in every if index == dev.index)
-            missing = max(s - sum(grown for i, grown, _ in every if i == index) for index, _, s in every)
-            if missing < 256 << 20:
+            grown_on = collections.Counter()
+            for index, grown, _ in every:
+                grown_on[index] += grown
+            kept = grown_on[dev.index]
+            if max(short_q - grown_on[index] for index, _, short_q in every) < 256 << 20:
                 break
         assert ok, "the large all-gather's bytes are wrong"
         assert short - kept < 256 << 20, f"{(short - kept) >> 20} MiB of device memory did not come back"
