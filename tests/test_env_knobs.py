@@ -26,6 +26,7 @@ BAD = [
     ("TORCH_SDMA_DIRECT_PEER_WAIT_US", "-5"),
     ("TORCH_SDMA_DIRECT_PEER_WAIT_US", "soon"),
     ("TORCH_SDMA_DIRECT", "sometimes"),
+    ("TORCH_SDMA_DIRECT_LATE_PAIRS", "sometimes"),
 ]
 
 
@@ -151,6 +152,7 @@ def knobs_body(ctx):
         assert (o.staging_bytes_cuda, o.min_bytes_cuda, o.slots) == (256 << 20, 0, 2), "C++ defaults moved"
         assert o.min_bytes_cuda_across_nodes == 16 << 20, "C++ default of the across-nodes threshold moved"
         assert (o.direct_cuda, o.direct_cpu) == (True, False), "C++ defaults of the direct path moved"
+        assert o.direct_late_pairs == "both", "C++ default of TORCH_SDMA_DIRECT_LATE_PAIRS moved"
         o.min_bytes_cpu = 4096
         o.staging_bytes_cpu = 64 << 10
         g = group_with("TORCH_SDMA_DISABLE", "1", pg_options=o)
@@ -169,6 +171,14 @@ def knobs_body(ctx):
             assert "TORCH_SDMA_SLOTS" in str(e), e
         else:
             raise AssertionError("Options with 3 slots were accepted")
+        o.slots = 2
+        o.direct_late_pairs = "later"
+        try:
+            dist.new_group(pg_options=o)
+        except ValueError as e:
+            assert "TORCH_SDMA_DIRECT_LATE_PAIRS" in str(e), e
+        else:
+            raise AssertionError("Options with direct_late_pairs='later' were accepted")
 
     cases.append(("ProcessGroupSDMA.Options as pg_options", options_as_pg_options))
 
@@ -182,11 +192,27 @@ def knobs_body(ctx):
             assert (o.direct_cuda, o.direct_cpu) == (on, on), (value, o.direct_cuda, o.direct_cpu)
 
     cases.append(("TORCH_SDMA_DIRECT default and override", direct_default_and_override))
+
+    def late_pairs_values():
+        # Read as given, in any case; on CPU tensors the later rank of a late pair moves both whatever it says.
+        for value, want in (("land", "land"), ("Both", "both"), (" LAND ", "land")):
+            o = group_with("TORCH_SDMA_DIRECT_LATE_PAIRS", value)._get_backend(CPU)._sdma_options
+            assert o.direct_late_pairs == want, (value, o.direct_late_pairs)
+        os.environ["TORCH_SDMA_DIRECT"] = "1"
+        try:
+            g = group_with("TORCH_SDMA_DIRECT_LATE_PAIRS", "land")
+        finally:
+            os.environ.pop("TORCH_SDMA_DIRECT", None)
+        AG(g, ref, CPU, "late").into_tensor("x", (30001,), torch.float32)  # bit-exact against gloo
+        assert stats_calls(torch_sdma.stats(g), lambda k: k.startswith("dma"))[0] == 1, torch_sdma.stats(g)
+
+    cases.append(("TORCH_SDMA_DIRECT_LATE_PAIRS values", late_pairs_values))
     return ctx.run_cases(cases)
 
 
 def test_env_knobs():
     res = run_group(knobs_body, 2, "sdma", timeout=180, pg_timeout_s=20,
                     env={"TORCH_SDMA_STAGING_BYTES": None, "TORCH_SDMA_DISABLE": None, "TORCH_SDMA_MIN_BYTES": None,
-                         "TORCH_SDMA_MIN_BYTES_ACROSS_NODES": None, "TORCH_SDMA_DIRECT": None})
+                         "TORCH_SDMA_MIN_BYTES_ACROSS_NODES": None, "TORCH_SDMA_DIRECT": None,
+                         "TORCH_SDMA_DIRECT_LATE_PAIRS": None})
     res.check()

@@ -2,7 +2,9 @@
 recorded operations run in random interleavings that honour only the flags, as independent GPU streams would. Every
 form (into tensor, in place, list, coalesced), 1 to 5 ranks, 2 or 4 slots, tiny segments and chunks so that messages
 span many chunks, several collectives per group, serials wrapping past 2^32, and the direct schedule with every way
-the mailbox settles a pair (one rank moving both directions, or each pushing its own bytes), and the captured
+the mailbox settles a pair (each pushing its own bytes, or one late, in the order the ranks posted) and both things a
+late pair may do (the later rank moving both directions, or the earlier one landing its bytes chunk by chunk in the
+later one's landing area, whose flags start anywhere, near the wrap too), and the captured
 schedule recorded once and replayed three times with new inputs (every flag back at 0 after each replay), and the
 hierarchical schedule over 1-4 fake nodes of 1-4 ranks in any order of ranks to nodes, with a fake inner all-gather
 per rail, its gathers on a lane of their own, beside push and drain on one lane (one GPU stream), or everything of a

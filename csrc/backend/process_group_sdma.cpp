@@ -126,6 +126,19 @@ StagingGeometry ProcessGroupSDMA::geometry(const at::Device& device) const {
                               static_cast<size_t>(options_.chunkBytes));
 }
 
+DirectPathOptions ProcessGroupSDMA::directPathOptions() const {
+  DirectPathOptions direct;
+  direct.enabled = options_.directCuda;
+  direct.peerWait = std::chrono::microseconds(options_.directPeerWaitUs);
+  TORCH_CHECK_VALUE(
+      options_.directLatePairs == kDirectLatePairsBoth || options_.directLatePairs == kDirectLatePairsLand,
+      "torch_sdma: direct_late_pairs (TORCH_SDMA_DIRECT_LATE_PAIRS) is '", options_.directLatePairs,
+      "'; use 'both' or 'land'");
+  direct.latePairs =
+      options_.directLatePairs == kDirectLatePairsLand ? LatePairs::kEarlierLands : LatePairs::kLaterMovesBoth;
+  return direct;
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Dispatch to the inner backends.
 
@@ -345,12 +358,10 @@ void ProcessGroupSDMA::connect(const at::Device& device) {
   if (spansNodes()) {
     path.runner = connectHierarchical(device, &why);
   } else {
-    path.runner =
-        device.is_cuda()
-            ? connectCopyEngineRunner(sdmaStore_, getRank(), getSize(), device.index(), geometry(device),
-                                      {options_.directCuda, std::chrono::microseconds(options_.directPeerWaitUs)}, &why)
-            : connectSharedMemoryRunner(sdmaStore_, getRank(), getSize(), geometry(device), options_.directCpu,
-                                        options_.groupName, &why);
+    path.runner = device.is_cuda() ? connectCopyEngineRunner(sdmaStore_, getRank(), getSize(), device.index(),
+                                                             geometry(device), directPathOptions(), &why)
+                                   : connectSharedMemoryRunner(sdmaStore_, getRank(), getSize(), geometry(device),
+                                                               options_.directCpu, options_.groupName, &why);
   }
   if (path.runner) {
     path.decided = spansNodes() ? CollectivePath::dma("hierarchical") : CollectivePath::dma();
@@ -680,19 +691,21 @@ std::map<std::string, std::pair<int64_t, int64_t>> ProcessGroupSDMA::stats() con
   return stats_;
 }
 
+DirectPairCounts ProcessGroupSDMA::runnerDirectPairs() const {
+  return cudaPath_.runner ? cudaPath_.runner->directPairs() : DirectPairCounts{};
+}
+
 void ProcessGroupSDMA::resetStats() {
-  const ArrivalMailbox::PairTally now =
-      cudaPath_.runner ? cudaPath_.runner->directPairs() : ArrivalMailbox::PairTally{};
+  const DirectPairCounts now = runnerDirectPairs();
   std::lock_guard<std::mutex> lock(statsMutex_);
   stats_.clear();
   pairsAtReset_ = now;
 }
 
-ArrivalMailbox::PairTally ProcessGroupSDMA::directPairs() const {
-  const ArrivalMailbox::PairTally now =
-      cudaPath_.runner ? cudaPath_.runner->directPairs() : ArrivalMailbox::PairTally{};
+DirectPairCounts ProcessGroupSDMA::directPairs() const {
+  const DirectPairCounts now = runnerDirectPairs();
   std::lock_guard<std::mutex> lock(statsMutex_);
-  return {now.eachPushingOwn - pairsAtReset_.eachPushingOwn, now.oneMovingBoth - pairsAtReset_.oneMovingBoth};
+  return now.since(pairsAtReset_);
 }
 
 CollectivePath ProcessGroupSDMA::pathFor(c10::DeviceType device) const {

@@ -128,7 +128,7 @@ class ProcessGroupSDMA : public c10d::Backend {
   int64_t stagingBytesInUse() const;
   int64_t peerMappedBytes() const;
   // How the direct path's pairs settled on this rank since the last resetStats().
-  ArrivalMailbox::PairTally directPairs() const;
+  DirectPairCounts directPairs() const;
   // "2 nodes x 2 ranks (rails [0,2],[1,3])" when the members span several nodes, else "".
   std::string nodeLayoutDescription() const;
 
@@ -174,6 +174,8 @@ class ProcessGroupSDMA : public c10d::Backend {
 #endif
   CollectiveInfo describe(const char* op, c10d::OpType opType, const c10d::AllgatherOptions& opts);
   StagingGeometry geometry(const at::Device& device) const;
+  DirectPathOptions directPathOptions() const;
+  DirectPairCounts runnerDirectPairs() const;
   void recordPath(const std::string& key, int64_t bytes);
   c10::intrusive_ptr<c10d::Work> trackCoalesced(c10::intrusive_ptr<c10d::Work> work);
 
@@ -200,7 +202,7 @@ class ProcessGroupSDMA : public c10d::Backend {
 
   mutable std::mutex statsMutex_;
   std::map<std::string, std::pair<int64_t, int64_t>> stats_;  // path key -> (calls, bytes)
-  ArrivalMailbox::PairTally pairsAtReset_;                    // the runner's tally when stats were last reset
+  DirectPairCounts pairsAtReset_;                             // the runner's tally when stats were last reset
 };
 
 }  // namespace sdma

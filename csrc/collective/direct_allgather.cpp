@@ -1,11 +1,53 @@
 #include "collective/direct_allgather.hpp"
 
+#include <algorithm>
+
 #include "collective/byte_spans.hpp"
+#include "collective/staging_allgather.hpp"
 
 namespace sdma {
+namespace {
+
+// The slot a pair's landing serial uses: the landing area is a ring of slots per peer, like staging.
+int landingSlot(const StagingGeometry& g, uint32_t serial) {
+  return static_cast<int>(serial & static_cast<uint32_t>(g.slots - 1));
+}
+
+// The earlier rank of a late pair: chunk `c` of its bytes into its segment of the peer's landing area, once the
+// peer has copied out what landed in that slot before (Credit); then announced (Ready).
+void landChunkInPeer(Transport& t, DirectTransport& d, int peer, const char* src, size_t bytes, size_t chunk,
+                     uint32_t before, size_t c) {
+  const StagingGeometry& g = t.geometry();
+  const uint32_t serial = before + 1 + static_cast<uint32_t>(c);
+  const int slot = landingSlot(g, serial);
+  const size_t at = c * chunk;
+  // Flags start at the landing count of the transport's first collective, so the first uses of a slot pass.
+  d.waitPeer(Lane::Push, peer, Flag::Credit, slot, serial - static_cast<uint32_t>(g.slots));
+  t.pushChunkToPeer(Lane::Push, peer, slot, src + at, std::min(chunk, bytes - at));
+  d.signalPeer(Lane::Push, peer, Flag::Ready, slot, serial);
+}
+
+// The later rank of a late pair: chunk `c` of the peer's bytes, once it landed, into this rank's output; the slot
+// back to the peer.
+void copyLandedChunk(Transport& t, DirectTransport& d, int peer, char* dst, size_t bytes, size_t chunk, uint32_t before,
+                     size_t c) {
+  const StagingGeometry& g = t.geometry();
+  const uint32_t serial = before + 1 + static_cast<uint32_t>(c);
+  const int slot = landingSlot(g, serial);
+  const size_t at = c * chunk;
+  d.waitPeer(Lane::Drain, peer, Flag::Ready, slot, serial);
+  t.copyLocal(Lane::Drain, dst + at, t.localSegment(slot, peer), std::min(chunk, bytes - at));
+  d.signalPeer(Lane::Drain, peer, Flag::Credit, slot, serial);
+}
+
+}  // namespace
+
+size_t landingChunkCount(const AllgatherPlan& plan, const StagingGeometry& landing) {
+  return chunkCount(plan, landing);
+}
 
 void scheduleDirectAllgather(Transport& t, const AllgatherPlan& plan, uint32_t serial, const PostedBuffers& posted,
-                             const std::vector<PeerBuffers>& peerPosts) {
+                             const std::vector<PeerBuffers>& peerPosts, LatePairs late) {
   DirectTransport& d = *t.direct();
   const int me = t.rank();
   const int size = t.geometry().worldSize;
@@ -13,6 +55,32 @@ void scheduleDirectAllgather(Transport& t, const AllgatherPlan& plan, uint32_t s
   char* postedInput = const_cast<char*>(posted.input);
   const bool inputBounced = plan.input.size() != 1 || plan.input.front().ptr != posted.input;
   const bool outputBounced = posted.outputBase != plan.outputBase;
+  const bool lands = late == LatePairs::kEarlierLands;
+  const size_t landingChunk = lands ? chunkBytesFor(plan, t.geometry()) : 0;
+  const size_t landingChunks = lands ? landingChunkCount(plan, t.geometry()) : 0;
+  auto landsIn = [&](int q) { return lands && peerPosts[q].pairing == Pairing::kPeerCameLate; };
+  auto landedFrom = [&](int q) { return lands && peerPosts[q].pairing == Pairing::kThisCameLate; };
+  // Step c of the landing: chunk c into every later peer's landing area, then chunk c of every earlier peer out of
+  // ours. A step waits only for lower steps of later peers (their Credit) and this step of earlier ones (their
+  // Ready), and "earlier" follows the order the ranks posted in, so no rank waits in a circle even where one queue
+  // runs both lanes.
+  auto landAndCopyOut = [&](size_t c) {
+    for (int q = 0; q < size; ++q) {
+      if (q != me && landsIn(q)) {
+        landChunkInPeer(t, d, q, posted.input, n, landingChunk, peerPosts[q].landedBefore, c);
+      }
+    }
+    for (int q = 0; q < size; ++q) {
+      if (q != me && landedFrom(q)) {
+        // Straight into the output, bounced or not: no peer writes this slot.
+        copyLandedChunk(t, d, q, plan.outputBase + static_cast<size_t>(q) * n, n, landingChunk,
+                        peerPosts[q].landedBefore, c);
+      }
+    }
+  };
+  // The steps that wait only for copies of earlier collectives go before the pushes that wait for a peer's stream;
+  // the rest, which wait for the late peers to copy this collective's first chunks out, after them.
+  const size_t stepsFirst = std::min(landingChunks, static_cast<size_t>(t.geometry().slots));
 
   // Peers may read our input and write our output as soon as our stream is here: tell them first, so that their
   // pushes overlap our own-slot copy (bounced, once the bounce area holds our bytes).
@@ -22,39 +90,46 @@ void scheduleDirectAllgather(Transport& t, const AllgatherPlan& plan, uint32_t s
   }
   for (int q = 0; q < size; ++q) {
     if (q != me) {
-      d.signalPeer(Lane::Drain, q, Flag::Arrived, serial);
+      d.signalPeer(Lane::Drain, q, Flag::Arrived, 0, serial);
     }
   }
   copyPieces(t, Lane::Drain, plan.outputByRank[me], plan.input);  // nothing when in place
-  // Our bytes into each peer's output once its stream is there; from a peer that stopped waiting for us, its bytes
-  // too, the write over the link and the read over it on separate lanes.
+
+  for (size_t c = 0; c < stepsFirst; ++c) {
+    landAndCopyOut(c);
+  }
+  // Our bytes into each peer's output once its stream is there; where we came late and nothing lands, the peer's
+  // bytes too, pulled from its input (the read over the link on the other lane than the write).
   for (int q = 0; q < size; ++q) {
     const PeerBuffers& peer = peerPosts[q];
-    if (q == me || peer.pairing == Pairing::kPeerMovesBoth) {
+    if (q == me || peer.pairing == Pairing::kPeerCameLate) {
       continue;
     }
-    d.waitPeer(Lane::Push, q, Flag::Arrived, serial);
+    d.waitPeer(Lane::Push, q, Flag::Arrived, 0, serial);
     d.copyToPeer(Lane::Push, q, peer.outputBase + static_cast<uint64_t>(me) * n, posted.input, n);
-    if (peer.pairing == Pairing::kThisMovesBoth) {
-      d.waitPeer(Lane::Drain, q, Flag::Arrived, serial);
+    if (peer.pairing == Pairing::kThisCameLate && !lands) {
+      d.waitPeer(Lane::Drain, q, Flag::Arrived, 0, serial);
       d.copyFromPeer(Lane::Drain, q, posted.outputBase + static_cast<size_t>(q) * n, peer.input, n);
     }
+  }
+  for (size_t c = stepsFirst; c < landingChunks; ++c) {
+    landAndCopyOut(c);
   }
   d.joinLane(Lane::Drain, Lane::Push);
   // Done after our copies; complete only after every peer's, since a peer may be writing into our output.
   for (int q = 0; q < size; ++q) {
     if (q != me) {
-      d.signalPeer(Lane::Drain, q, Flag::Done, serial);
+      d.signalPeer(Lane::Drain, q, Flag::Done, 0, serial);
     }
   }
   for (int q = 0; q < size; ++q) {
     if (q != me) {
-      d.waitPeer(Lane::Drain, q, Flag::Done, serial);
+      d.waitPeer(Lane::Drain, q, Flag::Done, 0, serial);
     }
   }
   if (outputBounced) {
     for (int q = 0; q < size; ++q) {
-      if (q != me) {
+      if (q != me && !landedFrom(q)) {
         t.copyLocal(Lane::Drain, plan.outputBase + static_cast<size_t>(q) * n,
                     posted.outputBase + static_cast<size_t>(q) * n, n);
       }

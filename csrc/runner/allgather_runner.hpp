@@ -16,6 +16,7 @@
 #include "collective/allgather_inputs.hpp"
 #include "collective/collective_info.hpp"
 #include "collective/collective_path.hpp"
+#include "collective/direct_allgather.hpp"
 #include "collective/node_layout.hpp"
 #include "collective/rank_list.hpp"
 #include "transport/arrival_mailbox.hpp"
@@ -23,6 +24,18 @@
 #include "transport/staging_geometry.hpp"
 
 namespace sdma {
+
+// How the direct path's pairs have settled on a rank, one count per peer per collective: each pushing its own
+// bytes, or one of them late, and then (LatePairs) the later one moving both directions or the earlier one landing.
+struct DirectPairCounts {
+  uint64_t eachPushingOwn = 0;
+  uint64_t oneMovingBoth = 0;
+  uint64_t landed = 0;
+
+  DirectPairCounts since(const DirectPairCounts& earlier) const {
+    return {eachPushingOwn - earlier.eachPushingOwn, oneMovingBoth - earlier.oneMovingBoth, landed - earlier.landed};
+  }
+};
 
 class AllgatherRunner {
  public:
@@ -40,8 +53,8 @@ class AllgatherRunner {
   virtual size_t peerMappedBytes() const {
     return 0;
   }
-  // How the direct path's pairs have settled on this rank (ArrivalMailbox::PairTally); zero without it.
-  virtual ArrivalMailbox::PairTally directPairs() const {
+  // How the direct path's pairs have settled on this rank; zero without it.
+  virtual DirectPairCounts directPairs() const {
     return {};
   }
 };
@@ -93,8 +106,9 @@ struct HierarchicalSetup {
 
 // The direct path of CUDA all-gathers (docs/design-direct-push.md).
 struct DirectPathOptions {
-  bool enabled = false;                   // TORCH_SDMA_DIRECT: all_gather_into_tensor takes it
-  std::chrono::microseconds peerWait{0};  // TORCH_SDMA_DIRECT_PEER_WAIT_US: see CopyEngineDirect
+  bool enabled = false;                              // TORCH_SDMA_DIRECT: all_gather_into_tensor takes it
+  std::chrono::microseconds peerWait{0};             // TORCH_SDMA_DIRECT_PEER_WAIT_US: see CopyEngineDirect
+  LatePairs latePairs = LatePairs::kLaterMovesBoth;  // TORCH_SDMA_DIRECT_LATE_PAIRS
 };
 
 // Copy engines, for CUDA tensors (copy_engine_runner.cpp; a build without CUDA says why not).

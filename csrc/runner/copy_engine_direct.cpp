@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <mutex>
 
+#include "collective/staging_allgather.hpp"
 #include "transport/freed_allocations.hpp"
 #include "transport/host_shared_memory.hpp"
 #include "transport/peer_rendezvous.hpp"
@@ -18,6 +19,18 @@ namespace {
 
 // Collectives a rank's CPU may run ahead of a peer's on the direct path before it waits for it.
 constexpr int kMailboxDepth = 1024;
+// The landing area grows in powers of two from here, as staging does, so a group connects a handful of times at most.
+constexpr size_t kSmallestLandingSegment = size_t{1} << 20;
+
+// The staging cap cut the way the landing area is: a segment per peer and slot, nothing to pack.
+StagingGeometry landingCapOf(const StagingGeometry& cap) {
+  return StagingGeometry::fit(cap.worldSize, cap.slots, cap.bytes(), cap.pipelineChunkBytes, /*packs=*/false);
+}
+
+// The later of two serials, as the flags compare them.
+uint32_t laterSerial(uint32_t a, uint32_t b) {
+  return flagReached(a, b) ? a : b;
+}
 
 // Once per process: the caching allocator reports every segment it gives back, so that peers drop their mappings of
 // it. Without the report (an allocator that cannot be watched) a free is seen when its address is exported again,
@@ -42,12 +55,19 @@ void watchCachingAllocatorFrees() {
 }  // namespace
 
 CopyEngineDirect::CopyEngineDirect(const c10::intrusive_ptr<c10d::Store>& groupStore, int rank, int size, int device,
-                                   const std::vector<MemberIdentity>& members, std::chrono::microseconds peerWait)
-    : rank_(rank), size_(size), device_(device), peerWait_(peerWait), peerSegments_(device, pidsOf(members)) {
-  // One slot of one page: only the flags are used.
-  StagingGeometry g = StagingGeometry::fit(size, 1, kPageBytes, 0);
+                                   const std::vector<MemberIdentity>& members, const DirectPathOptions& options,
+                                   const StagingGeometry& cap)
+    : store_(groupStore),
+      rank_(rank),
+      size_(size),
+      device_(device),
+      members_(members),
+      options_(options),
+      landingCap_(landingCapOf(cap)),
+      landedInto_(size, 0),
+      landedFrom_(size, 0),
+      peerSegments_(device, pidsOf(members)) {
   c10d::PrefixStore store("direct/", groupStore);
-  flags_ = CopyEngineTransport::connect(store, rank, size, device, g, members);
   mailboxBytes_ = ArrivalMailbox::bytesFor(size, kMailboxDepth);
   std::string why;
   mailboxMemory_ = mapGroupRegion(store, "mailbox", rank, size, mailboxBytes_, &why);
@@ -67,8 +87,42 @@ CopyEngineDirect::~CopyEngineDirect() {
   unmapSegment(retiredMemory_, retiredBytes_);
 }
 
-size_t CopyEngineDirect::bounceBytes() const {
-  return bounce_ ? bounce_->bytes() : 0;
+size_t CopyEngineDirect::heldBytes() const {
+  return (bounce_ ? bounce_->bytes() : 0) + (transport_ ? transport_->geometry().bytes() : 0);
+}
+
+std::shared_ptr<CopyEngineTransport> CopyEngineDirect::connectTransport(const StagingGeometry& geometry,
+                                                                        uint32_t flagBase) {
+  c10d::PrefixStore store("direct/ce" + std::to_string(connections_++) + "/", store_);
+  return CopyEngineTransport::connect(store, rank_, size_, device_, geometry, members_, flagBase);
+}
+
+void CopyEngineDirect::growLandingFor(const AllgatherPlan& plan) {
+  StagingGeometry g;
+  if (options_.latePairs == LatePairs::kLaterMovesBoth) {
+    if (transport_) {
+      return;
+    }
+    g = StagingGeometry::fit(size_, 1, kPageBytes, 0);  // one slot of one page: only the flags are used
+  } else {
+    const size_t needed =
+        std::max(kPageBytes, std::min(chunkBytesFor(plan, landingCap_), roundUp(plan.bytesPerRank, kPageBytes)));
+    if (transport_ && transport_->geometry().chunkBytes >= needed) {
+      return;
+    }
+    size_t segment = kSmallestLandingSegment;
+    while (segment < needed) {
+      segment *= 2;
+    }
+    g = landingCap_;
+    g.chunkBytes = std::min(segment, landingCap_.chunkBytes);
+  }
+  // Every flag of the new transport starts at the last serial carried so far, and so do the landing counts: the
+  // next collective's serials are ahead of it and a slot's first Credit wait passes.
+  const auto base = static_cast<uint32_t>(serial_);
+  transport_ = connectTransport(g, base);
+  std::fill(landedInto_.begin(), landedInto_.end(), base);
+  std::fill(landedFrom_.begin(), landedFrom_.end(), base);
 }
 
 void CopyEngineDirect::retireFreedAllocations() {
@@ -105,7 +159,7 @@ const std::shared_ptr<BounceArea>& CopyEngineDirect::bounceOf(size_t bytes) {
 
 std::chrono::microseconds CopyEngineDirect::peerWaitFor(size_t bytesPerRank) const {
   const auto saves = std::chrono::microseconds(bytesPerRank * static_cast<size_t>(size_ - 1) / kCopyEngineBytesPerUs);
-  return std::min(peerWait_, saves);
+  return std::min(options_.peerWait, saves);
 }
 
 CopyEngineDirect::Arrival CopyEngineDirect::arrive(const AllgatherPlan& plan, std::chrono::milliseconds timeout) {
@@ -145,21 +199,35 @@ CopyEngineDirect::Arrival CopyEngineDirect::arrive(const AllgatherPlan& plan, st
   post.input = reinterpret_cast<uint64_t>(a.posted.input);
   post.output = reinterpret_cast<uint64_t>(a.posted.outputBase);
 
+  growLandingFor(plan);
+  a.transport = transport_;
   a.serial = static_cast<uint32_t>(++serial_);
-  const auto settled = mailbox_->arrive(serial_, post, timeout, peerWaitFor(n), peerWait_);
+  const auto settled = mailbox_->arrive(serial_, post, timeout, peerWaitFor(n), options_.peerWait);
   forgetPeersFreedAllocations();
+  const bool lands = options_.latePairs == LatePairs::kEarlierLands;
+  const auto chunks = lands ? static_cast<uint32_t>(landingChunkCount(plan, transport_->geometry())) : 0;
+  a.highestSerial = a.serial;
   a.peers.resize(size_);
   for (int q = 0; q < size_; ++q) {
     const ArrivalMailbox::PeerArrival& peer = settled[q];
     a.peers[q].pairing = peer.pairing;
-    if (q == rank_ || peer.pairing == Pairing::kPeerMovesBoth) {
+    if (q == rank_) {
+      continue;
+    }
+    if (lands && peer.pairing != Pairing::kEachPushesOwn) {
+      uint32_t& landed = peer.pairing == Pairing::kPeerCameLate ? landedInto_[q] : landedFrom_[q];
+      a.peers[q].landedBefore = landed;
+      landed += chunks;
+    }
+    a.highestSerial = laterSerial(a.highestSerial, laterSerial(landedInto_[q], landedFrom_[q]));
+    if (peer.pairing == Pairing::kPeerCameLate) {
       continue;
     }
     TORCH_CHECK(peer.post.bytes == n, "torch_sdma: group rank ", q, " all-gathers ", peer.post.bytes,
                 " bytes per rank in the same direct all-gather where this rank all-gathers ", n);
     a.peers[q].outputBase =
         reinterpret_cast<uint64_t>(peerSegments_.locate(q, peer.post.outputSegment, peer.post.output, &a.holds));
-    if (peer.pairing == Pairing::kThisMovesBoth) {
+    if (peer.pairing == Pairing::kThisCameLate && !lands) {
       a.peers[q].input =
           reinterpret_cast<uint64_t>(peerSegments_.locate(q, peer.post.inputSegment, peer.post.input, &a.holds));
     }

@@ -1,8 +1,8 @@
-// What the copy-engine runner keeps for the direct path (docs/design-direct-push.md): the Arrived and Done flags (a
-// small copy-engine transport of their own, so that staging may grow without resetting them), the arrival mailbox
-// in host memory the members share, the export of this rank's buffers, the mappings of the peers', the log through
-// which each rank retires the allocations it freed (so that peers unmap them), and the bounce area that stands in
-// for a buffer peers cannot map.
+// What the copy-engine runner keeps for the direct path (docs/design-direct-push.md): the Arrived and Done flags and,
+// where late pairs land (LatePairs::kEarlierLands), the landing area with its Ready and Credit flags (a copy-engine
+// transport of their own, apart from staging), the arrival mailbox in host memory the members share, the export of
+// this rank's buffers, the mappings of the peers', the log through which each rank retires the allocations it freed
+// (so that peers unmap them), and the bounce area that stands in for a buffer peers cannot map.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -15,6 +15,7 @@
 
 #include "collective/allgather_plan.hpp"
 #include "collective/direct_allgather.hpp"
+#include "runner/allgather_runner.hpp"
 #include "transport/arrival_mailbox.hpp"
 #include "transport/copy_engine_transport.hpp"
 #include "transport/peer_segments.hpp"
@@ -29,31 +30,39 @@ constexpr size_t kCopyEngineBytesPerUs = 400000;
 
 class CopyEngineDirect {
  public:
-  // Collective: every member calls it at the same all-gather (the group's first on the direct path). `peerWait`:
-  // the longest an all-gather waits at enqueue for peers that have not posted, so that each pushes its own bytes
-  // (arrival_mailbox.hpp): for a peer late at the previous all-gather; for the others no longer than the copy
-  // the wait saves (kCopyEngineBytesPerUs).
+  // Collective: every member calls it at the same all-gather (the group's first on the direct path), with the same
+  // options. `options.peerWait`: the longest an all-gather waits at enqueue for peers that have not posted, so that
+  // each pushes its own bytes (arrival_mailbox.hpp): for a peer late at the previous all-gather; for the others no
+  // longer than the copy the wait saves (kCopyEngineBytesPerUs). `cap`: the staging cap, which bounds the landing
+  // area too.
   CopyEngineDirect(const c10::intrusive_ptr<c10d::Store>& groupStore, int rank, int size, int device,
-                   const std::vector<MemberIdentity>& members, std::chrono::microseconds peerWait);
+                   const std::vector<MemberIdentity>& members, const DirectPathOptions& options,
+                   const StagingGeometry& cap);
   ~CopyEngineDirect();
 
   // One all-gather's part of the direct schedule, decided at enqueue (waiting at most the peer wait).
   struct Arrival {
     uint32_t serial = 0;
+    // The highest serial a flag of this collective's (or an earlier one's on the same transport) is waited for:
+    // the Arrived and Done serial, or a landing chunk's.
+    uint32_t highestSerial = 0;
     PostedBuffers posted;
     std::vector<PeerBuffers> peers;  // how each pair is shared, and the peer buffers this rank copies with, mapped here
-    // The mappings and bounce area the copies use: kept until the collective is done.
+    // The transport it runs on, the mappings and the bounce area the copies use: kept until the collective is done.
+    std::shared_ptr<CopyEngineTransport> transport;
     std::vector<std::shared_ptr<void>> holds;
   };
   // Posts this rank's buffers for the next direct all-gather (bouncing those peers cannot map), settles each pair
   // and maps the peer buffers this rank will copy with. Waits longer than the peer wait only when a peer's CPU is a
-  // mailbox's depth behind; past `timeout` that throws.
+  // mailbox's depth behind, or, once, where the landing area grows (every member connects a larger one at the same
+  // all-gather); past `timeout` that throws.
   Arrival arrive(const AllgatherPlan& plan, std::chrono::milliseconds timeout);
 
-  const std::shared_ptr<CopyEngineTransport>& flags() const {
-    return flags_;
+  LatePairs latePairs() const {
+    return options_.latePairs;
   }
-  size_t bounceBytes() const;
+  // Device memory held outside the caching allocator: the bounce area and the landing area.
+  size_t heldBytes() const;
   ArrivalMailbox::PairTally pairs() const {
     return mailbox_->tally();
   }
@@ -64,6 +73,10 @@ class CopyEngineDirect {
 
  private:
   std::chrono::microseconds peerWaitFor(size_t bytesPerRank) const;
+  // Collective, like the all-gather that calls it: a transport whose landing segments hold the chunks `plan` lands
+  // in, connecting a larger one (its flags starting at the serials reached so far) where the current one is smaller.
+  void growLandingFor(const AllgatherPlan& plan);
+  std::shared_ptr<CopyEngineTransport> connectTransport(const StagingGeometry& geometry, uint32_t flagBase);
   // The bounce area, at least `bytes` large (a larger one replaces it; collectives in flight hold the old one).
   const std::shared_ptr<BounceArea>& bounceOf(size_t bytes);
   // Tells the peers which allocations this rank exported to them it has freed since its last all-gather.
@@ -71,11 +84,21 @@ class CopyEngineDirect {
   // Drops the mappings of what the peers retired.
   void forgetPeersFreedAllocations();
 
+  const c10::intrusive_ptr<c10d::Store> store_;
   const int rank_;
   const int size_;
   const int device_;
-  const std::chrono::microseconds peerWait_;
-  std::shared_ptr<CopyEngineTransport> flags_;
+  const std::vector<MemberIdentity> members_;
+  const DirectPathOptions options_;
+  const StagingGeometry landingCap_;  // the largest landing area: the staging cap, cut per peer without packing
+  // Arrived and Done (slot 0), and the landing area with its Ready and Credit flags; replaced by a larger one where
+  // late pairs land and a message needs more (collectives in flight hold the old one).
+  std::shared_ptr<CopyEngineTransport> transport_;
+  int connections_ = 0;  // store keys of each connection are fresh
+  // The chunks this rank has landed in each peer, and each peer in this rank, on transport_ (the serials of the
+  // landing slots' Ready and Credit flags).
+  std::vector<uint32_t> landedInto_;
+  std::vector<uint32_t> landedFrom_;
   char* mailboxMemory_ = nullptr;
   size_t mailboxBytes_ = 0;
   std::unique_ptr<ArrivalMailbox> mailbox_;

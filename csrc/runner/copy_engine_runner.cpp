@@ -54,6 +54,12 @@ std::unique_ptr<AllgatherRunner> connectCopyEngineRunner(const c10::intrusive_pt
   // pg_options, or expandable segments in its allocator) keeps the whole group on staging.
   DirectPathOptions agreed = direct;
   agreed.enabled = agreeOnPath(*store, "ce/direct", rank, size, direct.enabled ? "" : "off").empty();
+  // Both ranks of a late pair must do the same thing, so late pairs land only where every member says so.
+  const bool everyoneLands =
+      agreeOnPath(*store, "ce/direct/late", rank, size,
+                  direct.latePairs == LatePairs::kEarlierLands ? "" : "the later rank moves both directions")
+          .empty();
+  agreed.latePairs = everyoneLands ? LatePairs::kEarlierLands : LatePairs::kLaterMovesBoth;
   return std::make_unique<CopyEngineRunner>(store, rank, size, device, std::move(members), geometry, agreed);
 }
 
@@ -147,7 +153,7 @@ CopyEngineRunner::~CopyEngineRunner() {
 size_t CopyEngineRunner::stagingBytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return (staging_ ? staging_->geometry().bytes() : 0) + (captured_ ? captured_->geometry().bytes() : 0) +
-         (direct_ ? direct_->bounceBytes() : 0);
+         (direct_ ? direct_->heldBytes() : 0);
 }
 
 size_t CopyEngineRunner::peerMappedBytes() const {
@@ -155,9 +161,14 @@ size_t CopyEngineRunner::peerMappedBytes() const {
   return direct_ ? direct_->peerMappedBytes() : 0;
 }
 
-ArrivalMailbox::PairTally CopyEngineRunner::directPairs() const {
+DirectPairCounts CopyEngineRunner::directPairs() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return direct_ ? direct_->pairs() : ArrivalMailbox::PairTally{};
+  if (!direct_) {
+    return {};
+  }
+  const ArrivalMailbox::PairTally tally = direct_->pairs();
+  const bool lands = direct_->latePairs() == LatePairs::kEarlierLands;
+  return {tally.eachPushingOwn, lands ? 0 : tally.oneLate, lands ? tally.oneLate : 0};
 }
 
 CollectivePath CopyEngineRunner::pathFor(const PlannedAllgather& planned) {
@@ -258,7 +269,7 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::run(PlannedAllgather& planned, 
   inFlight.transport = staging_;
   inFlight.rail = railStaging_;
   inFlight.firstSerial = first;
-  inFlight.lastSerial = static_cast<uint32_t>(chunks_);
+  inFlight.lastSerial = inFlight.releaseSerial = static_cast<uint32_t>(chunks_);
   return track(planned, asyncOp, drain, std::move(inFlight), lock);
 }
 
@@ -302,7 +313,7 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::enqueueDirect(PlannedAllgather&
                                                                std::unique_lock<std::mutex>& lock) {
   if (!direct_) {
     // Every member makes its first direct all-gather together, so they connect here together.
-    direct_ = std::make_unique<CopyEngineDirect>(store_, rank_, size_, device_, members_, directOptions_.peerWait);
+    direct_ = std::make_unique<CopyEngineDirect>(store_, rank_, size_, device_, members_, directOptions_, cap_);
   }
   CopyEngineDirect::Arrival arrival;
   try {
@@ -313,19 +324,22 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::enqueueDirect(PlannedAllgather&
     failure_.record(info.describe() + " failed: " + e.what());
     throw;
   }
-  // Pushes over the link on one stream, pulls over it on the other: two copy engines at once.
+  // Pushes over the link on one stream; pulls over it, or copies out of the landing area, on the other: two copy
+  // engines at once.
   gpu::Stream drain = asyncOp ? drainStream_ : caller;
   forkFromCaller(caller, pushStream_, drain);
-  CopyEngineTransport& flags = *direct_->flags();
-  flags.bindLanes(pushStream_, drain);
-  scheduleDirectAllgather(flags, planned.plan, arrival.serial, arrival.posted, arrival.peers);
-  flags.flush();
+  CopyEngineTransport& transport = *arrival.transport;
+  transport.bindLanes(pushStream_, drain);
+  scheduleDirectAllgather(transport, planned.plan, arrival.serial, arrival.posted, arrival.peers, direct_->latePairs());
+  transport.flush();
   InFlight inFlight;
-  inFlight.transport = direct_->flags();
+  inFlight.transport = std::move(arrival.transport);
   inFlight.info = info;
   inFlight.firstSerial = inFlight.lastSerial = arrival.serial;
+  inFlight.releaseSerial = arrival.highestSerial;
   inFlight.reached = Flag::Arrived;
   inFlight.finished = Flag::Done;
+  inFlight.flagSlot = 0;
   inFlight.holds = std::move(arrival.holds);
   return track(planned, asyncOp, drain, std::move(inFlight), lock);
 }
@@ -415,8 +429,8 @@ void CopyEngineRunner::failInFlight(const InFlight& stuck, const std::string& ca
       if (q == rank_) {
         continue;
       }
-      const uint32_t firstFlag = reached[q * slots + (stuck.firstSerial & (slots - 1))];
-      const uint32_t lastFlag = finished[q * slots + (stuck.lastSerial & (slots - 1))];
+      const uint32_t firstFlag = reached[q * slots + stuck.slotOf(stuck.firstSerial, slots)];
+      const uint32_t lastFlag = finished[q * slots + stuck.slotOf(stuck.lastSerial, slots)];
       if (!flagReached(firstFlag, stuck.firstSerial)) {
         neverArrived.push_back(groupRankOf(q));
       } else if (!flagReached(lastFlag, stuck.lastSerial)) {
@@ -446,10 +460,10 @@ void CopyEngineRunner::failInFlight(const InFlight& stuck, const std::string& ca
     failure_.record(reason);
     failed.swap(inFlight_);
   }
-  // Each transport's streams wait for serials up to the last one enqueued on it.
+  // Each transport's streams wait for serials up to the highest one of the last collective enqueued on it.
   std::map<CopyEngineTransport*, uint32_t> lastSerial;
   for (const auto& f : failed) {
-    lastSerial[f.transport.get()] = f.lastSerial;
+    lastSerial[f.transport.get()] = f.releaseSerial;
   }
   for (const auto& [transport, serial] : lastSerial) {
     transport->releaseWaiters(serial);

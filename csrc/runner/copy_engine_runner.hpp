@@ -54,7 +54,7 @@ class CopyEngineRunner : public AllgatherRunner {
                                      const CollectiveInfo& info) override;
   size_t stagingBytes() const override;
   size_t peerMappedBytes() const override;
-  ArrivalMailbox::PairTally directPairs() const override;
+  DirectPairCounts directPairs() const override;
 
  private:
   CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int rank, int size, int device,
@@ -69,11 +69,19 @@ class CopyEngineRunner : public AllgatherRunner {
     CollectiveInfo info;                             // for the failure message
     uint32_t firstSerial;                            // chunk serials as the flags carry them
     uint32_t lastSerial;
+    // The highest serial any flag of this collective (or an earlier one on the same transport) is waited for: what
+    // releases them all (the direct path's landing chunks count on serials of their own).
+    uint32_t releaseSerial;
     std::chrono::steady_clock::time_point enqueuedAt;
     // A peer has reached the collective when its `reached` flag for firstSerial is there, and finished it when its
     // `finished` flag for lastSerial is: READY of the first and last chunk through staging, ARRIVED and DONE direct.
     Flag reached = Flag::Ready;
     Flag finished = Flag::Ready;
+    int flagSlot = -1;  // the slot of those flags: a serial's (staging), or always this one (direct: 0)
+
+    int slotOf(uint32_t serial, int slots) const {
+      return flagSlot >= 0 ? flagSlot : static_cast<int>(serial & static_cast<uint32_t>(slots - 1));
+    }
     std::vector<std::shared_ptr<void>> holds;  // the direct path's mappings of peers' buffers and its bounce area
 
     std::chrono::steady_clock::time_point deadline() const {

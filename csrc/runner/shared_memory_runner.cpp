@@ -72,7 +72,9 @@ c10::intrusive_ptr<c10d::Work> SharedMemoryRunner::run(PlannedAllgather& planned
   ArrivalMailbox* mailbox = transport_->mailbox();
   if (mailbox && plan.outputBase && plan.bytesPerRank > 0) {
     const uint64_t serial = ++directSerial_;
-    // One worker thread copies for this rank whichever way a pair is shared, so nobody waits for late peers.
+    // One worker thread copies for this rank whichever way a pair is shared, so nobody waits for late peers, and
+    // the later rank of a late pair moves both directions: landing would only add a copy (and the landing area
+    // would be this transport's staging, whose flags the staging schedule counts on).
     const auto settled = mailbox->arrive(serial,
                                          {reinterpret_cast<uint64_t>(plan.input.front().ptr),
                                           reinterpret_cast<uint64_t>(plan.outputBase), plan.bytesPerRank},
@@ -82,7 +84,7 @@ c10::intrusive_ptr<c10d::Work> SharedMemoryRunner::run(PlannedAllgather& planned
       peers[q] = {settled[q].pairing, settled[q].post.input, settled[q].post.output};
     }
     scheduleDirectAllgather(*transport_, plan, static_cast<uint32_t>(serial), {plan.input.front().ptr, plan.outputBase},
-                            peers);
+                            peers, LatePairs::kLaterMovesBoth);
   } else if (rail_) {
     scheduleHierarchicalAllgather(*transport_, *rail_, rail_->setup().layout, plan, chunks_);
   } else {

@@ -6,8 +6,10 @@
 // A pair ends in one of two ways, settled by one compare-and-swap on a word of the earlier rank's post:
 // - each pushes its own bytes into the other's output (the later rank claimed the word while the earlier one was
 //   still waiting, or both arrived together): both copy engines work, one direction each;
-// - the later rank moves both directions (the earlier one stopped waiting first and closed the word): the
-//   earlier rank enqueued nothing for the pair and never learns the later one's addresses.
+// - the later rank came late (the earlier one stopped waiting first and closed the word): the earlier rank never
+//   learns the later one's addresses. What each then enqueues is the schedule's choice (LatePairs in
+//   collective/direct_allgather.hpp): the later rank moves both directions, or the earlier one lands its bytes in
+//   the later one's landing area, whose address it knew from the start.
 // A rank never enqueues work for a collective after it returned from arrive(), so no copy of ours ever queues
 // behind a wait that needs it.
 //
@@ -48,10 +50,10 @@ struct ExportedSegment {
   char ipcHandle[64] = {};  // kLegacyIpc
 };
 
-// How this rank and one peer share a pair's two directions (the comment at the top).
+// How this rank and one peer settled their pair (the comment at the top).
 enum class Pairing : uint32_t {
-  kPeerMovesBoth = 0,  // the peer came later and moves both directions: nothing to enqueue for it here
-  kThisMovesBoth = 1,  // this rank came later than a peer that stopped waiting: it moves both directions
+  kPeerCameLate = 0,   // this rank stopped waiting for the peer: it never learns the peer's buffers
+  kThisCameLate = 1,   // the peer stopped waiting for this rank: this rank knows the peer's buffers, not vice versa
   kEachPushesOwn = 2,  // both know both buffers: each pushes its own bytes into the other's output
 };
 
@@ -83,22 +85,22 @@ class ArrivalMailbox {
   }
 
   struct PeerArrival {
-    Pairing pairing = Pairing::kPeerMovesBoth;
-    BufferPost post;  // the peer's, unless pairing is kPeerMovesBoth
+    Pairing pairing = Pairing::kPeerCameLate;
+    BufferPost post;  // the peer's, unless pairing is kPeerCameLate
   };
 
   // How this rank's pairs have settled so far, one count per peer per collective (torch_sdma.stats shows them):
-  // each pushing its own bytes, or one rank moving both directions at half the rate.
+  // each pushing its own bytes, or one of the two late.
   struct PairTally {
     uint64_t eachPushingOwn = 0;
-    uint64_t oneMovingBoth = 0;
+    uint64_t oneLate = 0;
   };
   PairTally tally() const {
-    return {eachPushingOwn_.load(std::memory_order_relaxed), oneMovingBoth_.load(std::memory_order_relaxed)};
+    return {eachPushingOwn_.load(std::memory_order_relaxed), oneLate_.load(std::memory_order_relaxed)};
   }
 
   // For serial s (1, 2, 3, ... on every rank): posts `mine`, then settles every pair (entry rank() is left
-  // kPeerMovesBoth and unused). Waits up to `peerWait` for peers that have not posted, up to `lateWait` for one this
+  // kPeerCameLate and unused). Waits up to `peerWait` for peers that have not posted, up to `lateWait` for one this
   // rank stopped waiting for at the previous collective (the comment at the top); longer only when a peer has not
   // yet read this rank's post for s - depth, and past `timeout` that throws. Called by one thread at a time.
   std::vector<PeerArrival> arrive(uint64_t serial, const BufferPost& mine, std::chrono::milliseconds timeout,
@@ -123,7 +125,7 @@ class ArrivalMailbox {
         // It posted first, or with us: unless it already stopped waiting, it pushes its own bytes.
         uint32_t open = kOpen;
         const bool claimed = claim(q, serial, rank_).compare_exchange_strong(open, kClaimed, std::memory_order_seq_cst);
-        settled[q] = {claimed ? Pairing::kEachPushesOwn : Pairing::kThisMovesBoth, theirs.post};
+        settled[q] = {claimed ? Pairing::kEachPushesOwn : Pairing::kThisCameLate, theirs.post};
       } else {
         notYetHere.push_back(q);
       }
@@ -152,7 +154,7 @@ class ArrivalMailbox {
       }
     }
     eachPushingOwn_.fetch_add(eachOwn, std::memory_order_relaxed);
-    oneMovingBoth_.fetch_add(static_cast<uint64_t>(size_ - 1) - eachOwn, std::memory_order_relaxed);
+    oneLate_.fetch_add(static_cast<uint64_t>(size_ - 1) - eachOwn, std::memory_order_relaxed);
     return settled;
   }
 
@@ -172,7 +174,7 @@ class ArrivalMailbox {
   static_assert(std::atomic<uint32_t>::is_always_lock_free, "the mailbox needs lock-free 32-bit atomics");
 
   // A word of owner's post for `serial`, one per peer: open while the owner may still push its own bytes to that
-  // peer, claimed by the peer (it will, and the peer pushes its own), or closed by the owner (the peer moves both).
+  // peer, claimed by the peer (it will, and the peer pushes its own), or closed by the owner (the peer came late).
   static constexpr uint32_t kOpen = 0;
   static constexpr uint32_t kClaimed = 1;
   static constexpr uint32_t kClosed = 2;
@@ -216,7 +218,7 @@ class ArrivalMailbox {
   Slot* slots_;
   std::atomic<uint32_t>* claims_;
   std::atomic<uint64_t> eachPushingOwn_{0};  // this process's counts, not shared
-  std::atomic<uint64_t> oneMovingBoth_{0};
+  std::atomic<uint64_t> oneLate_{0};
 };
 
 }  // namespace sdma

@@ -45,12 +45,13 @@ std::string CopyEngineTransport::checkGroupReachable(c10d::Store& store, const s
 
 std::unique_ptr<CopyEngineTransport> CopyEngineTransport::connect(c10d::Store& store, int rank, int size, int device,
                                                                   const StagingGeometry& geometry,
-                                                                  const std::vector<MemberIdentity>& members) {
+                                                                  const std::vector<MemberIdentity>& members,
+                                                                  uint32_t flagBase) {
   std::unique_ptr<CopyEngineTransport> t(new CopyEngineTransport(rank, size, device, geometry));
   t->peerPids_ = pidsOf(members);
   const size_t bytes = t->flagBytes_ + geometry.bytes();
-  if (!t->mapWithVmm(store, bytes)) {
-    t->mapWithLegacyIpc(store, bytes);
+  if (!t->mapWithVmm(store, bytes, flagBase)) {
+    t->mapWithLegacyIpc(store, bytes, flagBase);
   }
 
   // Precomputed per (flag, slot), so the per-call path does no address arithmetic beyond indexing.
@@ -83,11 +84,20 @@ CopyEngineTransport::CopyEngineTransport(int rank, int size, int device, const S
   laneJoin_ = gpu::createEvent();
 }
 
-bool CopyEngineTransport::mapWithVmm(c10d::Store& store, size_t bytes) {
+void CopyEngineTransport::initFlags(char* flags, uint32_t value) {
+  gpu::memsetSync(flags, 0, flagBytes_, service_);
+  if (value != 0) {
+    const std::vector<uint32_t> values(kFlagKinds * static_cast<size_t>(size_) * geometry_.slots, value);
+    gpu::copyFromHostAsync(flags, values.data(), values.size() * sizeof(uint32_t), service_);
+    gpu::syncStream(service_);
+  }
+}
+
+bool CopyEngineTransport::mapWithVmm(c10d::Store& store, size_t bytes, uint32_t flagBase) {
   std::vector<gpu::SharedAllocation> maps(size_);
   std::string error = gpu::allocateShareable(device_, bytes, &maps[rank_]);
   if (error.empty()) {
-    gpu::memsetSync(maps[rank_].ptr, 0, flagBytes_, service_);
+    initFlags(static_cast<char*>(maps[rank_].ptr), flagBase);
   }
   auto releaseAll = [&] {
     for (auto& m : maps) {
@@ -127,9 +137,9 @@ bool CopyEngineTransport::mapWithVmm(c10d::Store& store, size_t bytes) {
   return true;
 }
 
-void CopyEngineTransport::mapWithLegacyIpc(c10d::Store& store, size_t bytes) {
+void CopyEngineTransport::mapWithLegacyIpc(c10d::Store& store, size_t bytes, uint32_t flagBase) {
   base_ = static_cast<char*>(gpu::mallocDevice(bytes));
-  gpu::memsetSync(base_, 0, flagBytes_, service_);
+  initFlags(base_, flagBase);
   const gpu::IpcHandle own = gpu::exportIpc(base_);
   const auto handles = exchangeWithGroup(store, "ce/ipc", rank_, size_, std::string(own.bytes, gpu::kIpcHandleBytes));
   for (int q = 0; q < size_; ++q) {
@@ -209,6 +219,11 @@ void CopyEngineTransport::pushChunkToPeers(Lane lane, int slot, const void* src,
   }
 }
 
+void CopyEngineTransport::pushChunkToPeer(Lane lane, int peer, int slot, const void* src, size_t bytes) {
+  gpu::copyAsync(peerBase_[peer] + flagBytes_ + geometry_.segmentOffset(slot, rank_, peer), src, bytes,
+                 laneStream(lane));
+}
+
 void CopyEngineTransport::signalPeers(Lane lane, Flag flag, int slot, uint32_t value) {
   // A direct write into the peer's flag word: the stream runs it only after the lane's earlier copies are done,
   // with a memory barrier, so the peer that sees the value also sees the data.
@@ -240,12 +255,13 @@ void CopyEngineTransport::copyFromPeer(Lane lane, int /*peer*/, void* dst, uint6
   gpu::copyAsync(dst, reinterpret_cast<const void*>(peerSrc), bytes, laneStream(lane));
 }
 
-void CopyEngineTransport::signalPeer(Lane lane, int peer, Flag flag, uint32_t value) {
-  pendingFor(lane).push_back({true, reinterpret_cast<uint32_t*>(peerBase_[peer]) + flagIndex(flag, rank_, 0), value});
+void CopyEngineTransport::signalPeer(Lane lane, int peer, Flag flag, int slot, uint32_t value) {
+  pendingFor(lane).push_back(
+      {true, reinterpret_cast<uint32_t*>(peerBase_[peer]) + flagIndex(flag, rank_, slot), value});
 }
 
-void CopyEngineTransport::waitPeer(Lane lane, int peer, Flag flag, uint32_t value) {
-  pendingFor(lane).push_back({false, reinterpret_cast<uint32_t*>(base_) + flagIndex(flag, peer, 0), value});
+void CopyEngineTransport::waitPeer(Lane lane, int peer, Flag flag, int slot, uint32_t value) {
+  pendingFor(lane).push_back({false, reinterpret_cast<uint32_t*>(base_) + flagIndex(flag, peer, slot), value});
 }
 
 void CopyEngineTransport::joinLane(Lane into, Lane from) {

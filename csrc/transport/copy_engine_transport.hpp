@@ -28,9 +28,12 @@ class CopyEngineTransport : public Transport, public DirectTransport {
   // Collective: every member of the group calls it together, after checkGroupReachable said "" to all. Allocates
   // this rank's staging and flags for `geometry` and maps every member's (VMM memory shared as file descriptors;
   // legacy CUDA IPC where some member cannot). Keys are taken under `store`, which must be fresh per connection.
+  // Every flag starts at `flagBase`, before any peer can write one: a transport that replaces an outgrown one
+  // mid-run starts where the serials carried on it stand, so that none looks reached or wraps (flagReached).
   static std::unique_ptr<CopyEngineTransport> connect(c10d::Store& store, int rank, int size, int device,
                                                       const StagingGeometry& geometry,
-                                                      const std::vector<MemberIdentity>& members);
+                                                      const std::vector<MemberIdentity>& members,
+                                                      uint32_t flagBase = 0);
   ~CopyEngineTransport() override;
 
   int rank() const override {
@@ -43,18 +46,19 @@ class CopyEngineTransport : public Transport, public DirectTransport {
   char* packSegment(int slot) override;
   void copyLocal(Lane lane, void* dst, const void* src, size_t bytes) override;
   void pushChunkToPeers(Lane lane, int slot, const void* src, size_t bytes, size_t at) override;
+  void pushChunkToPeer(Lane lane, int peer, int slot, const void* src, size_t bytes) override;
   void signalPeers(Lane lane, Flag flag, int slot, uint32_t value) override;
   void waitPeers(Lane lane, Flag flag, int slot, uint32_t value) override;
   void resetOwnFlags(Lane lane, Flag flag, int slot) override;
   // The direct path's operations: `peerDst` / `peerSrc` are this process's mappings of the peer's buffers
-  // (PeerSegmentMap); the flags are slot 0's.
+  // (PeerSegmentMap).
   DirectTransport* direct() override {
     return this;
   }
   void copyToPeer(Lane lane, int peer, uint64_t peerDst, const void* src, size_t bytes) override;
   void copyFromPeer(Lane lane, int peer, void* dst, uint64_t peerSrc, size_t bytes) override;
-  void signalPeer(Lane lane, int peer, Flag flag, uint32_t value) override;
-  void waitPeer(Lane lane, int peer, Flag flag, uint32_t value) override;
+  void signalPeer(Lane lane, int peer, Flag flag, int slot, uint32_t value) override;
+  void waitPeer(Lane lane, int peer, Flag flag, int slot, uint32_t value) override;
   void joinLane(Lane into, Lane from) override;
   // The streams the next collective's lanes run on (they may be the same stream).
   void bindLanes(gpu::Stream push, gpu::Stream drain);
@@ -72,9 +76,11 @@ class CopyEngineTransport : public Transport, public DirectTransport {
  private:
   CopyEngineTransport(int rank, int size, int device, const StagingGeometry& geometry);
   // Collective. Returns false, having released what it took, when some member could not do it.
-  bool mapWithVmm(c10d::Store& store, size_t bytes);
+  bool mapWithVmm(c10d::Store& store, size_t bytes, uint32_t flagBase);
   // Collective; the fallback when VMM was refused (it throws, rather than return, if even this fails).
-  void mapWithLegacyIpc(c10d::Store& store, size_t bytes);
+  void mapWithLegacyIpc(c10d::Store& store, size_t bytes, uint32_t flagBase);
+  // Sets every flag word of this rank's to `value`, before the peers know the memory.
+  void initFlags(char* flags, uint32_t value);
   size_t flagIndex(Flag flag, int src, int slot) const;
   std::vector<gpu::FlagOp>& pendingFor(Lane lane);
 

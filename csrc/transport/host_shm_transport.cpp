@@ -155,6 +155,11 @@ void HostShmTransport::pushChunkToPeers(Lane, int slot, const void* src, size_t 
   }
 }
 
+void HostShmTransport::pushChunkToPeer(Lane, int peer, int slot, const void* src, size_t bytes) {
+  char* dst = base_[peer] + flagBytes_ + geometry_.segmentOffset(slot, rank_, peer);
+  recorded_.push_back({Op::Kind::Copy, dst, static_cast<const char*>(src), bytes, Flag::Ready, 0, 0});
+}
+
 void HostShmTransport::signalPeers(Lane, Flag flag, int slot, uint32_t value) {
   recorded_.push_back({Op::Kind::Signal, nullptr, nullptr, 0, flag, slot, value});
 }
@@ -177,12 +182,12 @@ void HostShmTransport::copyFromPeer(Lane, int peer, void* dst, uint64_t peerSrc,
       {Op::Kind::CopyFromPeer, static_cast<char*>(dst), nullptr, bytes, Flag::Ready, 0, 0, peer, peerSrc});
 }
 
-void HostShmTransport::signalPeer(Lane, int peer, Flag flag, uint32_t value) {
-  recorded_.push_back({Op::Kind::Signal, nullptr, nullptr, 0, flag, 0, value, peer});
+void HostShmTransport::signalPeer(Lane, int peer, Flag flag, int slot, uint32_t value) {
+  recorded_.push_back({Op::Kind::Signal, nullptr, nullptr, 0, flag, slot, value, peer});
 }
 
-void HostShmTransport::waitPeer(Lane, int peer, Flag flag, uint32_t value) {
-  recorded_.push_back({Op::Kind::Wait, nullptr, nullptr, 0, flag, 0, value, peer});
+void HostShmTransport::waitPeer(Lane, int peer, Flag flag, int slot, uint32_t value) {
+  recorded_.push_back({Op::Kind::Wait, nullptr, nullptr, 0, flag, slot, value, peer});
 }
 
 void HostShmTransport::copyWithPeer(const Op& op, const std::string& description) {

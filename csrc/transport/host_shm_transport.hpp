@@ -39,7 +39,7 @@ class HostShmTransport : public Transport, public DirectTransport {
     Flag flag;
     int slot;
     uint32_t value;
-    int peer = -1;        // Signal/Wait of one peer (slot 0), or the peer whose memory a CopyTo/FromPeer touches
+    int peer = -1;        // Signal/Wait of one peer, or the peer whose memory a CopyTo/FromPeer touches
     uint64_t remote = 0;  // CopyToPeer/CopyFromPeer: the address in that peer's process
     std::shared_ptr<const Task> task = nullptr;  // RunTask
   };
@@ -66,6 +66,7 @@ class HostShmTransport : public Transport, public DirectTransport {
   char* packSegment(int slot) override;
   void copyLocal(Lane lane, void* dst, const void* src, size_t bytes) override;
   void pushChunkToPeers(Lane lane, int slot, const void* src, size_t bytes, size_t at) override;
+  void pushChunkToPeer(Lane lane, int peer, int slot, const void* src, size_t bytes) override;
   void signalPeers(Lane lane, Flag flag, int slot, uint32_t value) override;
   void waitPeers(Lane lane, Flag flag, int slot, uint32_t value) override;
   void resetOwnFlags(Lane lane, Flag flag, int slot) override;
@@ -75,8 +76,8 @@ class HostShmTransport : public Transport, public DirectTransport {
 
   void copyToPeer(Lane lane, int peer, uint64_t peerDst, const void* src, size_t bytes) override;
   void copyFromPeer(Lane lane, int peer, void* dst, uint64_t peerSrc, size_t bytes) override;
-  void signalPeer(Lane lane, int peer, Flag flag, uint32_t value) override;
-  void waitPeer(Lane lane, int peer, Flag flag, uint32_t value) override;
+  void signalPeer(Lane lane, int peer, Flag flag, int slot, uint32_t value) override;
+  void waitPeer(Lane lane, int peer, Flag flag, int slot, uint32_t value) override;
   void joinLane(Lane /*into*/, Lane /*from*/) override {}  // one worker runs both lanes in order
 
   // Null unless the direct path was set up; then shared by all members (it lives in rank 0's segment).

@@ -21,13 +21,16 @@ struct StagingGeometry {
   int slots = 0;                  // a power of two, so that serial % slots survives wrap-around
   size_t chunkBytes = 0;          // one segment: the largest chunk
   size_t pipelineChunkBytes = 0;  // the chunk a message is cut into (at most chunkBytes); 0: automatic
+  bool packs = true;              // false: no pack segment (the direct path's landing area, which packs nothing)
 
   // The geometry that fits `stagingBytes`: as many whole pages per segment as the slots and segments leave room
   // for, at least one page.
-  static StagingGeometry fit(int worldSize, int slots, size_t stagingBytes, size_t pipelineChunkBytes) {
+  static StagingGeometry fit(int worldSize, int slots, size_t stagingBytes, size_t pipelineChunkBytes,
+                             bool packs = true) {
     StagingGeometry g;
     g.worldSize = worldSize;
     g.slots = slots;
+    g.packs = packs;
     const size_t perSegment = stagingBytes / (static_cast<size_t>(slots) * g.segmentsPerSlot());
     g.chunkBytes = perSegment < kPageBytes ? kPageBytes : perSegment / kPageBytes * kPageBytes;
     g.pipelineChunkBytes = pipelineChunkBytes;
@@ -39,7 +42,7 @@ struct StagingGeometry {
   // staging then carries 128 MiB chunks, not 64 (one 64 MiB copy-engine copy runs at about 356 GB/s on H200, one
   // of 512 MiB at 390). With more ranks packing saves a copy per peer per piece.
   bool hasPackSegment() const {
-    return worldSize > 2;
+    return packs && worldSize > 2;
   }
   int segmentsPerSlot() const {
     const int n = worldSize - 1 + (hasPackSegment() ? 1 : 0);

@@ -27,15 +27,17 @@ inline bool flagReached(uint32_t flag, uint32_t serial) {
   return static_cast<int32_t>(flag - serial) >= 0;
 }
 
-// The direct path (docs/design-direct-push.md): one peer's buffers, by the address that peer posted, and flags of
-// one peer (slot 0 of Arrived and Done). A capability some transports have; see Transport::direct().
+// The direct path (docs/design-direct-push.md): one peer's buffers, by the address that peer posted, and one peer's
+// flags: flag[this rank][slot] in the peer's memory, flag[peer][slot] in this rank's. Arrived and Done use slot 0;
+// the landing area (Transport::pushChunkToPeer, where the earlier rank of a late pair puts its bytes) uses Ready and
+// Credit of its slots. A capability some transports have; see Transport::direct().
 class DirectTransport {
  public:
   virtual ~DirectTransport() = default;
   virtual void copyToPeer(Lane lane, int peer, uint64_t peerDst, const void* src, size_t bytes) = 0;
   virtual void copyFromPeer(Lane lane, int peer, void* dst, uint64_t peerSrc, size_t bytes) = 0;
-  virtual void signalPeer(Lane lane, int peer, Flag flag, uint32_t value) = 0;
-  virtual void waitPeer(Lane lane, int peer, Flag flag, uint32_t value) = 0;
+  virtual void signalPeer(Lane lane, int peer, Flag flag, int slot, uint32_t value) = 0;
+  virtual void waitPeer(Lane lane, int peer, Flag flag, int slot, uint32_t value) = 0;
   // Holds lane `into` until what was issued on lane `from` so far is done (nothing where the lanes run serially).
   virtual void joinLane(Lane into, Lane from) = 0;
 };
@@ -55,6 +57,8 @@ class Transport {
   virtual void copyLocal(Lane lane, void* dst, const void* src, size_t bytes) = 0;
   // Into this rank's segment of the slot in every peer, `at` bytes into it.
   virtual void pushChunkToPeers(Lane lane, int slot, const void* src, size_t bytes, size_t at) = 0;
+  // Into this rank's segment of the slot in one peer.
+  virtual void pushChunkToPeer(Lane lane, int peer, int slot, const void* src, size_t bytes) = 0;
   // Sets flag[rank()][slot] = value in every peer's memory, after the lane's earlier operations completed.
   virtual void signalPeers(Lane lane, Flag flag, int slot, uint32_t value) = 0;
   // Holds the lane until flag[peer][slot] has reached `value` (flagReached) for every peer.

@@ -1,12 +1,12 @@
 // The late-peer wait of csrc/transport/arrival_mailbox.hpp, with two real processes and delays far from every
 // limit (a short wait of 20 ms, a long one of 1 s, rank 1 arriving 200 ms late where it is late):
-//   serial 1: rank 1 late -> rank 0 stops after the short wait, rank 1 moves both;
+//   serial 1: rank 1 late -> rank 0 stops after the short wait: settled late;
 //   serial 2: rank 1 late again -> rank 0 waits the long wait for it, each pushes its own bytes;
-//   serial 3: rank 1 late -> a short wait again (it was on time at serial 2), rank 1 moves both;
-//   serial 4: rank 1 2.5 s late -> the long wait runs out, rank 1 moves both;
-//   serial 5: (both start together) rank 1 late -> a short wait only, after a long one in vain: rank 1 moves both;
+//   serial 3: rank 1 late -> a short wait again (it was on time at serial 2): settled late;
+//   serial 4: rank 1 2.5 s late -> the long wait runs out: settled late;
+//   serial 5: (both start together) rank 1 late -> a short wait only, after a long one in vain: settled late;
 //   serial 6: (both start together) -> each pushes its own bytes;
-//   serial 7: rank 1 late -> a short wait again, rank 1 moves both.
+//   serial 7: rank 1 late -> a short wait again: settled late.
 // Usage: arrival_mailbox_late_peer; prints the pairings rank 0 settled and "ok", exits 0 on success.
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -32,9 +32,9 @@ constexpr int kLateMs[kSerials + 1] = {0, 200, 200, 200, 2500, 200, 0, 200};
 // Serials before which both ranks meet first (on a spin barrier in the shared mapping).
 constexpr bool kMeetFirst[kSerials + 1] = {false, true, false, false, false, true, true, false};
 // What rank 0 must settle with rank 1 at each serial.
-constexpr Pairing kWant[kSerials + 1] = {Pairing::kPeerMovesBoth, Pairing::kPeerMovesBoth, Pairing::kEachPushesOwn,
-                                         Pairing::kPeerMovesBoth, Pairing::kPeerMovesBoth, Pairing::kPeerMovesBoth,
-                                         Pairing::kEachPushesOwn, Pairing::kPeerMovesBoth};
+constexpr Pairing kWant[kSerials + 1] = {Pairing::kPeerCameLate,  Pairing::kPeerCameLate, Pairing::kEachPushesOwn,
+                                         Pairing::kPeerCameLate,  Pairing::kPeerCameLate, Pairing::kPeerCameLate,
+                                         Pairing::kEachPushesOwn, Pairing::kPeerCameLate};
 
 BufferPost postOf(int rank, uint64_t serial) {
   return {uint64_t(rank) << 40 | serial, (uint64_t(rank) << 40 | serial) + 7, 64};

@@ -1,7 +1,7 @@
 // Stress test of csrc/transport/arrival_mailbox.hpp with real processes: W ranks run M collectives each with random
 // delays over one shared mapping, each waiting a random while (none, or up to 60 us) for late peers, and the parent
 // checks the rule the direct all-gather relies on: for every pair and serial the two ranks settled the same
-// sharing (each pushes its own bytes, or exactly one of them moves both), and every post a rank uses carried the
+// sharing (each pushes its own bytes, or exactly one of them came late), and every post a rank uses carried the
 // addresses its owner posted for that serial. A small ring depth makes ranks overwrite slots and wait for peers.
 // Usage: arrival_mailbox_stress W M DEPTH SEED; prints "pairs=... each_own=... ok" and exits 0 on success.
 #include <sys/mman.h>
@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
           if (q == r) {
             continue;
           }
-          if (got[q].pairing != Pairing::kPeerMovesBoth) {
+          if (got[q].pairing != Pairing::kPeerCameLate) {
             const BufferPost want = postOf(q, s);
             if (got[q].post.input != want.input || got[q].post.output != want.output ||
                 got[q].post.bytes != want.bytes) {
@@ -90,8 +90,8 @@ int main(int argc, char** argv) {
         const Pairing ij = of(seen[(size_t(i) * W + j) * (M + 1) + s]);
         const Pairing ji = of(seen[(size_t(j) * W + i) * (M + 1) + s]);
         const bool agree = (ij == Pairing::kEachPushesOwn && ji == Pairing::kEachPushesOwn) ||
-                           (ij == Pairing::kThisMovesBoth && ji == Pairing::kPeerMovesBoth) ||
-                           (ij == Pairing::kPeerMovesBoth && ji == Pairing::kThisMovesBoth);
+                           (ij == Pairing::kThisCameLate && ji == Pairing::kPeerCameLate) ||
+                           (ij == Pairing::kPeerCameLate && ji == Pairing::kThisCameLate);
         if (!agree) {
           fprintf(stderr, "ranks %d and %d settled serial %d differently (%d / %d)\n", i, j, s, int(ij), int(ji));
           return 1;

@@ -54,9 +54,11 @@ struct World;
 // One rank's transport: staging and flags in ordinary memory, operations recorded per lane.
 class FakeTransport : public Transport, public DirectTransport {
  public:
-  FakeTransport(World* world, int rank, const StagingGeometry& g) : world_(world), rank_(rank), g_(g) {
+  // Every flag starts at `flagBase`, as a copy-engine transport that replaced an outgrown one does.
+  FakeTransport(World* world, int rank, const StagingGeometry& g, uint32_t flagBase = 0)
+      : world_(world), rank_(rank), g_(g) {
     staging_.assign(g.bytes(), 0);
-    flags_.assign(static_cast<size_t>(kFlagKinds) * g.worldSize * g.slots, 0);
+    flags_.assign(static_cast<size_t>(kFlagKinds) * g.worldSize * g.slots, flagBase);
   }
   int rank() const override {
     return rank_;
@@ -77,6 +79,7 @@ class FakeTransport : public Transport, public DirectTransport {
     ++calls["copyLocal"];
   }
   void pushChunkToPeers(Lane lane, int slot, const void* src, size_t bytes, size_t at) override;
+  void pushChunkToPeer(Lane lane, int peer, int slot, const void* src, size_t bytes) override;
   void signalPeers(Lane lane, Flag flag, int slot, uint32_t value) override {
     record(lane, {Op::Signal, nullptr, nullptr, 0, flag, slot, value});
     ++calls["signalPeers"];
@@ -97,11 +100,11 @@ class FakeTransport : public Transport, public DirectTransport {
   void copyFromPeer(Lane lane, int, void* dst, uint64_t peerSrc, size_t bytes) override {
     record(lane, {Op::Copy, static_cast<char*>(dst), reinterpret_cast<const char*>(peerSrc), bytes});
   }
-  void signalPeer(Lane lane, int peer, Flag flag, uint32_t value) override {
-    record(lane, {Op::SignalOne, nullptr, nullptr, 0, flag, 0, value, peer});
+  void signalPeer(Lane lane, int peer, Flag flag, int slot, uint32_t value) override {
+    record(lane, {Op::SignalOne, nullptr, nullptr, 0, flag, slot, value, peer});
   }
-  void waitPeer(Lane lane, int peer, Flag flag, uint32_t value) override {
-    record(lane, {Op::WaitOne, nullptr, nullptr, 0, flag, 0, value, peer});
+  void waitPeer(Lane lane, int peer, Flag flag, int slot, uint32_t value) override {
+    record(lane, {Op::WaitOne, nullptr, nullptr, 0, flag, slot, value, peer});
   }
   void joinLane(Lane into, Lane from) override {
     const int fromQueue = queueOf(static_cast<int>(from));
@@ -193,7 +196,7 @@ struct World {
       }
     }
     if (op.kind == Op::WaitOne)
-      return flagReached(ranks[r]->flag(op.flag, op.peer, 0), op.value);
+      return flagReached(ranks[r]->flag(op.flag, op.peer, op.slot), op.value);
     if (op.kind == Op::Join)
       return ranks[r]->executed[op.peer] >= op.fence;
     return true;
@@ -212,7 +215,7 @@ struct World {
         }
         break;
       case Op::SignalOne:
-        ranks[op.peer]->flag(op.flag, r, 0) = op.value;
+        ranks[op.peer]->flag(op.flag, r, op.slot) = op.value;
         break;
       case Op::Reset:
         for (int q = 0; q < W; ++q) {
@@ -238,6 +241,13 @@ void FakeTransport::pushChunkToPeers(Lane lane, int slot, const void* src, size_
                   bytes});
   }
   ++calls["pushChunkToPeers"];
+}
+
+void FakeTransport::pushChunkToPeer(Lane lane, int peer, int slot, const void* src, size_t bytes) {
+  FakeTransport& p = *world_->ranks[peer];
+  record(lane,
+         {Op::Copy, p.staging_.data() + g_.segmentOffset(slot, rank_, peer), static_cast<const char*>(src), bytes});
+  ++calls["pushChunkToPeer"];
 }
 
 // One collective's buffers on every rank, in one of the forms the backend reduces to plans.
@@ -398,25 +408,34 @@ void stagingCase(std::mt19937& rng, int caseNo) {
   }
 }
 
-// The direct schedule: every pair is shared one of the ways the arrival mailbox settles it (one rank moves both
-// directions, or each pushes its own bytes). A rank posts
-// its own buffers, or a bounce area of its own for either (a buffer its peers cannot map); lanes run apart (two
-// GPU streams) or as one (one stream, or the host runner's worker).
+// The direct schedule: every pair settles one of the ways the arrival mailbox settles it (each pushes its own
+// bytes, or one came late), and a late pair does what LatePairs says (the later rank moves both directions, or the
+// earlier one lands its bytes in the later one's landing area, chunk by chunk over a ring of slots whose serials
+// each pair counts on, across collectives, from flags that start anywhere, near the wrap too). A rank posts its own
+// buffers, or a bounce area of its own for either (a buffer its peers cannot map); lanes run apart (two GPU
+// streams) or as one (one stream, or the host runner's worker).
 void directCase(std::mt19937& rng, int caseNo) {
   const int W = std::uniform_int_distribution<int>(2, 5)(rng);
+  const LatePairs late =
+      std::uniform_int_distribution<int>(0, 1)(rng) ? LatePairs::kEarlierLands : LatePairs::kLaterMovesBoth;
   StagingGeometry g;
   g.worldSize = W;
-  g.slots = 2;
+  g.slots = std::uniform_int_distribution<int>(0, 1)(rng) ? 2 : 4;
   g.chunkBytes = 64;
+  g.packs = false;
+  const uint32_t bases[] = {0, 0xfffffffdu, static_cast<uint32_t>(rng())};
+  const uint32_t flagBase = bases[std::uniform_int_distribution<int>(0, 2)(rng)];
   World world;
   const bool oneQueue = std::uniform_int_distribution<int>(0, 1)(rng);
   for (int r = 0; r < W; ++r) {
-    world.ranks.push_back(std::make_unique<FakeTransport>(&world, r, g));
+    world.ranks.push_back(std::make_unique<FakeTransport>(&world, r, g, flagBase));
     world.ranks.back()->queues = oneQueue ? FakeTransport::Queues::One : FakeTransport::Queues::PerLane;
   }
-  for (uint32_t serial = 1; serial <= 3; ++serial) {
+  // landed[e][l]: the chunks e has landed in l so far, as both count them.
+  std::vector<std::vector<uint32_t>> landed(W, std::vector<uint32_t>(W, flagBase));
+  for (uint32_t serial = flagBase + 1; serial != flagBase + 5; ++serial) {
     const Form form = std::uniform_int_distribution<int>(0, 1)(rng) ? Form::IntoTensor : Form::InPlace;
-    const size_t bytes = std::uniform_int_distribution<size_t>(1, 200)(rng);
+    const size_t bytes = std::uniform_int_distribution<size_t>(1, 300)(rng);
     Buffers b = makeCollective(form, W, bytes, rng);
     std::vector<std::vector<char>> original = b.inputs;
     std::vector<std::vector<char>> bounce(W, std::vector<char>(W * bytes, 0x5a));
@@ -428,35 +447,50 @@ void directCase(std::mt19937& rng, int caseNo) {
       posted[r].outputBase = pick & 2 ? bounce[r].data() : b.plans[r].outputBase;
       bounced += std::to_string(pick);
     }
-    // pairing[r][q]: how r and q share their pair, as the arrival mailbox would settle it: one of them moves
-    // both directions, or each pushes its own bytes.
-    std::vector<std::vector<Pairing>> pairing(W, std::vector<Pairing>(W, Pairing::kPeerMovesBoth));
-    for (int r = 0; r < W; ++r) {
-      for (int q = r + 1; q < W; ++q) {
-        const int pick = std::uniform_int_distribution<int>(0, 2)(rng);
-        pairing[r][q] = pick == 0   ? Pairing::kThisMovesBoth
-                        : pick == 1 ? Pairing::kPeerMovesBoth
-                                    : Pairing::kEachPushesOwn;
-        pairing[q][r] = pick == 0   ? Pairing::kPeerMovesBoth
-                        : pick == 1 ? Pairing::kThisMovesBoth
-                                    : Pairing::kEachPushesOwn;
+    // pairing[r][q]: how r and q settled their pair, as the arrival mailbox would: in the order the ranks posted,
+    // a later one came late for an earlier one (which stopped waiting for it), or each pushes its own bytes. A rank
+    // comes late only for ranks that posted before it, so "came late" never runs in a circle.
+    std::vector<int> postOrder(W);
+    for (int r = 0; r < W; ++r)
+      postOrder[r] = r;
+    std::shuffle(postOrder.begin(), postOrder.end(), rng);
+    std::vector<std::vector<Pairing>> pairing(W, std::vector<Pairing>(W, Pairing::kPeerCameLate));
+    for (int i = 0; i < W; ++i) {
+      for (int j = i + 1; j < W; ++j) {
+        const int earlier = postOrder[i], later = postOrder[j];
+        const bool lateOne = std::uniform_int_distribution<int>(0, 1)(rng);
+        pairing[earlier][later] = lateOne ? Pairing::kPeerCameLate : Pairing::kEachPushesOwn;
+        pairing[later][earlier] = lateOne ? Pairing::kThisCameLate : Pairing::kEachPushesOwn;
       }
     }
+    const uint32_t chunks = static_cast<uint32_t>(landingChunkCount(b.plans[0], g));
     for (int r = 0; r < W; ++r) {
       if (form == Form::InPlace)
         original[r].assign(b.plans[r].input[0].ptr, b.plans[r].input[0].ptr + bytes);
       std::vector<PeerBuffers> posts(W);
       for (int q = 0; q < W; ++q) {
         if (q != r) {
+          // The earlier rank of a late pair counts what it landed in the later one; the later one what landed.
+          const uint32_t before = pairing[r][q] == Pairing::kPeerCameLate ? landed[r][q] : landed[q][r];
           posts[q] = {pairing[r][q], reinterpret_cast<uint64_t>(posted[q].input),
-                      reinterpret_cast<uint64_t>(posted[q].outputBase)};
+                      reinterpret_cast<uint64_t>(posted[q].outputBase), before};
         }
       }
-      scheduleDirectAllgather(*world.ranks[r], b.plans[r], serial, posted[r], posts);
+      scheduleDirectAllgather(*world.ranks[r], b.plans[r], serial, posted[r], posts, late);
     }
-    const std::string what = "direct case " + std::to_string(caseNo) + " (W=" + std::to_string(W) + ", " +
-                             formName(form) + ", serial " + std::to_string(serial) + ", bounced " + bounced +
-                             (oneQueue ? ", one lane" : ", two lanes") + ")";
+    if (late == LatePairs::kEarlierLands) {
+      for (int r = 0; r < W; ++r) {
+        for (int q = 0; q < W; ++q) {
+          if (q != r && pairing[r][q] == Pairing::kPeerCameLate)
+            landed[r][q] += chunks;
+        }
+      }
+    }
+    const std::string what = "direct case " + std::to_string(caseNo) + " (W=" + std::to_string(W) +
+                             (late == LatePairs::kEarlierLands ? ", late pairs land" : ", late pairs move both") +
+                             ", " + std::to_string(g.slots) + " slots, " + formName(form) + ", " +
+                             std::to_string(bytes) + " bytes, serial " + std::to_string(serial) + ", bounced " +
+                             bounced + (oneQueue ? ", one lane" : ", two lanes") + ")";
     world.run(rng, what);
     checkOutputs(b, original, what);
   }
