@@ -13,12 +13,16 @@ def pytest_configure(config):
 
 
 def cuda_count():
+    """Visible CUDA devices. SDMA_TEST_SHARE_GPU=1 counts one GPU as two, so that the two-rank GPU tests run with two
+    processes on it (for correctness only; tests that compare with NCCL fail there: NCCL refuses two ranks on one
+    GPU)."""
     try:
         import torch
 
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     except Exception:  # noqa: BLE001
         return 0
+    return max(n, 2) if n and os.environ.get("SDMA_TEST_SHARE_GPU") == "1" else n
 
 
 @pytest.fixture
