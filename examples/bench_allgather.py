@@ -167,6 +167,10 @@ class Bench:
         # all_gather_into_tensor with TORCH_SDMA_DIRECT=0) at every size.
         self.direct_group = new_group_with_env(TORCH_SDMA_MIN_BYTES="0", TORCH_SDMA_DIRECT="1")
         self.staging_group = new_group_with_env(TORCH_SDMA_MIN_BYTES="0", TORCH_SDMA_DIRECT="0")
+        # The direct path whose late pairs land (TORCH_SDMA_DIRECT_LATE_PAIRS=land), beside the default's: copy
+        # engines only (the CPU path's late pairs always move both).
+        self.land_group = (new_group_with_env(TORCH_SDMA_MIN_BYTES="0", TORCH_SDMA_DIRECT="1",
+                                              TORCH_SDMA_DIRECT_LATE_PAIRS="land") if mode == "gpu" else None)
         self.dtype = DTYPES[args.dtype or ("bf16" if mode == "gpu" else "fp32")]
         max_bytes = args.max_bytes or (GIB if mode == "gpu" else 256 * MIB)
         self.sizes = [s for s in (args.sizes or DEFAULT_SIZES) if s <= max_bytes]
@@ -207,10 +211,14 @@ def sdma_path(before, after):
     return "+".join(sorted(moved)) or "none"
 
 
+PAIR_KINDS = ("each_pushing_own", "one_moving_both", "landed")
+
+
 def direct_pairs(group):
-    """This rank's direct-path pair counts in a group so far: (each pushing its own bytes, one moving both)."""
+    """This rank's direct-path pair counts in a group so far, one per PAIR_KINDS: each pushing its own bytes, one
+    moving both directions, or the earlier rank landing its bytes in the later one's landing area."""
     d = torch_sdma.stats(group).get("dma:direct", {})
-    return d.get("pairs_each_pushing_own", 0), d.get("pairs_one_moving_both", 0)
+    return tuple(d.get(f"pairs_{kind}", 0) for kind in PAIR_KINDS)
 
 
 def timing_fields(name, seconds, out_bytes, world):
@@ -380,7 +388,8 @@ def gemm_overlap(b):
     # sdma's default (the direct path at these sizes) moves no staging drain through HBM: staging is measured beside
     # it, to show what that saves next to GEMMs.
     groups["sdma-staging"] = b.staging_group
-    beside = ("sdma", "sdma-staging", b.base_name)
+    groups["sdma-land"] = b.land_group
+    beside = ("sdma", "sdma-land", "sdma-staging", b.base_name)
 
     def once(kind, with_gemm=True):
         b.sync()
@@ -602,6 +611,10 @@ def peer_sweep(b):
              GroupPeer("sdma-staging", b.staging_group, b.rank, b.world, b.device),
              GroupPeer(b.base_name, b.base_group, b.rank, b.world, b.device)]
     unavailable = {}
+    if b.land_group is not None:
+        peers.insert(2, GroupPeer("sdma-land", b.land_group, b.rank, b.world, b.device))
+    else:
+        unavailable["sdma-land"] = "needs CUDA tensors"  # the CPU path's late pairs always move both
     nccl_ce = {}
     if b.mode == "gpu":
         peers += [SymmMemAllGather(b.base_group, b.rank, b.world, b.device),
@@ -656,9 +669,8 @@ def peer_sweep(b):
                 per_round[e].append(b.time_calls(prepared[e[0]][e[1]][0], iters))
         b.sync()
         row = {"bytes": out_bytes, "size": human_bytes(out_bytes), "iters": iters, "unavailable": dict(unavailable)}
-        row["direct_pairs"] = {p.name: dict(zip(("each_pushing_own", "one_moving_both"),
-                                                (now - then for now, then in zip(direct_pairs(p.group),
-                                                                                 pairs_before[p.name]))))
+        row["direct_pairs"] = {p.name: dict(zip(PAIR_KINDS, (now - then for now, then in zip(direct_pairs(p.group),
+                                                                                            pairs_before[p.name]))))
                                for p in ours}
         for (name, form), ts in per_round.items():
             row[f"{name}_{form}"] = {"us": slowest(b, statistics.median(ts)) * 1e6,
@@ -676,7 +688,7 @@ def peer_sweep(b):
             best = min(others, key=others.get) if others else None
             if best:
                 row[f"best_peer_{form}"] = best
-            for ours in ("sdma", "sdma-direct"):
+            for ours in ("sdma", "sdma-direct", "sdma-land"):
                 got = row.get(f"{ours}_{form}")
                 if got and best:
                     row[f"{ours}_over_best_{form}"] = others[best] / got["us"]
@@ -686,8 +698,8 @@ def peer_sweep(b):
         b.log(f"  peers {row['size']}: " + ", ".join(
             f"{k} {v['busbw_GBps']:.1f}{'' if v['match'] else ' (WRONG BYTES)'}" for k, v in row.items()
             if isinstance(v, dict) and "us" in v)
-            + "; direct pairs each-own/one-both: " + ", ".join(
-                f"{k} {v['each_pushing_own']}/{v['one_moving_both']}" for k, v in row["direct_pairs"].items()))
+            + "; direct pairs each-own/one-both/landed: " + ", ".join(
+                f"{k} " + "/".join(str(v[kind]) for kind in PAIR_KINDS) for k, v in row["direct_pairs"].items()))
         del prepared
         if b.mode == "gpu":
             torch.cuda.synchronize()
@@ -695,8 +707,10 @@ def peer_sweep(b):
     return rows
 
 
-PEER_COLUMNS = ("sdma", "sdma-direct", "sdma-staging", "nccl", "gloo", "nccl-ce", "symm-mem-ce", "ce-limit",
-                "ce-limit-ipc")
+PEER_COLUMNS = ("sdma", "sdma-direct", "sdma-land", "sdma-staging", "nccl", "gloo", "nccl-ce", "symm-mem-ce",
+                "ce-limit", "ce-limit-ipc")
+# Our rows whose ratios to the best peer and to the limit the peer table gives.
+RATIO_ROWS = ("sdma", "sdma-direct", "sdma-land")
 
 
 def peer_table(rows):
@@ -704,26 +718,26 @@ def peer_table(rows):
     if not rows:
         return ""
     cols = [c for c in PEER_COLUMNS if any(f"{c}_{f}" in r for r in rows for f in FORMS) or c in rows[0]["unavailable"]]
-    lines = ["| output | form | " + " | ".join(cols) + " | best peer | sdma / best peer | sdma / ce-limit"
-             " | sdma-direct / best peer | sdma-direct / ce-limit |",
-             "|" + "---|" * (len(cols) + 7)]
+    ours = [c for c in RATIO_ROWS if c in cols]
+    lines = ["| output | form | " + " | ".join(cols) + " | best peer | "
+             + " | ".join(f"{c} / {what}" for c in ours for what in ("best peer", "ce-limit")) + " |",
+             "|" + "---|" * (len(cols) + 3 + 2 * len(ours))]
     for r in rows:
         for form in FORMS:
             cells = []
             for c in cols:
                 v = r.get(f"{c}_{form}") or (r.get(f"{c}_out") if c.startswith("ce-limit") else None)
                 cells.append("n/a" if v is None else fmt_bw(v["busbw_GBps"]) + ("" if v["match"] else " WRONG"))
-            ratios = [r.get(f"{ours}_over_{what}_{form}") for ours in ("sdma", "sdma-direct")
-                      for what in ("best", "limit")]
+            ratios = [r.get(f"{c}_over_{what}_{form}") for c in ours for what in ("best", "limit")]
             lines.append(f"| {r['size']} | {form} | " + " | ".join(cells) + f" | {r.get(f'best_peer_{form}', '')} | "
                          + " | ".join("" if x is None else f"{x:.2f}" for x in ratios) + " |")
     notes = [f"- {name}: n/a, {why}" for name, why in rows[0]["unavailable"].items() if why]
     # Both forms' timed calls together: a pair in which one rank moved both directions ran at about half the rate.
-    pairs = [f"{r['size']} {name} {v['each_pushing_own']}/{v['one_moving_both']}"
+    pairs = [f"{r['size']} {name} " + "/".join(str(v.get(kind, 0)) for kind in PAIR_KINDS)
              for r in rows for name, v in r.get("direct_pairs", {}).items() if sum(v.values())]
     if pairs:
         notes.append("- this rank's direct-path pairs in the timed calls, each pushing its own bytes / one moving "
-                     "both: " + ", ".join(pairs))
+                     "both / landed: " + ", ".join(pairs))
     return "\n".join(lines + ([""] + notes if notes else []))
 
 

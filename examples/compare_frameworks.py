@@ -3,8 +3,10 @@
     python examples/compare_frameworks.py                       # FSDP2, DeepSpeed ZeRO-3, Megatron, ~1B model
     python examples/compare_frameworks.py --frameworks fsdp2 -- --steps 20 --layers 4 --dim 256
 
-Arguments after `--` go to every training script unchanged (model size, steps, batch...). A framework whose package
-is not installed is reported as skipped (examples/install_framework_wheels.sh installs DeepSpeed and megatron-core
+Arguments after `--` go to every training script unchanged (model size, steps, batch...). `--sdma-variant
+land:TORCH_SDMA_DIRECT_LATE_PAIRS=land` adds sdma runs with those knobs set, taking turns with the others in every
+repeat and compared with the same NCCL runs (a row "zero3 [land]"). A framework whose package is not installed is
+reported as skipped (examples/install_framework_wheels.sh installs DeepSpeed and megatron-core
 offline). Writes <out-dir>/frameworks_w<nproc>.{md,json} and each run's own JSON beside them.
 """
 import argparse
@@ -37,12 +39,13 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch(script, backend, out_json, nproc, script_args=(), timeout=1800):
-    """One torchrun of examples/<script> on a fresh local port; returns the CompletedProcess (output captured)."""
+def launch(script, backend, out_json, nproc, script_args=(), timeout=1800, knobs=None):
+    """One torchrun of examples/<script> on a fresh local port, with `knobs` added to the environment; returns the
+    CompletedProcess (output captured)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(nproc),
            "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
            str(EXAMPLES / script), "--backend", backend, "--out", str(out_json), *script_args]
-    env = os.environ | SAFE_ENV | {"PYTHONUNBUFFERED": "1"}
+    env = os.environ | (knobs or {}) | SAFE_ENV | {"PYTHONUNBUFFERED": "1"}
     return subprocess.run(cmd, env=env, cwd=EXAMPLES.parent, capture_output=True, text=True, timeout=timeout)
 
 
@@ -86,6 +89,15 @@ def compare_runs(nccl_runs, sdma_runs):
     return summary
 
 
+def parse_variant(text):
+    """"land:TORCH_SDMA_DIRECT_LATE_PAIRS=land,TORCH_SDMA_DIRECT_PEER_WAIT_US=0" -> ("land", {knob: value})."""
+    name, sep, assignments = text.partition(":")
+    knobs = dict(a.split("=", 1) for a in assignments.split(",") if "=" in a)
+    if not sep or not name or not knobs or not all(k.startswith("TORCH_SDMA_") for k in knobs):
+        raise argparse.ArgumentTypeError(f"{text!r}: use NAME:TORCH_SDMA_X=VALUE[,TORCH_SDMA_Y=VALUE]")
+    return name, knobs
+
+
 def markdown(results, nproc):
     lines = [f"Each framework trained on {nproc} GPUs on NCCL and on sdma (with --repeats, alternately, and the "
              f"run with the median step time per backend is shown); step times exclude the first "
@@ -127,6 +139,8 @@ def main():
     p.add_argument("--repeats", type=int, default=1,
                    help="training runs per backend, alternating which backend goes first; the table reports the "
                         "median step time per backend (run-to-run spread on 2x H200 reached 8%% for ZeRO-3)")
+    p.add_argument("--sdma-variant", type=parse_variant, action="append", default=[], metavar="NAME:KNOB=VALUE,...",
+                   help="also run sdma with these TORCH_SDMA_* knobs, in turn with the other runs (repeatable)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="after --: arguments for every training script")
     args = p.parse_args()
     script_args = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
@@ -143,25 +157,31 @@ def main():
             results[name] = {"skipped": f"skipped: {module} not installed"}
             print(f"{name}: {module} is not installed, skipped", flush=True)
             continue
-        runs = {backend: [] for backend in BACKENDS}
+        # (label, backend, knobs): NCCL, sdma as configured, and each sdma variant.
+        kinds = [(b, b, {}) for b in BACKENDS] + [(f"sdma-{v}", "sdma", knobs) for v, knobs in args.sdma_variant]
+        runs = {label: [] for label, _, _ in kinds}
         failed = None
         for r in range(args.repeats):
-            # Alternate the order, so that neither backend always runs on the warmer (or cooler) GPU.
-            for backend in (BACKENDS if r % 2 == 0 else BACKENDS[::-1]):
-                tag = f"{name}_{backend}_w{args.nproc}" + (f"_r{r}" if args.repeats > 1 else "")
+            # Alternate the order, so that no backend always runs on the warmer (or cooler) GPU.
+            for label, backend, knobs in (kinds if r % 2 == 0 else kinds[::-1]):
+                tag = f"{name}_{label}_w{args.nproc}" + (f"_r{r}" if args.repeats > 1 else "")
                 out_json = args.out_dir / f"{tag}.json"
-                print(f"{name}/{backend}: running {script} (run {r + 1} of {args.repeats}) ...", flush=True)
-                proc = launch(script, backend, out_json, args.nproc, script_args, args.timeout)
+                print(f"{name}/{label}: running {script} (run {r + 1} of {args.repeats}) ...", flush=True)
+                proc = launch(script, backend, out_json, args.nproc, script_args, args.timeout, knobs)
                 (args.out_dir / f"{tag}.log").write_text(proc.stdout + proc.stderr)
                 if proc.returncode != 0:
                     print(proc.stdout[-3000:] + proc.stderr[-6000:], flush=True)
-                    failed = f"FAILED ({backend}, exit {proc.returncode})"
+                    failed = f"FAILED ({label}, exit {proc.returncode})"
                     break
-                runs[backend].append(json.loads(out_json.read_text()))
+                runs[label].append(json.loads(out_json.read_text()))
                 print(proc.stdout.strip().splitlines()[-1], flush=True)
             if failed:
                 break
         results[name] = {"failed": failed} if failed else compare_runs(runs["nccl"], runs["sdma"])
+        for v, knobs in args.sdma_variant:
+            variant = f"{name} [{v}]"
+            results[variant] = {"failed": failed} if failed else compare_runs(runs["nccl"], runs[f"sdma-{v}"])
+            results[variant]["knobs"] = knobs
     table = markdown(results, args.nproc)
     print("\n" + table)
     (args.out_dir / f"frameworks_w{args.nproc}.md").write_text(table)
