@@ -253,8 +253,16 @@ def _body(ctx, alloc_conf=""):
     import torch_sdma
 
     _use_allocator_settings(alloc_conf)
-    # Whether this allocator's memory bounces: a fresh group's first all-gather leaves a bounce area only then.
-    g = dist.new_group()
+    # Whether this allocator's memory bounces: a fresh group's first all-gather leaves a bounce area only then (in a
+    # group whose late pairs move both: one whose late pairs land holds its landing area too).
+    late_pairs = os.environ.get("TORCH_SDMA_DIRECT_LATE_PAIRS")
+    os.environ["TORCH_SDMA_DIRECT_LATE_PAIRS"] = "both"
+    try:
+        g = dist.new_group()
+    finally:
+        os.environ.pop("TORCH_SDMA_DIRECT_LATE_PAIRS")
+        if late_pairs is not None:
+            os.environ["TORCH_SDMA_DIRECT_LATE_PAIRS"] = late_pairs
     _gather(g, ctx.device, ctx.rank, ctx.world, "bounce", 1 << 20, False, False)
     torch.cuda.synchronize()
     bounced = torch_sdma.staging_bytes(g) > 0

@@ -88,7 +88,9 @@ CopyEngineDirect::~CopyEngineDirect() {
 }
 
 size_t CopyEngineDirect::heldBytes() const {
-  return (bounce_ ? bounce_->bytes() : 0) + (transport_ ? transport_->geometry().bytes() : 0);
+  // The landing area's, where late pairs land; otherwise the transport holds flags only.
+  const bool lands = options_.latePairs == LatePairs::kEarlierLands;
+  return (bounce_ ? bounce_->bytes() : 0) + (lands && transport_ ? transport_->geometry().bytes() : 0);
 }
 
 std::shared_ptr<CopyEngineTransport> CopyEngineDirect::connectTransport(const StagingGeometry& geometry,
