@@ -27,9 +27,11 @@ constexpr int64_t kDefaultMinBytesCudaAcrossNodes = int64_t{16} << 20;
 // Two staging slots: the next chunk's push overlaps this one's drain.
 constexpr int kDefaultSlots = 2;
 // On the direct path a rank waits at most this long at enqueue for peers that have not posted yet, so that each rank
-// of a pair pushes its own bytes (both GPUs' copy engines) instead of the later one moving both directions (one
-// GPU's, at half the rate: docs/results/2xH200.md); never longer than that would cost (CopyEngineDirect). On 2x
-// H200 a 100 us cap let 1 GiB in place fall back in one bench run of two (255.8 GB/s against 381.4).
+// of a pair pushes its own bytes (both GPUs' copy engines) instead of settling the pair late (the later one moving
+// both directions on one GPU's engines, at half the rate: docs/results/2xH200.md); never longer than that would
+// cost (CopyEngineDirect), except for a peer that was late at the previous all-gather, which it waits for this
+// long once (ArrivalMailbox), so that the peer catches up. On 2x H200 a 100 us cap let 1 GiB in place fall back in
+// one bench run of two (255.8 GB/s against 381.4).
 constexpr int64_t kDefaultDirectPeerWaitUs = 2000;
 // What a pair does on the direct path when one rank came later than the other waited (LatePairs in
 // collective/direct_allgather.hpp): "both", the later rank moves both directions on its own GPU's copy engines, at
