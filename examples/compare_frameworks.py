@@ -124,8 +124,9 @@ def markdown(results, nproc):
             per_run = ", ".join(f"{n:.1f}/{s:.1f}" for n, s in zip(r["step_ms_per_run"]["nccl"],
                                                                    r["step_ms_per_run"]["sdma"]))
             lines.append("")
-            lines.append(f"{name}: median of {r['runs']} runs per backend (step ms nccl/sdma per run: {per_run}; "
-                         f"speedup per run: {', '.join(f'{x:.3f}x' for x in r['speedup_per_run'])})")
+            knobs = "".join(f" {k}={v}" for k, v in r.get("knobs", {}).items())
+            lines.append(f"{name}{knobs}: median of {r['runs']} runs per backend (step ms nccl/sdma per run: "
+                         f"{per_run}; speedup per run: {', '.join(f'{x:.3f}x' for x in r['speedup_per_run'])})")
     return "\n".join(lines) + "\n"
 
 
