@@ -99,18 +99,18 @@ std::shared_ptr<CopyEngineTransport> CopyEngineDirect::connectTransport(const St
   return CopyEngineTransport::connect(store, rank_, size_, device_, geometry, members_, flagBase);
 }
 
-void CopyEngineDirect::growLandingFor(const AllgatherPlan& plan) {
+const std::shared_ptr<CopyEngineTransport>& CopyEngineDirect::transportFor(const AllgatherPlan& plan) {
   StagingGeometry g;
   if (options_.latePairs == LatePairs::kLaterMovesBoth) {
     if (transport_) {
-      return;
+      return transport_;
     }
     g = StagingGeometry::fit(size_, 1, kPageBytes, 0);  // one slot of one page: only the flags are used
   } else {
     const size_t needed =
         std::max(kPageBytes, std::min(chunkBytesFor(plan, landingCap_), roundUp(plan.bytesPerRank, kPageBytes)));
     if (transport_ && transport_->geometry().chunkBytes >= needed) {
-      return;
+      return transport_;
     }
     size_t segment = kSmallestLandingSegment;
     while (segment < needed) {
@@ -125,6 +125,7 @@ void CopyEngineDirect::growLandingFor(const AllgatherPlan& plan) {
   transport_ = connectTransport(g, base);
   std::fill(landedInto_.begin(), landedInto_.end(), base);
   std::fill(landedFrom_.begin(), landedFrom_.end(), base);
+  return transport_;
 }
 
 void CopyEngineDirect::retireFreedAllocations() {
@@ -201,13 +202,12 @@ CopyEngineDirect::Arrival CopyEngineDirect::arrive(const AllgatherPlan& plan, st
   post.input = reinterpret_cast<uint64_t>(a.posted.input);
   post.output = reinterpret_cast<uint64_t>(a.posted.outputBase);
 
-  growLandingFor(plan);
-  a.transport = transport_;
+  a.transport = transportFor(plan);
   a.serial = static_cast<uint32_t>(++serial_);
   const auto settled = mailbox_->arrive(serial_, post, timeout, peerWaitFor(n), options_.peerWait);
   forgetPeersFreedAllocations();
   const bool lands = options_.latePairs == LatePairs::kEarlierLands;
-  const auto chunks = lands ? static_cast<uint32_t>(landingChunkCount(plan, transport_->geometry())) : 0;
+  const auto chunks = lands ? static_cast<uint32_t>(landingChunkCount(plan, a.transport->geometry())) : 0;
   a.highestSerial = a.serial;
   a.peers.resize(size_);
   for (int q = 0; q < size_; ++q) {

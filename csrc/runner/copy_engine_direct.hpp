@@ -73,9 +73,10 @@ class CopyEngineDirect {
 
  private:
   std::chrono::microseconds peerWaitFor(size_t bytesPerRank) const;
-  // Collective, like the all-gather that calls it: a transport whose landing segments hold the chunks `plan` lands
-  // in, connecting a larger one (its flags starting at the serials reached so far) where the current one is smaller.
-  void growLandingFor(const AllgatherPlan& plan);
+  // Collective, like the all-gather that calls it: the transport `plan` runs on. Connected at the first direct
+  // all-gather (flags only, where late pairs move both) and, where late pairs land, again with a larger landing area
+  // (its flags starting at the serials reached so far) when one of `plan`'s chunks would not fit.
+  const std::shared_ptr<CopyEngineTransport>& transportFor(const AllgatherPlan& plan);
   std::shared_ptr<CopyEngineTransport> connectTransport(const StagingGeometry& geometry, uint32_t flagBase);
   // The bounce area, at least `bytes` large (a larger one replaces it; collectives in flight hold the old one).
   const std::shared_ptr<BounceArea>& bounceOf(size_t bytes);
