@@ -8,36 +8,36 @@
 namespace sdma {
 namespace {
 
-// The slot a pair's landing serial uses: the landing area is a ring of slots per peer, like staging.
-int landingSlot(const StagingGeometry& g, uint32_t serial) {
-  return static_cast<int>(serial & static_cast<uint32_t>(g.slots - 1));
+// Chunk `c` of a late pair's landing: its serial (after the `before` chunks the pair landed earlier), the slot that
+// serial uses (the landing area is a ring of slots per peer, like staging), and its bytes within the rank's stream.
+struct LandingChunk {
+  uint32_t serial;
+  int slot;
+  size_t at;
+  size_t bytes;
+};
+
+LandingChunk landingChunk(const StagingGeometry& g, uint32_t before, size_t c, size_t chunkBytes, size_t streamBytes) {
+  const uint32_t serial = before + 1 + static_cast<uint32_t>(c);
+  const size_t at = c * chunkBytes;
+  return {serial, static_cast<int>(serial & static_cast<uint32_t>(g.slots - 1)), at,
+          std::min(chunkBytes, streamBytes - at)};
 }
 
-// The earlier rank of a late pair: chunk `c` of its bytes into its segment of the peer's landing area, once the
-// peer has copied out what landed in that slot before (Credit); then announced (Ready).
-void landChunkInPeer(Transport& t, DirectTransport& d, int peer, const char* src, size_t bytes, size_t chunk,
-                     uint32_t before, size_t c) {
-  const StagingGeometry& g = t.geometry();
-  const uint32_t serial = before + 1 + static_cast<uint32_t>(c);
-  const int slot = landingSlot(g, serial);
-  const size_t at = c * chunk;
+// The earlier rank of a late pair: the chunk into its segment of the peer's landing area, once the peer has copied
+// out what landed in that slot before (Credit); then announced (Ready).
+void landChunkInPeer(Transport& t, DirectTransport& d, int peer, const char* src, const LandingChunk& k) {
   // Flags start at the landing count of the transport's first collective, so the first uses of a slot pass.
-  d.waitPeer(Lane::Push, peer, Flag::Credit, slot, serial - static_cast<uint32_t>(g.slots));
-  t.pushChunkToPeer(Lane::Push, peer, slot, src + at, std::min(chunk, bytes - at));
-  d.signalPeer(Lane::Push, peer, Flag::Ready, slot, serial);
+  d.waitPeer(Lane::Push, peer, Flag::Credit, k.slot, k.serial - static_cast<uint32_t>(t.geometry().slots));
+  t.pushChunkToPeer(Lane::Push, peer, k.slot, src + k.at, k.bytes);
+  d.signalPeer(Lane::Push, peer, Flag::Ready, k.slot, k.serial);
 }
 
-// The later rank of a late pair: chunk `c` of the peer's bytes, once it landed, into this rank's output; the slot
-// back to the peer.
-void copyLandedChunk(Transport& t, DirectTransport& d, int peer, char* dst, size_t bytes, size_t chunk, uint32_t before,
-                     size_t c) {
-  const StagingGeometry& g = t.geometry();
-  const uint32_t serial = before + 1 + static_cast<uint32_t>(c);
-  const int slot = landingSlot(g, serial);
-  const size_t at = c * chunk;
-  d.waitPeer(Lane::Drain, peer, Flag::Ready, slot, serial);
-  t.copyLocal(Lane::Drain, dst + at, t.localSegment(slot, peer), std::min(chunk, bytes - at));
-  d.signalPeer(Lane::Drain, peer, Flag::Credit, slot, serial);
+// The later rank of a late pair: the peer's chunk, once it landed, into this rank's output; the slot back to the peer.
+void copyLandedChunk(Transport& t, DirectTransport& d, int peer, char* dst, const LandingChunk& k) {
+  d.waitPeer(Lane::Drain, peer, Flag::Ready, k.slot, k.serial);
+  t.copyLocal(Lane::Drain, dst + k.at, t.localSegment(k.slot, peer), k.bytes);
+  d.signalPeer(Lane::Drain, peer, Flag::Credit, k.slot, k.serial);
 }
 
 }  // namespace
@@ -56,7 +56,7 @@ void scheduleDirectAllgather(Transport& t, const AllgatherPlan& plan, uint32_t s
   const bool inputBounced = plan.input.size() != 1 || plan.input.front().ptr != posted.input;
   const bool outputBounced = posted.outputBase != plan.outputBase;
   const bool lands = late == LatePairs::kEarlierLands;
-  const size_t landingChunk = lands ? chunkBytesFor(plan, t.geometry()) : 0;
+  const size_t chunk = lands ? chunkBytesFor(plan, t.geometry()) : 0;
   const size_t landingChunks = lands ? landingChunkCount(plan, t.geometry()) : 0;
   auto landsIn = [&](int q) { return lands && peerPosts[q].pairing == Pairing::kPeerCameLate; };
   auto landedFrom = [&](int q) { return lands && peerPosts[q].pairing == Pairing::kThisCameLate; };
@@ -67,14 +67,14 @@ void scheduleDirectAllgather(Transport& t, const AllgatherPlan& plan, uint32_t s
   auto landAndCopyOut = [&](size_t c) {
     for (int q = 0; q < size; ++q) {
       if (q != me && landsIn(q)) {
-        landChunkInPeer(t, d, q, posted.input, n, landingChunk, peerPosts[q].landedBefore, c);
+        landChunkInPeer(t, d, q, posted.input, landingChunk(t.geometry(), peerPosts[q].landedBefore, c, chunk, n));
       }
     }
     for (int q = 0; q < size; ++q) {
       if (q != me && landedFrom(q)) {
         // Straight into the output, bounced or not: no peer writes this slot.
-        copyLandedChunk(t, d, q, plan.outputBase + static_cast<size_t>(q) * n, n, landingChunk,
-                        peerPosts[q].landedBefore, c);
+        copyLandedChunk(t, d, q, plan.outputBase + static_cast<size_t>(q) * n,
+                        landingChunk(t.geometry(), peerPosts[q].landedBefore, c, chunk, n));
       }
     }
   };
