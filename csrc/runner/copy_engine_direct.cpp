@@ -125,6 +125,7 @@ const std::shared_ptr<CopyEngineTransport>& CopyEngineDirect::transportFor(const
   transport_ = connectTransport(g, base);
   std::fill(landedInto_.begin(), landedInto_.end(), base);
   std::fill(landedFrom_.begin(), landedFrom_.end(), base);
+  highestWaited_ = base;
   return transport_;
 }
 
@@ -208,7 +209,9 @@ CopyEngineDirect::Arrival CopyEngineDirect::arrive(const AllgatherPlan& plan, st
   forgetPeersFreedAllocations();
   const bool lands = options_.latePairs == LatePairs::kEarlierLands;
   const auto chunks = lands ? static_cast<uint32_t>(landingChunkCount(plan, a.transport->geometry())) : 0;
-  a.highestSerial = a.serial;
+  // Folded in every call, so that it never lags the serials far enough to compare wrong; a pair's count only when it
+  // moves, since an idle pair's count is behind and nothing waits for it.
+  highestWaited_ = laterSerial(highestWaited_, a.serial);
   a.peers.resize(size_);
   for (int q = 0; q < size_; ++q) {
     const ArrivalMailbox::PeerArrival& peer = settled[q];
@@ -220,8 +223,8 @@ CopyEngineDirect::Arrival CopyEngineDirect::arrive(const AllgatherPlan& plan, st
       uint32_t& landed = peer.pairing == Pairing::kPeerCameLate ? landedInto_[q] : landedFrom_[q];
       a.peers[q].landedBefore = landed;
       landed += chunks;
+      highestWaited_ = laterSerial(highestWaited_, landed);
     }
-    a.highestSerial = laterSerial(a.highestSerial, laterSerial(landedInto_[q], landedFrom_[q]));
     if (peer.pairing == Pairing::kPeerCameLate) {
       continue;
     }
@@ -234,6 +237,7 @@ CopyEngineDirect::Arrival CopyEngineDirect::arrive(const AllgatherPlan& plan, st
           reinterpret_cast<uint64_t>(peerSegments_.locate(q, peer.post.inputSegment, peer.post.input, &a.holds));
     }
   }
+  a.highestSerial = highestWaited_;
   return a;
 }
 

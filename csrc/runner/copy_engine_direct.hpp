@@ -100,6 +100,9 @@ class CopyEngineDirect {
   // landing slots' Ready and Credit flags).
   std::vector<uint32_t> landedInto_;
   std::vector<uint32_t> landedFrom_;
+  // The highest serial any flag of transport_ is waited for so far (Arrival::highestSerial): a single value that
+  // releases them all holds while the pairs' counts stay within 2^31 of the direct serial.
+  uint32_t highestWaited_ = 0;
   char* mailboxMemory_ = nullptr;
   size_t mailboxBytes_ = 0;
   std::unique_ptr<ArrivalMailbox> mailbox_;
