@@ -10,8 +10,6 @@ from . import _C
 _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 # The C++ side cuts staging into page-sized pieces (csrc/transport/staging_geometry.hpp).
 _PAGE = 4096
-# What the later rank of a late pair on the direct path does (csrc/backend/sdma_options.hpp).
-_LATE_PAIRS = ("both", "land")
 
 
 def _parse_bool(name: str, default: Optional[bool]) -> Optional[bool]:
@@ -65,9 +63,6 @@ def options_from_env(group_size: int) -> "_C.ProcessGroupSDMA.Options":
     elif _C._caching_allocator_uses_expandable_segments():
         o.direct_cuda = False
     o.direct_peer_wait_us = _parse_int("TORCH_SDMA_DIRECT_PEER_WAIT_US", o.direct_peer_wait_us)
-    late = os.environ.get("TORCH_SDMA_DIRECT_LATE_PAIRS")
-    if late is not None and late.strip() != "":
-        o.direct_late_pairs = late.strip().lower()
     validate(o, group_size)
     return o
 
@@ -99,10 +94,6 @@ def validate(o, group_size: int) -> None:
         raise ValueError(f"TORCH_SDMA_CHUNK_BYTES={o.chunk_bytes} must be 0 (automatic) or a multiple of {_PAGE}")
     if o.direct_peer_wait_us < 0:
         raise ValueError(f"TORCH_SDMA_DIRECT_PEER_WAIT_US={o.direct_peer_wait_us} must be 0 or more")
-    if o.direct_late_pairs not in _LATE_PAIRS:
-        raise ValueError(
-            f"TORCH_SDMA_DIRECT_LATE_PAIRS={o.direct_late_pairs!r} must be one of {', '.join(_LATE_PAIRS)}"
-        )
     floor = o.slots * max(group_size, 1) * _PAGE
     staging = min(o.staging_bytes_cuda, o.staging_bytes_cpu)
     if staging < floor:

@@ -151,7 +151,6 @@ def _log_group_paths(pg, opts, options) -> None:
         + (f" ({options.min_bytes_cuda_across_nodes} for CUDA across nodes)" if layout else "")
         + f"; direct all_gather_into_tensor {'on' if options.direct_cuda else 'off'} (CUDA) /"
         + f" {'on' if options.direct_cpu else 'off'} (CPU)"
-        + ("; late pairs land (CUDA)" if options.direct_cuda and options.direct_late_pairs == "land" else "")
     )
     if logger.hasHandlers():
         logger.info(line)

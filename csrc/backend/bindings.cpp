@@ -107,7 +107,6 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("slots", &sdma::SdmaOptions::slots)
       .def_readwrite("chunk_bytes", &sdma::SdmaOptions::chunkBytes)
       .def_readwrite("direct_peer_wait_us", &sdma::SdmaOptions::directPeerWaitUs)
-      .def_readwrite("direct_late_pairs", &sdma::SdmaOptions::directLatePairs)
       .def_readwrite("direct_cuda", &sdma::SdmaOptions::directCuda)
       .def_readwrite("direct_cpu", &sdma::SdmaOptions::directCpu)
       .def_readwrite("log", &sdma::SdmaOptions::log)
@@ -138,7 +137,6 @@ PYBIND11_MODULE(_C, m) {
                  const auto pairs = self.directPairs();
                  entry["pairs_each_pushing_own"] = pairs.eachPushingOwn;
                  entry["pairs_one_moving_both"] = pairs.oneMovingBoth;
-                 entry["pairs_landed"] = pairs.landed;
                }
                out[py::str(path)] = entry;
              }

@@ -130,12 +130,6 @@ DirectPathOptions ProcessGroupSDMA::directPathOptions() const {
   DirectPathOptions direct;
   direct.enabled = options_.directCuda;
   direct.peerWait = std::chrono::microseconds(options_.directPeerWaitUs);
-  TORCH_CHECK_VALUE(
-      options_.directLatePairs == kDirectLatePairsBoth || options_.directLatePairs == kDirectLatePairsLand,
-      "torch_sdma: direct_late_pairs (TORCH_SDMA_DIRECT_LATE_PAIRS) is '", options_.directLatePairs,
-      "'; use 'both' or 'land'");
-  direct.latePairs =
-      options_.directLatePairs == kDirectLatePairsLand ? LatePairs::kEarlierLands : LatePairs::kLaterMovesBoth;
   return direct;
 }
 

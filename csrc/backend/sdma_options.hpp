@@ -33,16 +33,6 @@ constexpr int kDefaultSlots = 2;
 // long once (ArrivalMailbox), so that the peer catches up. On 2x H200 a 100 us cap let 1 GiB in place fall back in
 // one bench run of two (255.8 GB/s against 381.4).
 constexpr int64_t kDefaultDirectPeerWaitUs = 2000;
-// What a pair does on the direct path when one rank came later than the other waited (LatePairs in
-// collective/direct_allgather.hpp): "both", the later rank moves both directions on its own GPU's copy engines, at
-// half the rate (2x H200, session 14: 68% of ZeRO-3's pairs); "land", the earlier rank pushes its bytes into a landing
-// area of the later one's (up to TORCH_SDMA_STAGING_BYTES more device memory per rank and group), which copies them
-// into its output, so that each GPU pushes one direction. "both" stays the default until "land" is measured on two
-// GPUs (built in session 15, which had none).
-constexpr const char* kDirectLatePairsBoth = "both";
-constexpr const char* kDirectLatePairsLand = "land";
-constexpr const char* kDefaultDirectLatePairs = kDirectLatePairsBoth;
-
 struct SdmaOptions {
   bool disable = false;                                 // TORCH_SDMA_DISABLE
   int64_t stagingBytesCuda = kDefaultStagingBytesCuda;  // TORCH_SDMA_STAGING_BYTES
@@ -58,8 +48,7 @@ struct SdmaOptions {
   // either way and staging is faster.
   bool directCuda = true;
   bool directCpu = false;
-  int64_t directPeerWaitUs = kDefaultDirectPeerWaitUs;    // TORCH_SDMA_DIRECT_PEER_WAIT_US
-  std::string directLatePairs = kDefaultDirectLatePairs;  // TORCH_SDMA_DIRECT_LATE_PAIRS: "both" or "land"
+  int64_t directPeerWaitUs = kDefaultDirectPeerWaitUs;  // TORCH_SDMA_DIRECT_PEER_WAIT_US
   bool log = true;  // TORCH_SDMA_LOG: one line per group at creation (written by the Python side)
   // TORCH_SDMA_TEST_PSEUDO_NODES (tests only): the pseudo-node of its host this process is placed on, "" for none.
   // Processes on one host with different pseudo-nodes form different nodes of the hierarchical path.

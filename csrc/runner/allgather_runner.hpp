@@ -26,14 +26,13 @@
 namespace sdma {
 
 // How the direct path's pairs have settled on a rank, one count per peer per collective: each pushing its own
-// bytes, or one of them late, and then (LatePairs) the later one moving both directions or the earlier one landing.
+// bytes, or one of them late, the later one then moving both directions.
 struct DirectPairCounts {
   uint64_t eachPushingOwn = 0;
   uint64_t oneMovingBoth = 0;
-  uint64_t landed = 0;
 
   DirectPairCounts since(const DirectPairCounts& earlier) const {
-    return {eachPushingOwn - earlier.eachPushingOwn, oneMovingBoth - earlier.oneMovingBoth, landed - earlier.landed};
+    return {eachPushingOwn - earlier.eachPushingOwn, oneMovingBoth - earlier.oneMovingBoth};
   }
 };
 
@@ -106,9 +105,8 @@ struct HierarchicalSetup {
 
 // The direct path of CUDA all-gathers (docs/design-direct-push.md).
 struct DirectPathOptions {
-  bool enabled = false;                              // TORCH_SDMA_DIRECT: all_gather_into_tensor takes it
-  std::chrono::microseconds peerWait{0};             // TORCH_SDMA_DIRECT_PEER_WAIT_US: see CopyEngineDirect
-  LatePairs latePairs = LatePairs::kLaterMovesBoth;  // TORCH_SDMA_DIRECT_LATE_PAIRS
+  bool enabled = false;                   // TORCH_SDMA_DIRECT: all_gather_into_tensor takes it
+  std::chrono::microseconds peerWait{0};  // TORCH_SDMA_DIRECT_PEER_WAIT_US: see CopyEngineDirect
 };
 
 // Copy engines, for CUDA tensors (copy_engine_runner.cpp; a build without CUDA says why not).

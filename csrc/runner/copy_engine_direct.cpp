@@ -19,19 +19,6 @@ namespace {
 
 // Collectives a rank's CPU may run ahead of a peer's on the direct path before it waits for it.
 constexpr int kMailboxDepth = 1024;
-// The landing area grows in powers of two from here, as staging does, so a group connects a handful of times at most.
-constexpr size_t kSmallestLandingSegment = size_t{1} << 20;
-
-// The staging cap cut the way the landing area is: a segment per peer and slot, nothing to pack.
-StagingGeometry landingCapOf(const StagingGeometry& cap) {
-  return StagingGeometry::fit(cap.worldSize, cap.slots, cap.bytes(), cap.pipelineChunkBytes, /*packs=*/false);
-}
-
-// The later of two serials, as the flags compare them.
-uint32_t laterSerial(uint32_t a, uint32_t b) {
-  return flagReached(a, b) ? a : b;
-}
-
 // Once per process: the caching allocator reports every segment it gives back, so that peers drop their mappings of
 // it. Without the report (an allocator that cannot be watched) a free is seen when its address is exported again,
 // or by a periodic check, and mappings stay bounded by count (PeerSegmentMap::kMaxMappingsPerPeer).
@@ -55,17 +42,13 @@ void watchCachingAllocatorFrees() {
 }  // namespace
 
 CopyEngineDirect::CopyEngineDirect(const c10::intrusive_ptr<c10d::Store>& groupStore, int rank, int size, int device,
-                                   const std::vector<MemberIdentity>& members, const DirectPathOptions& options,
-                                   const StagingGeometry& cap)
+                                   const std::vector<MemberIdentity>& members, const DirectPathOptions& options)
     : store_(groupStore),
       rank_(rank),
       size_(size),
       device_(device),
       members_(members),
       options_(options),
-      landingCap_(landingCapOf(cap)),
-      landedInto_(size, 0),
-      landedFrom_(size, 0),
       peerSegments_(device, pidsOf(members)) {
   c10d::PrefixStore store("direct/", groupStore);
   mailboxBytes_ = ArrivalMailbox::bytesFor(size, kMailboxDepth);
@@ -77,6 +60,10 @@ CopyEngineDirect::CopyEngineDirect(const c10::intrusive_ptr<c10d::Store>& groupS
   retiredMemory_ = mapGroupRegion(store, "retired", rank, size, retiredBytes_, &why);
   TORCH_CHECK(retiredMemory_, "torch_sdma: the direct path's retired-allocation log could not be shared: ", why);
   retired_ = std::make_unique<RetiredSegmentLog>(retiredMemory_, rank, size);
+  // One page of one slot: only the flags are used.
+  c10d::PrefixStore flagStore("direct/ce/", groupStore);
+  transport_ = CopyEngineTransport::connect(flagStore, rank, size, device, StagingGeometry::fit(size, 1, kPageBytes, 0),
+                                            members);
   watchCachingAllocatorFrees();
 }
 
@@ -88,45 +75,7 @@ CopyEngineDirect::~CopyEngineDirect() {
 }
 
 size_t CopyEngineDirect::heldBytes() const {
-  // The landing area's, where late pairs land; otherwise the transport holds flags only.
-  const bool lands = options_.latePairs == LatePairs::kEarlierLands;
-  return (bounce_ ? bounce_->bytes() : 0) + (lands && transport_ ? transport_->geometry().bytes() : 0);
-}
-
-std::shared_ptr<CopyEngineTransport> CopyEngineDirect::connectTransport(const StagingGeometry& geometry,
-                                                                        uint32_t flagBase) {
-  c10d::PrefixStore store("direct/ce" + std::to_string(connections_++) + "/", store_);
-  return CopyEngineTransport::connect(store, rank_, size_, device_, geometry, members_, flagBase);
-}
-
-const std::shared_ptr<CopyEngineTransport>& CopyEngineDirect::transportFor(const AllgatherPlan& plan) {
-  StagingGeometry g;
-  if (options_.latePairs == LatePairs::kLaterMovesBoth) {
-    if (transport_) {
-      return transport_;
-    }
-    g = StagingGeometry::fit(size_, 1, kPageBytes, 0);  // one slot of one page: only the flags are used
-  } else {
-    const size_t needed =
-        std::max(kPageBytes, std::min(chunkBytesFor(plan, landingCap_), roundUp(plan.bytesPerRank, kPageBytes)));
-    if (transport_ && transport_->geometry().chunkBytes >= needed) {
-      return transport_;
-    }
-    size_t segment = kSmallestLandingSegment;
-    while (segment < needed) {
-      segment *= 2;
-    }
-    g = landingCap_;
-    g.chunkBytes = std::min(segment, landingCap_.chunkBytes);
-  }
-  // Every flag of the new transport starts at the last serial carried so far, and so do the landing counts: the
-  // next collective's serials are ahead of it and a slot's first Credit wait passes.
-  const auto base = static_cast<uint32_t>(serial_);
-  transport_ = connectTransport(g, base);
-  std::fill(landedInto_.begin(), landedInto_.end(), base);
-  std::fill(landedFrom_.begin(), landedFrom_.end(), base);
-  highestWaited_ = base;
-  return transport_;
+  return bounce_ ? bounce_->bytes() : 0;
 }
 
 void CopyEngineDirect::retireFreedAllocations() {
@@ -203,15 +152,17 @@ CopyEngineDirect::Arrival CopyEngineDirect::arrive(const AllgatherPlan& plan, st
   post.input = reinterpret_cast<uint64_t>(a.posted.input);
   post.output = reinterpret_cast<uint64_t>(a.posted.outputBase);
 
-  a.transport = transportFor(plan);
-  a.serial = static_cast<uint32_t>(++serial_);
+  a.transport = transport_;
+  a.serial = ++serial_;
   const auto settled = mailbox_->arrive(serial_, post, timeout, peerWaitFor(n), options_.peerWait);
   forgetPeersFreedAllocations();
-  const bool lands = options_.latePairs == LatePairs::kEarlierLands;
-  const auto chunks = lands ? static_cast<uint32_t>(landingChunkCount(plan, a.transport->geometry())) : 0;
-  // Folded in every call, so that it never lags the serials far enough to compare wrong; a pair's count only when it
-  // moves, since an idle pair's count is behind and nothing waits for it.
-  highestWaited_ = laterSerial(highestWaited_, a.serial);
+  // Every peer whose post this rank read agrees on the size, or nothing is enqueued: checked before any mapping.
+  for (int q = 0; q < size_; ++q) {
+    const ArrivalMailbox::PeerArrival& peer = settled[q];
+    if (q != rank_ && peer.pairing != Pairing::kPeerCameLate && peer.post.bytes != n) {
+      throw SizeMismatch(q, peer.post.bytes, n);
+    }
+  }
   a.peers.resize(size_);
   for (int q = 0; q < size_; ++q) {
     const ArrivalMailbox::PeerArrival& peer = settled[q];
@@ -219,25 +170,16 @@ CopyEngineDirect::Arrival CopyEngineDirect::arrive(const AllgatherPlan& plan, st
     if (q == rank_) {
       continue;
     }
-    if (lands && peer.pairing != Pairing::kEachPushesOwn) {
-      uint32_t& landed = peer.pairing == Pairing::kPeerCameLate ? landedInto_[q] : landedFrom_[q];
-      a.peers[q].landedBefore = landed;
-      landed += chunks;
-      highestWaited_ = laterSerial(highestWaited_, landed);
-    }
     if (peer.pairing == Pairing::kPeerCameLate) {
       continue;
     }
-    TORCH_CHECK(peer.post.bytes == n, "torch_sdma: group rank ", q, " all-gathers ", peer.post.bytes,
-                " bytes per rank in the same direct all-gather where this rank all-gathers ", n);
     a.peers[q].outputBase =
         reinterpret_cast<uint64_t>(peerSegments_.locate(q, peer.post.outputSegment, peer.post.output, &a.holds));
-    if (peer.pairing == Pairing::kThisCameLate && !lands) {
+    if (peer.pairing == Pairing::kThisCameLate) {
       a.peers[q].input =
           reinterpret_cast<uint64_t>(peerSegments_.locate(q, peer.post.inputSegment, peer.post.input, &a.holds));
     }
   }
-  a.highestSerial = highestWaited_;
   return a;
 }
 

@@ -1,8 +1,7 @@
-// What the copy-engine runner keeps for the direct path (docs/design-direct-push.md): the Arrived and Done flags and,
-// where late pairs land (LatePairs::kEarlierLands), the landing area with its Ready and Credit flags (a copy-engine
-// transport of their own, apart from staging), the arrival mailbox in host memory the members share, the export of
-// this rank's buffers, the mappings of the peers', the log through which each rank retires the allocations it freed
-// (so that peers unmap them), and the bounce area that stands in for a buffer peers cannot map.
+// What the copy-engine runner keeps for the direct path (docs/design.md, "The direct path"): the Arrived and Done flags
+// (a copy-engine transport of their own, apart from staging), the arrival mailbox in host memory the members share,
+// the export of this rank's buffers, the mappings of the peers', the log through which each rank retires the
+// allocations it freed (so that peers unmap them), and the bounce area that stands in for a buffer peers cannot map.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -10,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -28,24 +28,35 @@ namespace sdma {
 // So a 1 GiB all-gather of two ranks waits up to 1.3 ms, one of 16 MiB 21 us, capped by the knob.
 constexpr size_t kCopyEngineBytesPerUs = 400000;
 
+// Two ranks passed different sizes to the same direct all-gather: the rank that reads the other's post throws this
+// before it enqueues anything; the other one's watchdog finds the same in the mailbox and fails the collective.
+struct SizeMismatch : std::runtime_error {
+  SizeMismatch(int peer, uint64_t peerBytes, uint64_t ownBytes)
+      : std::runtime_error("sizes differ between ranks"), peer(peer), peerBytes(peerBytes), ownBytes(ownBytes) {}
+  // In the words torch's collective fingerprint check uses, with both sizes.
+  std::string describe(int rank) const {
+    return "Detected mismatch between collectives on ranks: group rank " + std::to_string(peer) + " passed " +
+           std::to_string(peerBytes) + " bytes per rank and group rank " + std::to_string(rank) + " passed " +
+           std::to_string(ownBytes) + " bytes per rank to the same all-gather; every rank must pass the same size";
+  }
+  int peer;
+  uint64_t peerBytes;
+  uint64_t ownBytes;
+};
+
 class CopyEngineDirect {
  public:
   // Collective: every member calls it at the same all-gather (the group's first on the direct path), with the same
   // options. `options.peerWait`: the longest an all-gather waits at enqueue for peers that have not posted, so that
   // each pushes its own bytes (arrival_mailbox.hpp): for a peer late at the previous all-gather; for the others no
-  // longer than the copy the wait saves (kCopyEngineBytesPerUs). `cap`: the staging cap, which bounds the landing
-  // area too.
+  // longer than the copy the wait saves (kCopyEngineBytesPerUs).
   CopyEngineDirect(const c10::intrusive_ptr<c10d::Store>& groupStore, int rank, int size, int device,
-                   const std::vector<MemberIdentity>& members, const DirectPathOptions& options,
-                   const StagingGeometry& cap);
+                   const std::vector<MemberIdentity>& members, const DirectPathOptions& options);
   ~CopyEngineDirect();
 
   // One all-gather's part of the direct schedule, decided at enqueue (waiting at most the peer wait).
   struct Arrival {
-    uint32_t serial = 0;
-    // The highest serial a flag of this collective's (or an earlier one's on the same transport) is waited for:
-    // the Arrived and Done serial, or a landing chunk's.
-    uint32_t highestSerial = 0;
+    uint64_t serial = 0;  // the mailbox's; the flags carry its low 32 bits
     PostedBuffers posted;
     std::vector<PeerBuffers> peers;  // how each pair is shared, and the peer buffers this rank copies with, mapped here
     // The transport it runs on, the mappings and the bounce area the copies use: kept until the collective is done.
@@ -54,14 +65,19 @@ class CopyEngineDirect {
   };
   // Posts this rank's buffers for the next direct all-gather (bouncing those peers cannot map), settles each pair
   // and maps the peer buffers this rank will copy with. Waits longer than the peer wait only when a peer's CPU is a
-  // mailbox's depth behind, or, once, where the landing area grows (every member connects a larger one at the same
-  // all-gather); past `timeout` that throws.
+  // mailbox's depth behind; past `timeout` that throws. A peer that posted another size for the same serial makes it
+  // throw too, naming both sizes, after this rank's post is out (so that the peer's watchdog sees the mismatch).
   Arrival arrive(const AllgatherPlan& plan, std::chrono::milliseconds timeout);
 
-  LatePairs latePairs() const {
-    return options_.latePairs;
+  // What the peers posted for `serial`, for the watchdog: whether group rank q has reached it on its CPU, and, if it
+  // posted another size than `bytesPerRank`, that size (else 0).
+  bool peerReached(int q, uint64_t serial) const {
+    return mailbox_->peerReached(q, serial);
   }
-  // Device memory held outside the caching allocator: the bounce area and the landing area.
+  uint64_t peerPostedOtherSize(int q, uint64_t serial, uint64_t bytesPerRank) const {
+    return mailbox_->peerPostedOtherSize(q, serial, bytesPerRank);
+  }
+  // Device memory held outside the caching allocator: the bounce area.
   size_t heldBytes() const;
   ArrivalMailbox::PairTally pairs() const {
     return mailbox_->tally();
@@ -73,11 +89,6 @@ class CopyEngineDirect {
 
  private:
   std::chrono::microseconds peerWaitFor(size_t bytesPerRank) const;
-  // Collective, like the all-gather that calls it: the transport `plan` runs on. Connected at the first direct
-  // all-gather (flags only, where late pairs move both) and, where late pairs land, again with a larger landing area
-  // (its flags starting at the serials reached so far) when one of `plan`'s chunks would not fit.
-  const std::shared_ptr<CopyEngineTransport>& transportFor(const AllgatherPlan& plan);
-  std::shared_ptr<CopyEngineTransport> connectTransport(const StagingGeometry& geometry, uint32_t flagBase);
   // The bounce area, at least `bytes` large (a larger one replaces it; collectives in flight hold the old one).
   const std::shared_ptr<BounceArea>& bounceOf(size_t bytes);
   // Tells the peers which allocations this rank exported to them it has freed since its last all-gather.
@@ -91,18 +102,9 @@ class CopyEngineDirect {
   const int device_;
   const std::vector<MemberIdentity> members_;
   const DirectPathOptions options_;
-  const StagingGeometry landingCap_;  // the largest landing area: the staging cap, cut per peer without packing
-  // Arrived and Done (slot 0), and the landing area with its Ready and Credit flags; replaced by a larger one where
-  // late pairs land and a message needs more (collectives in flight hold the old one).
+  // Arrived and Done (slot 0 of a one-page staging that nothing else uses), connected with the group's first direct
+  // all-gather.
   std::shared_ptr<CopyEngineTransport> transport_;
-  int connections_ = 0;  // store keys of each connection are fresh
-  // The chunks this rank has landed in each peer, and each peer in this rank, on transport_ (the serials of the
-  // landing slots' Ready and Credit flags).
-  std::vector<uint32_t> landedInto_;
-  std::vector<uint32_t> landedFrom_;
-  // The highest serial any flag of transport_ is waited for so far (Arrival::highestSerial): a single value that
-  // releases them all holds while the pairs' counts stay within 2^31 of the direct serial.
-  uint32_t highestWaited_ = 0;
   char* mailboxMemory_ = nullptr;
   size_t mailboxBytes_ = 0;
   std::unique_ptr<ArrivalMailbox> mailbox_;

@@ -54,12 +54,6 @@ std::unique_ptr<AllgatherRunner> connectCopyEngineRunner(const c10::intrusive_pt
   // pg_options, or expandable segments in its allocator) keeps the whole group on staging.
   DirectPathOptions agreed = direct;
   agreed.enabled = agreeOnPath(*store, "ce/direct", rank, size, direct.enabled ? "" : "off").empty();
-  // Both ranks of a late pair must do the same thing, so late pairs land only where every member says so.
-  const bool everyoneLands =
-      agreeOnPath(*store, "ce/direct/late", rank, size,
-                  direct.latePairs == LatePairs::kEarlierLands ? "" : "the later rank moves both directions")
-          .empty();
-  agreed.latePairs = everyoneLands ? LatePairs::kEarlierLands : LatePairs::kLaterMovesBoth;
   return std::make_unique<CopyEngineRunner>(store, rank, size, device, std::move(members), geometry, agreed);
 }
 
@@ -167,8 +161,7 @@ DirectPairCounts CopyEngineRunner::directPairs() const {
     return {};
   }
   const ArrivalMailbox::PairTally tally = direct_->pairs();
-  const bool lands = direct_->latePairs() == LatePairs::kEarlierLands;
-  return {tally.eachPushingOwn, lands ? 0 : tally.oneLate, lands ? tally.oneLate : 0};
+  return {tally.eachPushingOwn, tally.oneLate};
 }
 
 CollectivePath CopyEngineRunner::pathFor(const PlannedAllgather& planned) {
@@ -269,7 +262,7 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::run(PlannedAllgather& planned, 
   inFlight.transport = staging_;
   inFlight.rail = railStaging_;
   inFlight.firstSerial = first;
-  inFlight.lastSerial = inFlight.releaseSerial = static_cast<uint32_t>(chunks_);
+  inFlight.lastSerial = static_cast<uint32_t>(chunks_);
   return track(planned, asyncOp, drain, std::move(inFlight), lock);
 }
 
@@ -283,6 +276,9 @@ void CopyEngineRunner::forkFromCaller(gpu::Stream caller, gpu::Stream push, gpu:
       gpu::streamWaitEvent(push, callerReady_);
     }
   }
+  if (callOrder_.mustWaitForPrevious(drain)) {
+    gpu::streamWaitEvent(drain, previous_->endEvent());
+  }
 }
 
 c10::intrusive_ptr<c10d::Work> CopyEngineRunner::track(PlannedAllgather& planned, bool asyncOp, gpu::Stream drain,
@@ -295,6 +291,8 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::track(PlannedAllgather& planned
       // outlive the caller's references, so it keeps the tensors until the copies are done.
       asyncOp ? std::move(planned.keepAlive) : std::vector<at::Tensor>{});
   auto work = c10::make_intrusive<GpuWork>(inFlight.info, planned.device, std::move(planned.outputs), completion);
+  callOrder_.ended(drain);
+  previous_ = completion;
   // The watchdog sleeps without a deadline only while nothing is in flight; otherwise it polls on its own, and a
   // wake-up per call would cost the caller a futex syscall.
   const bool watchdogAsleep = inFlight_.empty();
@@ -313,15 +311,20 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::enqueueDirect(PlannedAllgather&
                                                                std::unique_lock<std::mutex>& lock) {
   if (!direct_) {
     // Every member makes its first direct all-gather together, so they connect here together.
-    direct_ = std::make_unique<CopyEngineDirect>(store_, rank_, size_, device_, members_, directOptions_, cap_);
+    direct_ = std::make_unique<CopyEngineDirect>(store_, rank_, size_, device_, members_, directOptions_);
   }
   CopyEngineDirect::Arrival arrival;
   try {
     arrival = direct_->arrive(planned.plan, info.timeout);
+  } catch (const SizeMismatch& e) {
+    // Nothing enqueued here; a peer that did not read this rank's post sees the mismatch in its watchdog.
+    const std::string reason = info.describe() + " failed: " + e.describe(rank_);
+    failure_.record(reason);
+    C10_THROW_ERROR(DistBackendError, "torch_sdma: " + reason);
   } catch (const std::exception& e) {
     // Posted or not, this rank's part of the pairing is lost: peers that count on it fail by their timeouts, and
     // this group runs no more collectives whose pairing would be off by one.
-    failure_.record(info.describe() + " failed: " + e.what());
+    failure_.record(info.describe() + " failed: " + messageOf(e));
     throw;
   }
   // Pushes over the link on one stream; pulls over it, or copies out of the landing area, on the other: two copy
@@ -330,13 +333,15 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::enqueueDirect(PlannedAllgather&
   forkFromCaller(caller, pushStream_, drain);
   CopyEngineTransport& transport = *arrival.transport;
   transport.bindLanes(pushStream_, drain);
-  scheduleDirectAllgather(transport, planned.plan, arrival.serial, arrival.posted, arrival.peers, direct_->latePairs());
+  const auto serial = static_cast<uint32_t>(arrival.serial);
+  scheduleDirectAllgather(transport, planned.plan, serial, arrival.posted, arrival.peers);
   transport.flush();
   InFlight inFlight;
   inFlight.transport = std::move(arrival.transport);
   inFlight.info = info;
-  inFlight.firstSerial = inFlight.lastSerial = arrival.serial;
-  inFlight.releaseSerial = arrival.highestSerial;
+  inFlight.firstSerial = inFlight.lastSerial = serial;
+  inFlight.directSerial = arrival.serial;
+  inFlight.bytesPerRank = planned.plan.bytesPerRank;
   inFlight.reached = Flag::Arrived;
   inFlight.finished = Flag::Done;
   inFlight.flagSlot = 0;
@@ -392,7 +397,11 @@ void CopyEngineRunner::watchdogLoop() {
     std::string failure;
     if (!done) {
       const auto now = std::chrono::steady_clock::now();
-      if (now > oldest.deadline()) {
+      if (oldest.directSerial != 0) {
+        failure = sizeMismatchOf(oldest);
+      }
+      if (!failure.empty()) {
+      } else if (now > oldest.deadline()) {
         failure = "timed out";
       } else if (now - oldest.enqueuedAt > kLivenessCheckAfter) {
         for (int q = 0; q < size_; ++q) {
@@ -431,7 +440,11 @@ void CopyEngineRunner::failInFlight(const InFlight& stuck, const std::string& ca
       }
       const uint32_t firstFlag = reached[q * slots + stuck.slotOf(stuck.firstSerial, slots)];
       const uint32_t lastFlag = finished[q * slots + stuck.slotOf(stuck.lastSerial, slots)];
-      if (!flagReached(firstFlag, stuck.firstSerial)) {
+      // On the direct path a peer's CPU posts before its stream can signal anything: what it posted says whether it
+      // reached the collective, even where its stream has not got there yet.
+      const bool arrived = stuck.directSerial != 0 ? direct_->peerReached(q, stuck.directSerial)
+                                                   : flagReached(firstFlag, stuck.firstSerial);
+      if (!arrived) {
         neverArrived.push_back(groupRankOf(q));
       } else if (!flagReached(lastFlag, stuck.lastSerial)) {
         stalled.push_back(groupRankOf(q));
@@ -463,7 +476,7 @@ void CopyEngineRunner::failInFlight(const InFlight& stuck, const std::string& ca
   // Each transport's streams wait for serials up to the highest one of the last collective enqueued on it.
   std::map<CopyEngineTransport*, uint32_t> lastSerial;
   for (const auto& f : failed) {
-    lastSerial[f.transport.get()] = f.releaseSerial;
+    lastSerial[f.transport.get()] = f.lastSerial;
   }
   for (const auto& [transport, serial] : lastSerial) {
     transport->releaseWaiters(serial);
@@ -476,6 +489,19 @@ void CopyEngineRunner::failInFlight(const InFlight& stuck, const std::string& ca
     }
     f.completion->fail(exc);
   }
+}
+
+std::string CopyEngineRunner::sizeMismatchOf(const InFlight& inFlight) const {
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_) {
+      continue;
+    }
+    const uint64_t theirs = direct_->peerPostedOtherSize(q, inFlight.directSerial, inFlight.bytesPerRank);
+    if (theirs != 0) {
+      return "failed: " + SizeMismatch(q, theirs, inFlight.bytesPerRank).describe(rank_);
+    }
+  }
+  return "";
 }
 
 void CopyEngineRunner::abandonInFlight(const std::string& why) {

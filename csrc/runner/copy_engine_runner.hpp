@@ -28,6 +28,7 @@
 #include <string>
 
 #include "runner/allgather_runner.hpp"
+#include "runner/call_order.hpp"
 #include "runner/copy_engine_direct.hpp"
 #include "runner/gpu_rail_allgather.hpp"
 #include "runner/group_failure.hpp"
@@ -69,9 +70,10 @@ class CopyEngineRunner : public AllgatherRunner {
     CollectiveInfo info;                             // for the failure message
     uint32_t firstSerial;                            // chunk serials as the flags carry them
     uint32_t lastSerial;
-    // The highest serial any flag of this collective (or an earlier one on the same transport) is waited for: what
-    // releases them all (the direct path's landing chunks count on serials of their own).
-    uint32_t releaseSerial;
+    // The direct path: the mailbox's serial (0 elsewhere), by which the watchdog reads who reached the collective
+    // from what each peer posted, and the bytes per rank this rank posted for it.
+    uint64_t directSerial = 0;
+    uint64_t bytesPerRank = 0;
     std::chrono::steady_clock::time_point enqueuedAt;
     // A peer has reached the collective when its `reached` flag for firstSerial is there, and finished it when its
     // `finished` flag for lastSerial is: READY of the first and last chunk through staging, ARRIVED and DONE direct.
@@ -102,7 +104,8 @@ class CopyEngineRunner : public AllgatherRunner {
   // The direct path; called with mutex_ held.
   c10::intrusive_ptr<c10d::Work> enqueueDirect(PlannedAllgather& planned, bool asyncOp, const CollectiveInfo& info,
                                                gpu::Stream caller, std::unique_lock<std::mutex>& lock);
-  // Orders the lanes after the caller's stream: `drain` is the caller's stream for a synchronous call.
+  // Orders the lanes after the caller's stream (`drain` is the caller's stream for a synchronous call), and the Drain
+  // lane after the group's previous eager collective where that one ended on another stream (call_order.hpp).
   void forkFromCaller(gpu::Stream caller, gpu::Stream push, gpu::Stream drain);
   // The Work of a collective enqueued on the drain lane, watched until it is done.
   c10::intrusive_ptr<c10d::Work> track(PlannedAllgather& planned, bool asyncOp, gpu::Stream drain, InFlight inFlight,
@@ -111,6 +114,8 @@ class CopyEngineRunner : public AllgatherRunner {
   void watchdogLoop();
   // Names the peers that never reached (or stalled in) the stuck collective, releases the streams, fails all.
   void failInFlight(const InFlight& stuck, const std::string& cause);
+  // The direct path: a peer that posted another size for the collective, named with both sizes ("" if none).
+  std::string sizeMismatchOf(const InFlight& inFlight) const;
   // The watchdog itself failed: every collective in flight fails with its message; nothing touches the GPU.
   void abandonInFlight(const std::string& why);
   void drainOnShutdown();
@@ -140,6 +145,10 @@ class CopyEngineRunner : public AllgatherRunner {
   gpu::Event capturedJoin_ = nullptr;
   std::shared_ptr<EventPool> endEvents_ = std::make_shared<EventPool>();
   uint64_t chunks_ = 0;  // chunks enqueued on staging_ (the last one's serial); guarded by mutex_
+  // The eager collectives' order across streams: where the last one ended, and its completion, whose end event a
+  // Drain lane on another stream waits for (held here so that its event is not reused meanwhile); guarded by mutex_
+  CallOrder<gpu::Stream> callOrder_;
+  std::shared_ptr<GpuCompletion> previous_;
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;

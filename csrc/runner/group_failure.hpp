@@ -10,6 +10,14 @@
 
 namespace sdma {
 
+// An exception's message for a user: c10::Error's what() carries the C++ backtrace, which belongs in the log only.
+inline std::string messageOf(const std::exception& e) {
+  if (const auto* c10Error = dynamic_cast<const c10::Error*>(&e)) {
+    return c10Error->what_without_backtrace();
+  }
+  return e.what();
+}
+
 class GroupFailure {
  public:
   void record(std::string reason) {

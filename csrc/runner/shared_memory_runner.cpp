@@ -84,7 +84,7 @@ c10::intrusive_ptr<c10d::Work> SharedMemoryRunner::run(PlannedAllgather& planned
       peers[q] = {settled[q].pairing, settled[q].post.input, settled[q].post.output};
     }
     scheduleDirectAllgather(*transport_, plan, static_cast<uint32_t>(serial), {plan.input.front().ptr, plan.outputBase},
-                            peers, LatePairs::kLaterMovesBoth);
+                            peers);
   } else if (rail_) {
     scheduleHierarchicalAllgather(*transport_, *rail_, rail_->setup().layout, plan, chunks_);
   } else {

@@ -1,5 +1,5 @@
 // Who moves which bytes of each collective, per pair of ranks, agreed by the CPUs at enqueue
-// (docs/design-direct-push.md). Each rank posts its buffer addresses for serial s, then reads every peer's post
+// (docs/design.md, "The direct path"). Each rank posts its buffer addresses for serial s, then reads every peer's post
 // for s. A peer whose post is already there arrived earlier: this rank knows its buffers. A peer that has not
 // posted yet is waited for, at most `peerWait`; one that posts within it knows ours and we know its.
 //
@@ -7,9 +7,7 @@
 // - each pushes its own bytes into the other's output (the later rank claimed the word while the earlier one was
 //   still waiting, or both arrived together): both copy engines work, one direction each;
 // - the later rank came late (the earlier one stopped waiting first and closed the word): the earlier rank never
-//   learns the later one's addresses. What each then enqueues is the schedule's choice (LatePairs in
-//   collective/direct_allgather.hpp): the later rank moves both directions, or the earlier one lands its bytes in
-//   the later one's landing area, whose address it knew from the start.
+//   learns the later one's addresses, and the later rank moves both directions (collective/direct_allgather.hpp).
 // A rank never enqueues work for a collective after it returned from arrive(), so no copy of ours ever queues
 // behind a wait that needs it.
 //
@@ -162,6 +160,27 @@ class ArrivalMailbox {
     return rank_;
   }
 
+  // For the watchdog, from any thread: whether peer q's CPU has posted for `serial` (what a peer never reached is
+  // read here, not from a GPU flag).
+  bool peerReached(int q, uint64_t serial) const {
+    return headers_[q].readUpTo.load(std::memory_order_acquire) >= serial ||
+           slot(q, serial).serial.load(std::memory_order_acquire) == serial;
+  }
+  // The bytes per rank peer q posted for `serial` where they differ from `bytesPerRank`, else 0 (also when its post
+  // for `serial` is not, or no longer, there).
+  uint64_t peerPostedOtherSize(int q, uint64_t serial, uint64_t bytesPerRank) const {
+    const Slot& theirs = slot(q, serial);
+    if (theirs.serial.load(std::memory_order_acquire) != serial) {
+      return 0;
+    }
+    const uint64_t bytes = theirs.post.bytes;
+    // The slot is reused only depth serials later; read again so that a reuse between the two loads counts as gone.
+    if (theirs.serial.load(std::memory_order_acquire) != serial) {
+      return 0;
+    }
+    return bytes != bytesPerRank ? bytes : 0;
+  }
+
  private:
   struct alignas(64) Header {
     std::atomic<uint64_t> readUpTo;  // the last serial for which this rank has read every peer's post
@@ -179,7 +198,7 @@ class ArrivalMailbox {
   static constexpr uint32_t kClaimed = 1;
   static constexpr uint32_t kClosed = 2;
 
-  Slot& slot(int owner, uint64_t serial) {
+  Slot& slot(int owner, uint64_t serial) const {
     return slots_[static_cast<size_t>(owner) * depth_ + serial % depth_];
   }
   std::atomic<uint32_t>& claim(int owner, uint64_t serial, int peer) {

@@ -411,15 +411,11 @@ void stagingCase(std::mt19937& rng, int caseNo) {
 }
 
 // The direct schedule: every pair settles one of the ways the arrival mailbox settles it (each pushes its own
-// bytes, or one came late), and a late pair does what LatePairs says (the later rank moves both directions, or the
-// earlier one lands its bytes in the later one's landing area, chunk by chunk over a ring of slots whose serials
-// each pair counts on, across collectives, from flags that start anywhere, near the wrap too). A rank posts its own
-// buffers, or a bounce area of its own for either (a buffer its peers cannot map); lanes run apart (two GPU
-// streams) or as one (one stream, or the host runner's worker).
+// bytes, or one came late and moves both directions), across collectives, from flags that start anywhere, near the
+// wrap too. A rank posts its own buffers, or a bounce area of its own for either (a buffer its peers cannot map);
+// lanes run apart (two GPU streams) or as one (one stream, or the host runner's worker).
 void directCase(std::mt19937& rng, int caseNo) {
   const int W = std::uniform_int_distribution<int>(2, 5)(rng);
-  const LatePairs late =
-      std::uniform_int_distribution<int>(0, 1)(rng) ? LatePairs::kEarlierLands : LatePairs::kLaterMovesBoth;
   StagingGeometry g;
   g.worldSize = W;
   g.slots = std::uniform_int_distribution<int>(0, 1)(rng) ? 2 : 4;
@@ -433,8 +429,6 @@ void directCase(std::mt19937& rng, int caseNo) {
     world.ranks.push_back(std::make_unique<FakeTransport>(&world, r, g, flagBase));
     world.ranks.back()->queues = oneQueue ? FakeTransport::Queues::One : FakeTransport::Queues::PerLane;
   }
-  // landed[e][l]: the chunks e has landed in l so far, as both count them.
-  std::vector<std::vector<uint32_t>> landed(W, std::vector<uint32_t>(W, flagBase));
   for (uint32_t serial = flagBase + 1; serial != flagBase + 5; ++serial) {
     const Form form = std::uniform_int_distribution<int>(0, 1)(rng) ? Form::IntoTensor : Form::InPlace;
     const size_t bytes = std::uniform_int_distribution<size_t>(1, 300)(rng);
@@ -465,32 +459,20 @@ void directCase(std::mt19937& rng, int caseNo) {
         pairing[later][earlier] = lateOne ? Pairing::kThisCameLate : Pairing::kEachPushesOwn;
       }
     }
-    const uint32_t chunks = static_cast<uint32_t>(landingChunkCount(b.plans[0], g));
     for (int r = 0; r < W; ++r) {
       if (form == Form::InPlace)
         original[r].assign(b.plans[r].input[0].ptr, b.plans[r].input[0].ptr + bytes);
       std::vector<PeerBuffers> posts(W);
       for (int q = 0; q < W; ++q) {
         if (q != r) {
-          // The earlier rank of a late pair counts what it landed in the later one; the later one what landed.
-          const uint32_t before = pairing[r][q] == Pairing::kPeerCameLate ? landed[r][q] : landed[q][r];
           posts[q] = {pairing[r][q], reinterpret_cast<uint64_t>(posted[q].input),
-                      reinterpret_cast<uint64_t>(posted[q].outputBase), before};
+                      reinterpret_cast<uint64_t>(posted[q].outputBase)};
         }
       }
-      scheduleDirectAllgather(*world.ranks[r], b.plans[r], serial, posted[r], posts, late);
+      scheduleDirectAllgather(*world.ranks[r], b.plans[r], serial, posted[r], posts);
     }
-    if (late == LatePairs::kEarlierLands) {
-      for (int r = 0; r < W; ++r) {
-        for (int q = 0; q < W; ++q) {
-          if (q != r && pairing[r][q] == Pairing::kPeerCameLate)
-            landed[r][q] += chunks;
-        }
-      }
-    }
-    const std::string what = "direct case " + std::to_string(caseNo) + " (W=" + std::to_string(W) +
-                             (late == LatePairs::kEarlierLands ? ", late pairs land" : ", late pairs move both") +
-                             ", " + std::to_string(g.slots) + " slots, " + formName(form) + ", " +
+    const std::string what = "direct case " + std::to_string(caseNo) + " (W=" + std::to_string(W) + ", " +
+                             std::to_string(g.slots) + " slots, " + formName(form) + ", " +
                              std::to_string(bytes) + " bytes, serial " + std::to_string(serial) + ", bounced " +
                              bounced + (oneQueue ? ", one lane" : ", two lanes") + ")";
     world.run(rng, what);
