@@ -6,11 +6,17 @@
 // the rail's members), its gathers on a third lane, with push and drain sharing a lane (one GPU stream), or with all
 // of a rank's operations in one queue, as the host runner's single worker runs them. Usage: schedule_simulation SEED
 // CASES; prints "ok <cases>" and exits 0 on success.
+//
+// schedule_simulation SEED CASES --calls-in-flight [--unordered] runs instead the model of a group's calls in flight
+// across GPU streams (CallsInFlight below, which says what it covers and what not): with the runner's ordering rule
+// (sdma::CallOrder) it must print "ok <cases>"; --unordered drops the rule, and then a case fails with a hang, an
+// early completion or bytes not bit-exact, which is what the model exists to catch.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -21,6 +27,7 @@
 #include "collective/direct_allgather.hpp"
 #include "collective/hierarchical_allgather.hpp"
 #include "collective/staging_allgather.hpp"
+#include "runner/call_order.hpp"
 
 using namespace sdma;
 
@@ -107,6 +114,10 @@ class FakeTransport : public Transport, public DirectTransport {
     record(lane, {Op::WaitOne, nullptr, nullptr, 0, flag, slot, value, peer});
   }
   void joinLane(Lane into, Lane from) override {
+    if (boundJoin) {
+      boundJoin(static_cast<int>(into), static_cast<int>(from));
+      return;
+    }
     const int fromQueue = queueOf(static_cast<int>(from));
     if (fromQueue != queueOf(static_cast<int>(into))) {
       Op join{Op::Join};
@@ -135,6 +146,10 @@ class FakeTransport : public Transport, public DirectTransport {
     return 0;
   }
   void recordOn(int lane, Op op) {
+    if (bound) {
+      bound(lane, op);
+      return;
+    }
     const int q = queueOf(lane);
     lanes[q].push_back(op);
     ++recorded[q];
@@ -143,6 +158,11 @@ class FakeTransport : public Transport, public DirectTransport {
   uint64_t recorded[kQueues] = {0, 0, 0};
   uint64_t executed[kQueues] = {0, 0, 0};
   std::map<std::string, int> calls;
+  // Set by the calls-in-flight model (CallsInFlight below) for the call being enqueued, as
+  // CopyEngineTransport::bindLanes binds the lanes to that call's streams: the lanes' operations and joins go to the
+  // rank's queues instead of the transport's own.
+  std::function<void(int lane, const Op& op)> bound;
+  std::function<void(int into, int from)> boundJoin;
 
  private:
   void record(Lane lane, Op op) {
@@ -472,9 +492,9 @@ void directCase(std::mt19937& rng, int caseNo) {
       scheduleDirectAllgather(*world.ranks[r], b.plans[r], serial, posted[r], posts);
     }
     const std::string what = "direct case " + std::to_string(caseNo) + " (W=" + std::to_string(W) + ", " +
-                             std::to_string(g.slots) + " slots, " + formName(form) + ", " +
-                             std::to_string(bytes) + " bytes, serial " + std::to_string(serial) + ", bounced " +
-                             bounced + (oneQueue ? ", one lane" : ", two lanes") + ")";
+                             std::to_string(g.slots) + " slots, " + formName(form) + ", " + std::to_string(bytes) +
+                             " bytes, serial " + std::to_string(serial) + ", bounced " + bounced +
+                             (oneQueue ? ", one lane" : ", two lanes") + ")";
     world.run(rng, what);
     checkOutputs(b, original, what);
   }
@@ -798,15 +818,361 @@ void hierarchicalCase(std::mt19937& rng, int caseNo) {
     checkOutputs(b, original, what);
   }
 }
+
+// Calls in flight across streams: a model check of how a group's collectives are ordered on the GPU. Each rank has
+// the queues its GPU streams are: a push stream and a drain stream per group, and two caller streams shared by all
+// of the rank's groups. Every rank enqueues the same sequence of up to four calls, none waiting for another, each on
+// one group, direct (scheduleDirectAllgather, the pairs settled as the arrival mailbox may settle them) or through
+// staging (scheduleStagingAllgather), synchronous (its Drain lane on the caller's stream, C1 or C2) or async (on the
+// group's drain stream); the Push lane is the group's push stream, or the Drain lane's stream where a staging message
+// is one chunk, as CopyEngineRunner::run binds them. Each call's lanes first wait for the caller stream's position
+// at enqueue (forkFromCaller), and, unless the ordering rule is switched off, its Drain lane waits for the group's
+// previous call's end where sdma::CallOrder says so. The queues then run in random interleavings honouring only
+// stream order, those fences and the flags. Found as failures: a hang (no queue can run while operations remain),
+// an early completion (a call's end runs on rank r while some rank still has a copy of that call into or out of
+// r's buffers queued, so that r's caller could reuse them under the copy), or an output not bit-exact.
+//
+// Not modelled: the arrival mailbox's CPU side (its settlement of each pair is drawn here, the same on every rank,
+// not run), captured collectives (they join the caller's stream before the call returns), the hierarchical
+// schedule, a staging area outgrown and replaced by a larger one, the watchdog, and events as objects (an event
+// wait is a fence on a queue's operation count at the moment the event was recorded, which is what it is).
+class CallsInFlight {
+ public:
+  CallsInFlight(std::mt19937& rng, int caseNo, bool ordered) : rng_(rng), ordered_(ordered) {
+    W_ = pick(2, 3);
+    const int groups = pick(1, 3);
+    for (int gi = 0; gi < groups; ++gi) {
+      auto g = std::make_unique<Group>();
+      for (int r = 0; r < W_; ++r)
+        g->members.push_back(r);
+      if (W_ > 2 && pick(0, 1)) {  // a subset of two
+        g->members.erase(g->members.begin() + pick(0, W_ - 1));
+      }
+      const int n = static_cast<int>(g->members.size());
+      StagingGeometry sg;
+      sg.worldSize = n;
+      sg.slots = pick(0, 1) ? 2 : 4;
+      sg.chunkBytes = std::uniform_int_distribution<size_t>(1, 256)(rng_);
+      sg.pipelineChunkBytes = pick(0, 1) ? 0 : std::uniform_int_distribution<size_t>(1, 40)(rng_);
+      StagingGeometry dg;
+      dg.worldSize = n;
+      dg.slots = pick(0, 1) ? 2 : 4;
+      dg.chunkBytes = 64;
+      dg.packs = false;
+      const uint64_t start = pick(0, 3) == 0 ? 0xFFFFFFF0u : 0;
+      const uint32_t bases[] = {0, 0xfffffffdu, static_cast<uint32_t>(rng_())};
+      const uint32_t flagBase = bases[pick(0, 2)];
+      for (int i = 0; i < n; ++i) {
+        g->staging.ranks.push_back(std::make_unique<FakeTransport>(&g->staging, i, sg));
+        FakeTransport& t = *g->staging.ranks.back();
+        for (int q = 0; q < n; ++q)
+          for (int s = 0; s < sg.slots; ++s)
+            t.flag(Flag::Credit, q, s) = t.flag(Flag::Ready, q, s) = static_cast<uint32_t>(start);
+        g->direct.ranks.push_back(std::make_unique<FakeTransport>(&g->direct, i, dg, flagBase));
+      }
+      g->chunks.assign(n, start);
+      g->directSerial.assign(n, flagBase);
+      g->order.resize(n);
+      g->previousEnd.assign(n, {-1, 0});
+      groups_.push_back(std::move(g));
+    }
+    for (int r = 0; r < W_; ++r)
+      queues_.emplace_back(queueCount());
+    const int calls = pick(2, 4);
+    // A quarter of the scenarios let ranks choose sync and stream apart; otherwise every rank makes the same call.
+    const bool ranksDiffer = pick(0, 3) == 0;
+    what_ = "calls-in-flight case " + std::to_string(caseNo) + " (" + std::to_string(W_) + " ranks, groups";
+    for (auto& g : groups_) {
+      what_ += " {";
+      for (size_t i = 0; i < g->members.size(); ++i)
+        what_ += (i ? "," : "") + std::to_string(g->members[i]);
+      what_ += "}";
+    }
+    what_ += std::string(ordered_ ? ", ordered" : ", unordered") + "; calls:";
+    for (int c = 0; c < calls; ++c)
+      enqueue(c, pick(0, groups - 1), ranksDiffer);
+    what_ += ")";
+  }
+
+  void run() {
+    while (true) {
+      std::vector<std::pair<int, int>> runnable;
+      bool anyLeft = false;
+      for (int r = 0; r < W_; ++r) {
+        for (int q = 0; q < queueCount(); ++q) {
+          if (queues_[r][q].steps.empty())
+            continue;
+          anyLeft = true;
+          if (ready(r, queues_[r][q].steps.front()))
+            runnable.push_back({r, q});
+        }
+      }
+      if (!anyLeft)
+        break;
+      if (runnable.empty())
+        fail(what_ + ": hang: every queue waits on a flag or a fence nothing will reach (" + heads() + ")");
+      auto [r, q] = runnable[std::uniform_int_distribution<size_t>(0, runnable.size() - 1)(rng_)];
+      Step step = queues_[r][q].steps.front();
+      queues_[r][q].steps.pop_front();
+      ++queues_[r][q].executed;
+      execute(r, step);
+    }
+    for (size_t c = 0; c < calls_.size(); ++c)
+      checkOutputs(calls_[c]->buffers, calls_[c]->original, what_ + " call " + std::to_string(c));
+  }
+
+ private:
+  struct Group {
+    std::vector<int> members;  // world ranks, by group rank
+    World staging, direct;     // the group's two transports per member, each with flags of its own
+    std::vector<uint64_t> chunks;
+    std::vector<uint32_t> directSerial;
+    std::vector<CallOrder<int>> order;
+    std::vector<std::pair<int, uint64_t>> previousEnd;  // queue and count after the previous call's end
+  };
+  struct Step {
+    enum Kind { Operation, Fence, End } kind = Operation;
+    Op op{Op::Copy};      // Operation
+    int group = -1;       // Operation: whose transport; End: the call's group
+    bool direct = false;  // Operation: the direct transport, not the staging one
+    int groupRank = -1;   // Operation
+    int queue = -1;       // Fence: runs once this rank's queue `queue` ran `count` steps
+    uint64_t count = 0;
+    int call = -1;                             // End
+    std::vector<std::pair<int, int>> touches;  // Operation (a copy): the (rank, call) buffers it reads or writes
+  };
+  struct Queue {
+    std::deque<Step> steps;
+    uint64_t recorded = 0, executed = 0;
+  };
+  struct Call {
+    Buffers buffers;  // by group rank
+    std::vector<std::vector<char>> original;
+    std::vector<std::vector<char>> bounce;
+    int group = 0;
+  };
+
+  int pick(int lo, int hi) {
+    return std::uniform_int_distribution<int>(lo, hi)(rng_);
+  }
+  int groupCount() const {
+    return static_cast<int>(groups_.size());
+  }
+  // Per group g: push stream 2g, drain stream 2g + 1; then the two caller streams.
+  int queueCount() const {
+    return 2 * groupCount() + 2;
+  }
+  int callerQueue(int caller) const {
+    return 2 * groupCount() + caller;
+  }
+
+  void add(int r, int q, Step step) {
+    queues_[r][q].steps.push_back(std::move(step));
+    ++queues_[r][q].recorded;
+  }
+  void fence(int r, int q, int after, uint64_t count) {
+    Step s;
+    s.kind = Step::Fence;
+    s.queue = after;
+    s.count = count;
+    add(r, q, s);
+  }
+  void fenceOn(int r, int q, int after) {
+    if (q != after)
+      fence(r, q, after, queues_[r][after].recorded);
+  }
+
+  std::vector<std::pair<int, int>> touchesOf(const Op& op) const {
+    std::vector<std::pair<int, int>> found;
+    auto overlaps = [](const char* p, size_t n, const std::vector<char>& v) {
+      return n > 0 && !v.empty() && p < v.data() + v.size() && v.data() < p + n;
+    };
+    for (size_t c = 0; c < calls_.size(); ++c) {
+      const Call& call = *calls_[c];
+      const auto& members = groups_[call.group]->members;
+      for (size_t i = 0; i < members.size(); ++i) {
+        for (const std::vector<char>* v : {&call.buffers.inputs[i], &call.buffers.outputs[i], &call.bounce[i]}) {
+          if (overlaps(op.dst, op.bytes, *v) || overlaps(op.src, op.bytes, *v)) {
+            found.push_back({members[i], static_cast<int>(c)});
+            break;
+          }
+        }
+      }
+    }
+    return found;
+  }
+
+  void enqueue(int c, int gi, bool ranksDiffer) {
+    Group& g = *groups_[gi];
+    const int n = static_cast<int>(g.members.size());
+    const bool direct = pick(0, 1);
+    const Form form = direct ? (pick(0, 1) ? Form::IntoTensor : Form::InPlace) : static_cast<Form>(pick(0, 3));
+    const size_t bytes = std::uniform_int_distribution<size_t>(1, 200)(rng_);
+    auto call = std::make_unique<Call>();
+    call->group = gi;
+    call->buffers = makeCollective(form, n, bytes, rng_);
+    call->original = call->buffers.inputs;
+    call->bounce.assign(n, {});
+    for (int i = 0; i < n; ++i) {
+      if (form == Form::InPlace)
+        call->original[i].assign(call->buffers.plans[i].input[0].ptr, call->buffers.plans[i].input[0].ptr + bytes);
+    }
+    // Direct: the posted buffers (own or a bounce area) and the pairs as the mailbox settled them, as directCase.
+    std::vector<PostedBuffers> posted(n);
+    std::vector<std::vector<Pairing>> pairing(n, std::vector<Pairing>(n, Pairing::kPeerCameLate));
+    if (direct) {
+      for (int i = 0; i < n; ++i) {
+        const int bounced = pick(0, 3);
+        if (bounced)
+          call->bounce[i].assign(n * bytes, 0x5a);
+        posted[i].input = bounced & 1 ? call->bounce[i].data() + i * bytes : call->buffers.plans[i].input[0].ptr;
+        posted[i].outputBase = bounced & 2 ? call->bounce[i].data() : call->buffers.plans[i].outputBase;
+      }
+      std::vector<int> postOrder(n);
+      for (int i = 0; i < n; ++i)
+        postOrder[i] = i;
+      std::shuffle(postOrder.begin(), postOrder.end(), rng_);
+      for (int i = 0; i < n; ++i) {
+        for (int j = i + 1; j < n; ++j) {
+          const bool lateOne = pick(0, 1);
+          pairing[postOrder[i]][postOrder[j]] = lateOne ? Pairing::kPeerCameLate : Pairing::kEachPushesOwn;
+          pairing[postOrder[j]][postOrder[i]] = lateOne ? Pairing::kThisCameLate : Pairing::kEachPushesOwn;
+        }
+      }
+    }
+    calls_.push_back(std::move(call));
+    Call& made = *calls_.back();
+    bool sync = pick(0, 1);
+    int caller = pick(0, 1);
+    what_ += std::string(c ? "; " : " ") + "g" + std::to_string(gi) + (direct ? " direct " : " staging ") +
+             formName(form) + " " + std::to_string(bytes) + "B";
+    for (int i = 0; i < n; ++i) {
+      const int r = g.members[i];
+      if (ranksDiffer || i == 0) {
+        if (ranksDiffer) {
+          sync = pick(0, 1);
+          caller = pick(0, 1);
+        }
+        if (i == 0 || ranksDiffer)
+          what_ += std::string(ranksDiffer ? " r" + std::to_string(r) + ":" : " ") +
+                   (sync ? "sync on C" + std::to_string(caller + 1) : "async from C" + std::to_string(caller + 1));
+      }
+      const int callerQ = callerQueue(caller);
+      const int drainQ = sync ? callerQ : 2 * gi + 1;
+      const AllgatherPlan& plan = made.buffers.plans[i];
+      FakeTransport& t = direct ? *g.direct.ranks[i] : *g.staging.ranks[i];
+      const int pushQ = direct || chunkCount(plan, t.geometry()) > 1 ? 2 * gi : drainQ;
+      // forkFromCaller: the lanes start where the caller's stream stands now.
+      fenceOn(r, drainQ, callerQ);
+      if (pushQ != drainQ)
+        fenceOn(r, pushQ, callerQ);
+      if (ordered_ && g.order[i].mustWaitForPrevious(drainQ))
+        fence(r, drainQ, g.previousEnd[i].first, g.previousEnd[i].second);
+      const int laneQueue[2] = {pushQ, drainQ};
+      t.bound = [&, r, gi, i](int lane, const Op& op) {
+        Step s;
+        s.op = op;
+        s.group = gi;
+        s.direct = direct;
+        s.groupRank = i;
+        if (op.kind == Op::Copy)
+          s.touches = touchesOf(op);
+        add(r, laneQueue[lane], s);
+      };
+      t.boundJoin = [&, r](int into, int from) { fenceOn(r, laneQueue[into], laneQueue[from]); };
+      if (direct) {
+        std::vector<PeerBuffers> posts(n);
+        for (int q = 0; q < n; ++q) {
+          if (q != i)
+            posts[q] = {pairing[i][q], reinterpret_cast<uint64_t>(posted[q].input),
+                        reinterpret_cast<uint64_t>(posted[q].outputBase)};
+        }
+        scheduleDirectAllgather(t, plan, ++g.directSerial[i], posted[i], posts);
+      } else {
+        scheduleStagingAllgather(t, plan, g.chunks[i]);
+        fenceOn(r, drainQ, pushQ);  // the runner's pushDone_ event
+      }
+      t.bound = nullptr;
+      t.boundJoin = nullptr;
+      Step end;
+      end.kind = Step::End;
+      end.group = gi;
+      end.call = c;
+      add(r, drainQ, end);
+      g.order[i].ended(drainQ);
+      g.previousEnd[i] = {drainQ, queues_[r][drainQ].recorded};
+    }
+  }
+
+  bool ready(int r, const Step& s) {
+    switch (s.kind) {
+      case Step::Operation: {
+        Group& g = *groups_[s.group];
+        return (s.direct ? g.direct : g.staging).ready(s.groupRank, s.op);
+      }
+      case Step::Fence:
+        return queues_[r][s.queue].executed >= s.count;
+      case Step::End:
+        break;
+    }
+    return true;
+  }
+
+  void execute(int r, const Step& s) {
+    if (s.kind == Step::Operation) {
+      Group& g = *groups_[s.group];
+      (s.direct ? g.direct : g.staging).execute(s.groupRank, s.op);
+    }
+    if (s.kind != Step::End)
+      return;
+    for (int p = 0; p < W_; ++p) {
+      for (int q = 0; q < queueCount(); ++q) {
+        for (const Step& left : queues_[p][q].steps) {
+          for (auto [rank, call] : left.touches) {
+            if (rank == r && call == s.call)
+              fail(what_ + ": early completion: call " + std::to_string(s.call) + " ended on rank " +
+                   std::to_string(r) + " while rank " + std::to_string(p) + " still has a copy into or out of its " +
+                   "buffers queued (queue " + std::to_string(q) + ")");
+          }
+        }
+      }
+    }
+  }
+
+  std::string heads() const {
+    std::string out;
+    for (int r = 0; r < W_; ++r)
+      for (int q = 0; q < queueCount(); ++q)
+        if (!queues_[r][q].steps.empty())
+          out += (out.empty() ? "" : ", ") + std::string("rank ") + std::to_string(r) + " queue " + std::to_string(q);
+    return out;
+  }
+
+  std::mt19937& rng_;
+  bool ordered_;
+  int W_ = 0;
+  std::vector<std::unique_ptr<Group>> groups_;
+  std::vector<std::vector<Queue>> queues_;  // [rank][queue]
+  std::vector<std::unique_ptr<Call>> calls_;
+  std::string what_;
+};
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    fprintf(stderr, "usage: %s SEED CASES\n", argv[0]);
+  const bool inFlight = argc >= 4 && strcmp(argv[3], "--calls-in-flight") == 0;
+  const bool unordered = argc == 5 && inFlight && strcmp(argv[4], "--unordered") == 0;
+  if (argc != 3 && !(inFlight && (argc == 4 || unordered))) {
+    fprintf(stderr, "usage: %s SEED CASES [--calls-in-flight [--unordered]]\n", argv[0]);
     return 2;
   }
   std::mt19937 rng(static_cast<unsigned>(atoi(argv[1])));
   const int cases = atoi(argv[2]);
+  if (inFlight) {
+    for (int c = 0; c < cases; ++c)
+      CallsInFlight(rng, c, !unordered).run();
+    printf("ok %d\n", cases);
+    return 0;
+  }
   callCounts();
   for (int c = 0; c < cases; ++c) {
     stagingCase(rng, c);
