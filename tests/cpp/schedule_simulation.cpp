@@ -7,10 +7,11 @@
 // of a rank's operations in one queue, as the host runner's single worker runs them. Usage: schedule_simulation SEED
 // CASES; prints "ok <cases>" and exits 0 on success.
 //
-// schedule_simulation SEED CASES --calls-in-flight [--unordered] runs instead the model of a group's calls in flight
-// across GPU streams (CallsInFlight below, which says what it covers and what not): with the runner's ordering rule
-// (sdma::CallOrder) it must print "ok <cases>"; --unordered drops the rule, and then a case fails with a hang, an
-// early completion or bytes not bit-exact, which is what the model exists to catch.
+// schedule_simulation SEED CASES --calls-in-flight [--unordered] [--unforked] runs instead the model of a group's calls
+// in flight across GPU streams (CallsInFlight below, which says what it covers and what not): with the runner's
+// ordering rule (sdma::CallOrder) and its fences from the caller's stream it must print "ok <cases>"; --unordered
+// drops the rule (a case then fails with a hang, an early completion or bytes not bit-exact), --unforked the fences
+// (a lane then reads an input before the caller's stream wrote it): what the model exists to catch.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -819,26 +820,31 @@ void hierarchicalCase(std::mt19937& rng, int caseNo) {
   }
 }
 
-// Calls in flight across streams: a model check of how a group's collectives are ordered on the GPU. Each rank has
+// Calls in flight across streams: a model check of how a group's collectives are ordered on the GPU. 2 or 3 ranks,
+// 1 to 3 groups, each over every rank or two of them, chunk and direct serials from 0 or near the wrap. Each rank has
 // the queues its GPU streams are: a push stream and a drain stream per group, and two caller streams shared by all
 // of the rank's groups. Every rank enqueues the same sequence of up to four calls, none waiting for another, each on
 // one group, direct (scheduleDirectAllgather, the pairs settled as the arrival mailbox may settle them) or through
 // staging (scheduleStagingAllgather), synchronous (its Drain lane on the caller's stream, C1 or C2) or async (on the
-// group's drain stream); the Push lane is the group's push stream, or the Drain lane's stream where a staging message
-// is one chunk, as CopyEngineRunner::run binds them. Each call's lanes first wait for the caller stream's position
-// at enqueue (forkFromCaller), and, unless the ordering rule is switched off, its Drain lane waits for the group's
-// previous call's end where sdma::CallOrder says so. The queues then run in random interleavings honouring only
-// stream order, those fences and the flags. Found as failures: a hang (no queue can run while operations remain),
-// an early completion (a call's end runs on rank r while some rank still has a copy of that call into or out of
-// r's buffers queued, so that r's caller could reuse them under the copy), or an output not bit-exact.
+// group's drain stream), mostly the same choice on every rank, in a quarter of the cases each rank's own; the Push lane
+// is the group's push stream, or the Drain lane's stream where a staging message is one chunk, as CopyEngineRunner::run
+// binds them. Each call's lanes first wait for the caller stream's position at enqueue (forkFromCaller), and, unless
+// the ordering rule is switched off, its Drain lane waits for the group's previous call's end where sdma::CallOrder
+// says so. Before each call the caller's stream writes the call's input (until then it holds other bytes), as the
+// caller's own kernels would. The queues then run in random interleavings honouring only stream order, those fences and
+// the flags. Found as failures: a hang (no queue can run while operations remain), an early completion (a call's end
+// runs on rank r while some rank still has a copy of that call into or out of r's buffers queued, so that r's caller
+// could reuse them under the copy), or an output not bit-exact.
 //
 // Not modelled: the arrival mailbox's CPU side (its settlement of each pair is drawn here, the same on every rank,
 // not run), captured collectives (they join the caller's stream before the call returns), the hierarchical
 // schedule, a staging area outgrown and replaced by a larger one, the watchdog, and events as objects (an event
-// wait is a fence on a queue's operation count at the moment the event was recorded, which is what it is).
+// wait is a fence on a queue's operation count at the moment the event was recorded, which is what it is). The
+// caller's later use of an output is not run either: the early-completion check stands for it.
 class CallsInFlight {
  public:
-  CallsInFlight(std::mt19937& rng, int caseNo, bool ordered) : rng_(rng), ordered_(ordered) {
+  CallsInFlight(std::mt19937& rng, int caseNo, bool ordered, bool forked)
+      : rng_(rng), ordered_(ordered), forked_(forked) {
     W_ = pick(2, 3);
     const int groups = pick(1, 3);
     for (int gi = 0; gi < groups; ++gi) {
@@ -888,7 +894,7 @@ class CallsInFlight {
         what_ += (i ? "," : "") + std::to_string(g->members[i]);
       what_ += "}";
     }
-    what_ += std::string(ordered_ ? ", ordered" : ", unordered") + "; calls:";
+    what_ += std::string(ordered_ ? ", ordered" : ", unordered") + (forked_ ? "" : ", unforked") + "; calls:";
     for (int c = 0; c < calls; ++c)
       enqueue(c, pick(0, groups - 1), ranksDiffer);
     what_ += ")";
@@ -931,14 +937,15 @@ class CallsInFlight {
     std::vector<std::pair<int, uint64_t>> previousEnd;  // queue and count after the previous call's end
   };
   struct Step {
-    enum Kind { Operation, Fence, End } kind = Operation;
+    enum Kind { Operation, Fence, Produce, End } kind = Operation;
     Op op{Op::Copy};      // Operation
     int group = -1;       // Operation: whose transport; End: the call's group
     bool direct = false;  // Operation: the direct transport, not the staging one
     int groupRank = -1;   // Operation
     int queue = -1;       // Fence: runs once this rank's queue `queue` ran `count` steps
     uint64_t count = 0;
-    int call = -1;                             // End
+    int call = -1;                             // Produce, End
+    int member = -1;                           // Produce: the group rank whose input it writes
     std::vector<std::pair<int, int>> touches;  // Operation (a copy): the (rank, call) buffers it reads or writes
   };
   struct Queue {
@@ -1016,6 +1023,11 @@ class CallsInFlight {
     for (int i = 0; i < n; ++i) {
       if (form == Form::InPlace)
         call->original[i].assign(call->buffers.plans[i].input[0].ptr, call->buffers.plans[i].input[0].ptr + bytes);
+      // The input holds other bytes until the caller's stream produces it (a Produce step): a lane that started
+      // before the caller's stream reached the call would send these.
+      for (const ByteSpan& span : call->buffers.plans[i].input)
+        for (size_t b = 0; b < span.bytes; ++b)
+          span.ptr[b] = static_cast<char>(~span.ptr[b]);
     }
     // Direct: the posted buffers (own or a bounce area) and the pairs as the mailbox settled them, as directCase.
     std::vector<PostedBuffers> posted(n);
@@ -1062,10 +1074,18 @@ class CallsInFlight {
       const AllgatherPlan& plan = made.buffers.plans[i];
       FakeTransport& t = direct ? *g.direct.ranks[i] : *g.staging.ranks[i];
       const int pushQ = direct || chunkCount(plan, t.geometry()) > 1 ? 2 * gi : drainQ;
+      // The caller's own work before the call: it writes the input on the caller's stream.
+      Step produce;
+      produce.kind = Step::Produce;
+      produce.call = c;
+      produce.member = i;
+      add(r, callerQ, produce);
       // forkFromCaller: the lanes start where the caller's stream stands now.
-      fenceOn(r, drainQ, callerQ);
-      if (pushQ != drainQ)
-        fenceOn(r, pushQ, callerQ);
+      if (forked_) {
+        fenceOn(r, drainQ, callerQ);
+        if (pushQ != drainQ)
+          fenceOn(r, pushQ, callerQ);
+      }
       if (ordered_ && g.order[i].mustWaitForPrevious(drainQ))
         fence(r, drainQ, g.previousEnd[i].first, g.previousEnd[i].second);
       const int laneQueue[2] = {pushQ, drainQ};
@@ -1112,6 +1132,7 @@ class CallsInFlight {
       }
       case Step::Fence:
         return queues_[r][s.queue].executed >= s.count;
+      case Step::Produce:
       case Step::End:
         break;
     }
@@ -1122,6 +1143,15 @@ class CallsInFlight {
     if (s.kind == Step::Operation) {
       Group& g = *groups_[s.group];
       (s.direct ? g.direct : g.staging).execute(s.groupRank, s.op);
+    }
+    if (s.kind == Step::Produce) {
+      const Call& call = *calls_[s.call];
+      size_t at = 0;
+      for (const ByteSpan& span : call.buffers.plans[s.member].input) {
+        if (span.bytes > 0)
+          memcpy(span.ptr, call.original[s.member].data() + at, span.bytes);
+        at += span.bytes;
+      }
     }
     if (s.kind != Step::End)
       return;
@@ -1150,6 +1180,7 @@ class CallsInFlight {
 
   std::mt19937& rng_;
   bool ordered_;
+  bool forked_;
   int W_ = 0;
   std::vector<std::unique_ptr<Group>> groups_;
   std::vector<std::vector<Queue>> queues_;  // [rank][queue]
@@ -1160,16 +1191,24 @@ class CallsInFlight {
 
 int main(int argc, char** argv) {
   const bool inFlight = argc >= 4 && strcmp(argv[3], "--calls-in-flight") == 0;
-  const bool unordered = argc == 5 && inFlight && strcmp(argv[4], "--unordered") == 0;
-  if (argc != 3 && !(inFlight && (argc == 4 || unordered))) {
-    fprintf(stderr, "usage: %s SEED CASES [--calls-in-flight [--unordered]]\n", argv[0]);
+  bool unordered = false, unforked = false, usage = argc < 3 || (argc > 3 && !inFlight);
+  for (int a = 4; a < argc; ++a) {
+    if (strcmp(argv[a], "--unordered") == 0)
+      unordered = true;
+    else if (strcmp(argv[a], "--unforked") == 0)
+      unforked = true;
+    else
+      usage = true;
+  }
+  if (usage) {
+    fprintf(stderr, "usage: %s SEED CASES [--calls-in-flight [--unordered] [--unforked]]\n", argv[0]);
     return 2;
   }
   std::mt19937 rng(static_cast<unsigned>(atoi(argv[1])));
   const int cases = atoi(argv[2]);
   if (inFlight) {
     for (int c = 0; c < cases; ++c)
-      CallsInFlight(rng, c, !unordered).run();
+      CallsInFlight(rng, c, !unordered, !unforked).run();
     printf("ok %d\n", cases);
     return 0;
   }
