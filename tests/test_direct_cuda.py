@@ -20,11 +20,9 @@ between the ranks' own buffers without staging.
   cannot export: every buffer then goes through the bounce area.
 - TORCH_SDMA_DIRECT unset (the default): all_gather_into_tensor takes the direct path, unless some member's caching
   allocator makes expandable segments; then the whole group takes staging ("dma"), bit-exact either way.
-- Late pairs landing (TORCH_SDMA_DIRECT_LATE_PAIRS=land): all of the above again; then with one rank always
-  behind the other (each in turn) and no wait for it, so that every pair lands: every size in both forms, sync and
-  async, a message cut into many chunks over a small landing area (its slots reused within and across calls), the
-  landing area growing between async calls still in flight; stats count every pair as landed; a peer that never
-  calls is named, and the stream that was landing in it released.
+- Late pairs: one rank always behind the other (each in turn) and no wait for it, so that the later rank of every
+  pair moves both directions: every size in both forms, sync and async, and async calls of growing sizes in flight;
+  stats count every pair as one moving both.
 The cases also run on one GPU shared by two processes (.scratch or the device's one-GPU check), so the reference is
 the rebuilt bytes, which are what NCCL returns."""
 import collections
@@ -40,9 +38,7 @@ from mp_harness import run_group
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(cuda_count() < 2, reason="needs 2 CUDA devices")]
 
-ENV = {"TORCH_SDMA_MIN_BYTES": "0", "TORCH_SDMA_DIRECT": "1", "TORCH_SDMA_DISABLE": None,
-       "TORCH_SDMA_DIRECT_LATE_PAIRS": None}
-LATE_PAIRS = ("both", "land")
+ENV = {"TORCH_SDMA_MIN_BYTES": "0", "TORCH_SDMA_DIRECT": "1", "TORCH_SDMA_DISABLE": None}
 SIZES = (1, 1000, 256 * 1024, 6 << 20, 24 << 20)
 
 
@@ -253,16 +249,8 @@ def _body(ctx, alloc_conf=""):
     import torch_sdma
 
     _use_allocator_settings(alloc_conf)
-    # Whether this allocator's memory bounces: a fresh group's first all-gather leaves a bounce area only then (in a
-    # group whose late pairs move both: one whose late pairs land holds its landing area too).
-    late_pairs = os.environ.get("TORCH_SDMA_DIRECT_LATE_PAIRS")
-    os.environ["TORCH_SDMA_DIRECT_LATE_PAIRS"] = "both"
-    try:
-        g = dist.new_group()
-    finally:
-        os.environ.pop("TORCH_SDMA_DIRECT_LATE_PAIRS")
-        if late_pairs is not None:
-            os.environ["TORCH_SDMA_DIRECT_LATE_PAIRS"] = late_pairs
+    # Whether this allocator's memory bounces: a fresh group's first all-gather leaves a bounce area only then.
+    g = dist.new_group()
     _gather(g, ctx.device, ctx.rank, ctx.world, "bounce", 1 << 20, False, False)
     torch.cuda.synchronize()
     bounced = torch_sdma.staging_bytes(g) > 0
@@ -270,11 +258,9 @@ def _body(ctx, alloc_conf=""):
             "bounced": bounced}
 
 
-@pytest.mark.parametrize("late_pairs", LATE_PAIRS)
 @pytest.mark.parametrize("alloc_conf", ["", "expandable_segments:True"], ids=["cudaMalloc", "expandable"])
-def test_direct_path_bit_exact(alloc_conf, late_pairs):
-    env = dict(ENV, TORCH_SDMA_DIRECT_LATE_PAIRS=late_pairs)
-    res = run_group(_body, 2, "cpu:gloo,cuda:sdma", env=env, cuda=True, timeout=600, kwargs={"alloc_conf": alloc_conf})
+def test_direct_path_bit_exact(alloc_conf):
+    res = run_group(_body, 2, "cpu:gloo,cuda:sdma", env=ENV, cuda=True, timeout=600, kwargs={"alloc_conf": alloc_conf})
     res.check()
     assert all(r.value["failed"] == 0 for r in res.ranks), res.describe()
     assert all(r.value["bounced"] == bool(alloc_conf) for r in res.ranks), [r.value["bounced"] for r in res.ranks]
@@ -306,20 +292,18 @@ def test_direct_path_is_the_default_unless_expandable_segments(expandable_on):
     assert all(r.value == want for r in res.ranks), [r.value for r in res.ranks]
 
 
-@pytest.mark.parametrize("late_pairs", LATE_PAIRS)
 @pytest.mark.parametrize("async_op", [True, False])
-def test_direct_peer_never_calls_is_named(async_op, late_pairs):
+def test_direct_peer_never_calls_is_named(async_op):
     from test_allgather_cuda import run_peer_never_calls
 
-    # With "land", rank 0 stops waiting for rank 1 and lands its bytes in rank 1's landing area: its stream then
-    # waits for rank 1's Done, which never comes, and is released with the rest.
-    v = run_peer_never_calls(async_op, dict(ENV, TORCH_SDMA_DIRECT_LATE_PAIRS=late_pairs))
+    v = run_peer_never_calls(async_op, ENV)
     assert "never reached it: [1]" in v["error"], v
 
 
 def _behind_body(ctx):
     """Every all-gather with one rank 20 ms behind the other (rank 1 for the first half of the calls, then rank 0)
-    and no wait for it: every pair lands. Returns this rank's pair counts and calls."""
+    and no wait for it: the later rank of every pair moves both directions. Returns this rank's pair counts and
+    calls."""
     import time
 
     import torch_sdma
@@ -336,8 +320,7 @@ def _behind_body(ctx):
         calls.append(name)
         return out
 
-    # Every size in both forms, sync and async; 24 Mi bf16 (48 MiB a rank) is cut into 6 chunks of 8 MiB over a
-    # landing area of two 8 MiB slots a peer, each slot reused within the call and at the next.
+    # Every size in both forms, sync and async.
     for i, n in enumerate(SIZES):
         for in_place in (False, True):
             for async_op in (False, True):
@@ -346,8 +329,7 @@ def _behind_body(ctx):
                 out = gather_behind(name, n, in_place, async_op, behind)
                 torch.cuda.synchronize()
                 assert_bytes_equal(out, expected_concat(name, range(world), (n,), torch.bfloat16), name)
-    # A fresh group whose landing area grows (1, 2, 4, 8 MiB a slot) between async calls still in flight: each
-    # collective keeps the transport it was enqueued on.
+    # A fresh group, async calls of growing sizes in flight, the late rank alternating.
     g = dist.new_group()
     groups.append(g)
     works, outs = [], []
@@ -372,16 +354,15 @@ def _behind_body(ctx):
     return {"calls": len(calls), "counts": counts}
 
 
-def test_late_pairs_land_when_a_rank_is_behind():
-    env = dict(ENV, TORCH_SDMA_DIRECT_LATE_PAIRS="land", TORCH_SDMA_DIRECT_PEER_WAIT_US="0",
-               TORCH_SDMA_STAGING_BYTES="16M")
+def test_late_pairs_move_both_when_a_rank_is_behind():
+    env = dict(ENV, TORCH_SDMA_DIRECT_PEER_WAIT_US="0")
     res = run_group(_behind_body, 2, "cpu:gloo,cuda:sdma", env=env, cuda=True, timeout=300)
     res.check()
     for r in res.ranks:
         calls, counts = r.value["calls"], r.value["counts"]
         assert counts.get("calls") == calls, r.value
-        # One pair per call on each of the two ranks, every one landed.
-        assert counts.get("pairs_landed") == calls and counts.get("pairs_one_moving_both") == 0, r.value
+        # One pair per call on each of the two ranks, every one settled late.
+        assert counts.get("pairs_one_moving_both") == calls and counts.get("pairs_each_pushing_own") == 0, r.value
 
 
 def _fsdp2_body(ctx, steps=4):

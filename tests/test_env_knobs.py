@@ -26,7 +26,6 @@ BAD = [
     ("TORCH_SDMA_DIRECT_PEER_WAIT_US", "-5"),
     ("TORCH_SDMA_DIRECT_PEER_WAIT_US", "soon"),
     ("TORCH_SDMA_DIRECT", "sometimes"),
-    ("TORCH_SDMA_DIRECT_LATE_PAIRS", "sometimes"),
 ]
 
 
@@ -152,7 +151,6 @@ def knobs_body(ctx):
         assert (o.staging_bytes_cuda, o.min_bytes_cuda, o.slots) == (256 << 20, 0, 2), "C++ defaults moved"
         assert o.min_bytes_cuda_across_nodes == 16 << 20, "C++ default of the across-nodes threshold moved"
         assert (o.direct_cuda, o.direct_cpu) == (True, False), "C++ defaults of the direct path moved"
-        assert o.direct_late_pairs == "both", "C++ default of TORCH_SDMA_DIRECT_LATE_PAIRS moved"
         o.min_bytes_cpu = 4096
         o.staging_bytes_cpu = 64 << 10
         g = group_with("TORCH_SDMA_DISABLE", "1", pg_options=o)
@@ -165,8 +163,7 @@ def knobs_body(ctx):
         s = torch_sdma.stats(g)
         assert s.get("inner:below TORCH_SDMA_MIN_BYTES", {}).get("calls") == 1 and s["dma"]["calls"] == 1, s
         # Options the C++ side could not honour are refused, naming the variable that sets the field.
-        for field, bad, var in (("slots", 3, "TORCH_SDMA_SLOTS"), ("direct_late_pairs", "later",
-                                                                     "TORCH_SDMA_DIRECT_LATE_PAIRS")):
+        for field, bad, var in (("slots", 3, "TORCH_SDMA_SLOTS"), ("chunk_bytes", 100, "TORCH_SDMA_CHUNK_BYTES")):
             good = getattr(o, field)
             setattr(o, field, bad)
             try:
@@ -190,26 +187,11 @@ def knobs_body(ctx):
 
     cases.append(("TORCH_SDMA_DIRECT default and override", direct_default_and_override))
 
-    def late_pairs_values():
-        # Read as given, in any case; on CPU tensors the later rank of a late pair moves both whatever it says.
-        for value, want in (("land", "land"), ("Both", "both"), (" LAND ", "land")):
-            o = group_with("TORCH_SDMA_DIRECT_LATE_PAIRS", value)._get_backend(CPU)._sdma_options
-            assert o.direct_late_pairs == want, (value, o.direct_late_pairs)
-        os.environ["TORCH_SDMA_DIRECT"] = "1"
-        try:
-            g = group_with("TORCH_SDMA_DIRECT_LATE_PAIRS", "land")
-        finally:
-            os.environ.pop("TORCH_SDMA_DIRECT", None)
-        AG(g, ref, CPU, "late").into_tensor("x", (30001,), torch.float32)  # bit-exact against gloo
-        assert stats_calls(torch_sdma.stats(g), lambda k: k.startswith("dma"))[0] == 1, torch_sdma.stats(g)
-
-    cases.append(("TORCH_SDMA_DIRECT_LATE_PAIRS values", late_pairs_values))
     return ctx.run_cases(cases)
 
 
 def test_env_knobs():
     res = run_group(knobs_body, 2, "sdma", timeout=180, pg_timeout_s=20,
                     env={"TORCH_SDMA_STAGING_BYTES": None, "TORCH_SDMA_DISABLE": None, "TORCH_SDMA_MIN_BYTES": None,
-                         "TORCH_SDMA_MIN_BYTES_ACROSS_NODES": None, "TORCH_SDMA_DIRECT": None,
-                         "TORCH_SDMA_DIRECT_LATE_PAIRS": None})
+                         "TORCH_SDMA_MIN_BYTES_ACROSS_NODES": None, "TORCH_SDMA_DIRECT": None})
     res.check()
