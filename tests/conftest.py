@@ -14,8 +14,8 @@ def pytest_configure(config):
 
 def cuda_count():
     """Visible CUDA devices. SDMA_TEST_SHARE_GPU=1 counts one GPU as two, so that the two-rank GPU tests run with two
-    processes on it (for correctness only; tests that compare with NCCL fail there: NCCL refuses two ranks on one
-    GPU)."""
+    processes on it (for correctness only: NCCL refuses two ranks on one GPU, so there the expected bytes are rebuilt
+    from every rank's seed, and the cases about NCCL itself skip; checks/data.py's SHARE_GPU)."""
     try:
         import torch
 

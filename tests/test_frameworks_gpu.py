@@ -19,7 +19,12 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 sys.path.insert(0, str(EXAMPLES))
 import compare_frameworks  # noqa: E402  (its launcher: free port per run, NVLink multicast kept off)
 
-pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+from checks.data import NCCL_SHARED_REASON, SHARE_GPU  # noqa: E402
+
+# Each case compares with an NCCL run, and the sdma run hands the frameworks' other collectives to NCCL: neither can
+# run with two ranks on one GPU (SDMA_TEST_SHARE_GPU=1).
+pytestmark = [pytest.mark.skipif(SHARE_GPU, reason=NCCL_SHARED_REASON),
+              pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")]
 
 STEPS = 6
 TINY_MODEL = ["--steps", str(STEPS), "--layers", "4", "--dim", "256", "--heads", "4", "--ffn", "768",

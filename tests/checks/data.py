@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import warnings
 import zlib
 
@@ -53,6 +54,12 @@ def _every_dtype():
 # For "every dtype at every size": NCCL and gloo refuse some of these (int16, uint16-64, float8 on gloo), which the
 # inner path then gathers as bytes.
 EVERY_DTYPE = _every_dtype()
+
+# SDMA_TEST_SHARE_GPU=1: the two-rank GPU tests run with both ranks on one GPU. NCCL refuses two ranks of one
+# communicator on one GPU, so there the expected bytes are rebuilt locally from every rank's seed instead of coming from
+# an NCCL reference group, and the cases about NCCL itself skip with this reason.
+SHARE_GPU = os.environ.get("SDMA_TEST_SHARE_GPU") == "1"
+NCCL_SHARED_REASON = "NCCL refuses two ranks on one GPU (SDMA_TEST_SHARE_GPU=1)"
 
 TORCH_VERSION = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
 
