@@ -69,6 +69,7 @@ class SoakOptions:
     max_depth: int = 8  # async calls in flight, at most
     stop_every: int = 64  # calls between the ranks' agreement on stopping
     forms: tuple = FORMS
+    pg_timeout_s: float = 120.0  # every group's, so that a wait that never ends is an error within it
     verbose: bool = False
 
     @staticmethod
@@ -97,7 +98,8 @@ class SoakOptions:
         if unknown:
             p.error(f"unknown forms {sorted(unknown)}")
         opts = SoakOptions(seed=a.seed, calls=a.calls, time_limit_s=a.time_limit_s, max_bytes=a.max_bytes,
-                           max_depth=a.max_depth, stop_every=max(1, a.stop_every), forms=forms, verbose=a.verbose)
+                           max_depth=a.max_depth, stop_every=max(1, a.stop_every), forms=forms,
+                           pg_timeout_s=a.pg_timeout_s, verbose=a.verbose)
         return opts, a
 
 
@@ -243,12 +245,16 @@ class Soak:
         every = list(range(self.world))
         subset = sorted(rng.sample(every, max(2, self.world - 1))) if self.world > 2 else every
         self.members = [every, every, every, subset][:GROUPS]
-        self.groups = [dist.group.WORLD] + [dist.new_group(m) for m in self.members[1:]]
+        self.groups = [dist.group.WORLD] + [self._new_group(m) for m in self.members[1:]]
         self.pending = []
         self.depth = min(2, opts.max_depth)
         self.per_form = {}
         self.bytes = 0
         self.remade = 0
+
+    def _new_group(self, members):
+        # new_group's own default timeout is torch's (minutes), not the default group's
+        return dist.new_group(members, timeout=datetime.timedelta(seconds=self.opts.pg_timeout_s))
 
     # --- one call
     def _ctx(self, call):
@@ -355,7 +361,7 @@ class Soak:
                 torch.cuda.synchronize(self.device)
             if self.rank in self.members[slot]:
                 dist.destroy_process_group(self.groups[slot])
-            self.groups[slot] = dist.new_group(self.members[slot])
+            self.groups[slot] = self._new_group(self.members[slot])
             self.remade += 1
 
     # --- the stop
@@ -414,6 +420,7 @@ class Soak:
         seconds = time.monotonic() - started
         self.check_resources(fds0, mapped0)
         return {"calls": done, "forms": dict(sorted(self.per_form.items())), "bytes": self.bytes,
+                "world_paths": _paths(dist.group.WORLD),
                 "seconds": round(seconds, 2), "calls_per_s": round(done / seconds, 1) if seconds else 0.0,
                 "groups_remade": self.remade, "forms_run": sched.forms}
 
@@ -479,6 +486,12 @@ def _peer_mapped(g):
     return sdma.peer_mapped_bytes(g) if sdma else 0
 
 
+def _paths(g):
+    """Calls per path ("dma", "dma:direct", "inner:<why>") of group g in this process."""
+    sdma = _sdma()
+    return {k: v["calls"] for k, v in sdma.stats(g).items()} if sdma else {}
+
+
 def _staging(g):
     sdma = _sdma()
     return sdma.staging_bytes(g) if sdma else 0
@@ -487,7 +500,7 @@ def _staging(g):
 def run_soak(opts, device):
     """Runs the soak in an initialised default group (every rank must call it with the same options); returns the
     summary, raises SoakFailure naming the seed, the call and its description."""
-    ctrl = dist.new_group(backend="gloo")
+    ctrl = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=opts.pg_timeout_s))
     soak = Soak(opts, device, ctrl)
     try:
         return soak.run()
