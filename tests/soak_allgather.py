@@ -391,7 +391,9 @@ class Soak:
 
     def run(self):
         opts = self.opts
-        uneven_ok = self.cuda  # the inner backend takes uneven lists: NCCL yes, gloo no
+        # Uneven lists go to the inner backend: NCCL gathers them, gloo refuses them, and NCCL refuses two ranks on
+        # one GPU.
+        uneven_ok = self.cuda and torch.cuda.device_count() >= self.world
         single_ok = hasattr(dist, "all_gather_single")
         sched = Schedule(opts.seed, opts, [len(m) for m in self.members], uneven_ok, single_ok)
         self.warm_up()
