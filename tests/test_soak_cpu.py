@@ -20,8 +20,8 @@ SEED = 20261124
 ENV = {"TORCH_SDMA_MIN_BYTES": "0", "TORCH_SDMA_DISABLE": None, "TORCH_SDMA_TEST_FAULT": None,
        "TORCH_SDMA_TEST_SYNC_ON_CALLER": None, "TORCH_SDMA_TEST_UNORDERED": None}
 DIRECT = dict(ENV, TORCH_SDMA_DIRECT="1")
-# The direct path moves per-peer flag words with every call, as the GPU's does: two calls of a group run at once
-# roll them back. (Staging's flags are per slot and its waits for slot credit order two calls by themselves.)
+# The direct path's flags are per peer and carry every call's serial, as the GPU's do: two calls of a group run at
+# once leave a wait that never ends. Staging passed thousands of unordered calls, so the ordering is shown on direct.
 CALLER = dict(DIRECT, TORCH_SDMA_TEST_SYNC_ON_CALLER="1")
 UNORDERED = dict(CALLER, TORCH_SDMA_TEST_UNORDERED="1")
 
