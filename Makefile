@@ -22,7 +22,7 @@ export NCCL_NVLS_ENABLE := 0
 export TORCH_SYMM_MEM_DISABLE_MULTICAST := 1
 export NVSHMEM_DISABLE_NVLS := 1
 
-.PHONY: all deps build test lint lint-deps format test-torch213 hip-check bench gpu-tests gpu-frameworks clean
+.PHONY: all deps build test lint lint-deps format test-torch213 hip-check bench gpu-tests gpu-frameworks clean soak
 
 all: build
 
@@ -83,6 +83,12 @@ NGPU  = $(shell $(PY) -c "import torch; print(torch.cuda.device_count())" 2>/dev
 NPROC = $(if $(filter 0,$(NGPU)),2,$(NGPU))
 bench: build
 	$(PY) -m torch.distributed.run --standalone --nproc_per_node $(NPROC) examples/bench_allgather.py --out-dir results
+
+# The randomized all-gather soak (tests/soak_allgather.py): a rank per local GPU, or two ranks sharing the one GPU or
+# the CPU; its options go in SOAK_ARGS, e.g. make soak SOAK_ARGS="--calls 100000 --seed 7".
+soak: build
+	$(PY) -m torch.distributed.run --standalone --nproc_per_node $(if $(filter 0 1,$(NGPU)),2,$(NGPU)) \
+	  tests/soak_allgather.py $(SOAK_ARGS)
 
 # On a GPU machine, in two steps that each fit a 10-minute window; logs go to $(LOGS).
 LOGS ?= results

@@ -6,6 +6,7 @@
 #include "collective/direct_allgather.hpp"
 #include "collective/hierarchical_allgather.hpp"
 #include "collective/staging_allgather.hpp"
+#include "runner/test_dispatch.hpp"
 #include "runner/test_faults.hpp"
 
 namespace sdma {
@@ -41,14 +42,19 @@ std::unique_ptr<AllgatherRunner> connectHierarchicalSharedMemoryRunner(const c10
 }
 
 SharedMemoryRunner::SharedMemoryRunner(std::unique_ptr<HostShmTransport> transport)
-    : transport_(std::move(transport)), injectWorkerFault_(testFaultRequested("worker")) {
+    : transport_(std::move(transport)),
+      order_(!testUnorderedRequested()),
+      injectWorkerFault_(testFaultRequested("worker")),
+      syncOnCaller_(testSyncOnCallerRequested()) {
   worker_ = GuardedThread([this] { workerLoop(); }, [this](const std::string& why) { abandonQueued(why); });
 }
 
 SharedMemoryRunner::SharedMemoryRunner(std::unique_ptr<HostShmTransport> transport, HierarchicalSetup setup)
     : transport_(std::move(transport)),
       rail_(std::make_unique<HostRailAllgather>(*transport_, std::move(setup), transport_->geometry().chunkBytes)),
-      injectWorkerFault_(testFaultRequested("worker")) {
+      order_(!testUnorderedRequested()),
+      injectWorkerFault_(testFaultRequested("worker")),
+      syncOnCaller_(testSyncOnCallerRequested()) {
   worker_ = GuardedThread([this] { workerLoop(); }, [this](const std::string& why) { abandonQueued(why); });
 }
 
@@ -63,7 +69,7 @@ SharedMemoryRunner::~SharedMemoryRunner() {
 }
 
 c10::intrusive_ptr<c10d::Work> SharedMemoryRunner::run(PlannedAllgather& planned, const CollectivePath& /*path*/,
-                                                       bool /*asyncOp*/, const CollectiveInfo& info) {
+                                                       bool asyncOp, const CollectiveInfo& info) {
   const AllgatherPlan& plan = planned.plan;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -91,12 +97,40 @@ c10::intrusive_ptr<c10d::Work> SharedMemoryRunner::run(PlannedAllgather& planned
     scheduleStagingAllgather(*transport_, plan, chunks_);
   }
   auto work = c10::make_intrusive<HostWork>(info, std::move(planned.outputs), std::move(planned.keepAlive));
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    queue_.push_back({transport_->takeRecorded(), work});
+  std::unique_lock<std::mutex> lock(mutex_);
+  Job job{transport_->takeRecorded(), work, order_.issue()};
+  if (syncOnCaller_ && !asyncOp) {
+    runInTurn(job, lock);
+    return work;
   }
+  queue_.push_back(std::move(job));
+  lock.unlock();
   wake_.notify_one();
   return work;
+}
+
+void SharedMemoryRunner::runInTurn(Job& job, std::unique_lock<std::mutex>& lock) {
+  order_.awaitTurn(lock, job.ticket, failure_);
+  const std::string broken = failure_.reason();
+  lock.unlock();
+  std::exception_ptr error;
+  if (!broken.empty()) {
+    error = std::make_exception_ptr(C10_BUILD_ERROR(
+        DistBackendError,
+        "torch_sdma: " + job.work->description() + " not run: an earlier collective on this group failed: " + broken));
+  } else {
+    try {
+      transport_->execute(job.ops, job.work->deadline(), job.work->description());
+    } catch (const std::exception& e) {
+      error = std::current_exception();
+      lock.lock();
+      failure_.record(e.what());
+      lock.unlock();
+    }
+  }
+  job.work->complete(error);
+  lock.lock();
+  order_.finish(job.ticket);
 }
 
 void SharedMemoryRunner::workerLoop() {
@@ -109,28 +143,10 @@ void SharedMemoryRunner::workerLoop() {
     Job job = std::move(queue_.front());
     queue_.pop_front();
     running_ = job.work;
-    const std::string broken = failure_.reason();
-    lock.unlock();
     if (injectWorkerFault_) {
       throwTestFault("worker");
     }
-    std::exception_ptr error;
-    if (!broken.empty()) {
-      error = std::make_exception_ptr(
-          C10_BUILD_ERROR(DistBackendError, "torch_sdma: " + job.work->description() +
-                                                " not run: an earlier collective on this group failed: " + broken));
-    } else {
-      try {
-        transport_->execute(job.ops, job.work->deadline(), job.work->description());
-      } catch (const std::exception& e) {
-        error = std::current_exception();
-        lock.lock();
-        failure_.record(e.what());
-        lock.unlock();
-      }
-    }
-    job.work->complete(error);
-    lock.lock();
+    runInTurn(job, lock);
     running_.reset();
   }
 }
@@ -147,6 +163,7 @@ void SharedMemoryRunner::abandonQueued(const std::string& why) {
       failed.push_back(std::move(job.work));
     }
     queue_.clear();
+    order_.wakeAll();
   }
   LOG(ERROR) << "torch_sdma: a shared-memory all-gather worker failed: " << why << "; " << failed.size()
              << " all-gathers fail with it and the group runs no more";

@@ -1,5 +1,7 @@
 // Runs the all-gather schedules on the shared-memory transport: records a collective's operations on the caller's
-// thread and hands them to one worker thread per group, which executes collectives in call order. In a group that
+// thread and hands them to one worker thread per group, which executes collectives in call order. Under
+// TORCH_SDMA_TEST_SYNC_ON_CALLER a synchronous one runs on the caller's thread instead, still in call order
+// (call_ticket.hpp). In a group that
 // spans nodes the transport spans this rank's node and the hierarchical schedule runs, its gathers between nodes on
 // the same worker (host_rail_allgather.hpp).
 #pragma once
@@ -11,6 +13,7 @@
 #include <string>
 
 #include "runner/allgather_runner.hpp"
+#include "runner/call_ticket.hpp"
 #include "runner/group_failure.hpp"
 #include "runner/guarded_thread.hpp"
 #include "runner/host_rail_allgather.hpp"
@@ -39,8 +42,11 @@ class SharedMemoryRunner : public AllgatherRunner {
   struct Job {
     std::vector<HostShmTransport::Op> ops;
     c10::intrusive_ptr<HostWork> work;
+    uint64_t ticket;
   };
   void workerLoop();
+  // Runs `job` on the calling thread once its turn came (`lock` held; held again on return), and completes its work.
+  void runInTurn(Job& job, std::unique_lock<std::mutex>& lock);
   // The worker itself failed: the collective it ran and every queued one fail with its message.
   void abandonQueued(const std::string& why);
 
@@ -53,8 +59,10 @@ class SharedMemoryRunner : public AllgatherRunner {
   std::deque<Job> queue_;
   c10::intrusive_ptr<HostWork> running_;  // the one the worker holds, so that abandonQueued can fail it too
   GroupFailure failure_;
+  CallTickets order_;
   bool stop_ = false;
   const bool injectWorkerFault_;
+  const bool syncOnCaller_;  // TORCH_SDMA_TEST_SYNC_ON_CALLER
   GuardedThread worker_;
 };
 
