@@ -433,31 +433,42 @@ class Soak:
         except Exception as e:  # noqa: BLE001
             self._fail(item.call, e)
 
-    def check_resources(self, fds0, mapped0):
+    def check_resources(self, fds0, mapped0, rounds=4):
         """Descriptors: at most FD_SLACK more than after the warm-up. Peer mappings: after every rank emptied its
-        cache and every group gathered once more (which is when a rank unmaps what its peers freed), a group maps at
-        most what its other members still hold (reserved by their caching allocators, plus their staging and bounce
-        areas), MAPPED_SLACK_PER_PEER each: more would be memory the peers freed and can never get back."""
-        if self.cuda:
-            torch.cuda.empty_cache()
-        dist.barrier(group=self.ctrl)
-        self.warm_up()
-        fds, mapped = self.resources()
-        held = [None] * self.world
-        mine = {"reserved": torch.cuda.memory_reserved(self.device) if self.cuda else 0,
-                "staging": [_staging(g) if self.rank in m else 0 for g, m in zip(self.groups, self.members)]}
-        dist.all_gather_object(held, mine, group=self.ctrl)
+        cache and every group gathered again, a group maps at most what its other members still hold (reserved by
+        their caching allocators, plus their staging and bounce areas), MAPPED_SLACK_PER_PEER each: more would be
+        memory the peers freed and can never get back. A rank reports what it freed at its next all-gather and a peer
+        unmaps it at the all-gather after it reads the report, so a free may take two gathers to come back: up to
+        `rounds` rounds, the verdict taken alike on every rank."""
         problems = []
-        if fds > fds0 + FD_SLACK:
-            problems.append(f"{fds - fds0} more file descriptors than after the warm-up ({fds0} -> {fds})")
-        for i, m in enumerate(mapped):
-            peers = [r for r in self.members[i] if r != self.rank]
-            allowed = max(mapped0[i], sum(held[r]["reserved"] + held[r]["staging"][i] + MAPPED_SLACK_PER_PEER
-                                          for r in peers))
-            if m > allowed:
-                problems.append(f"group {i} maps {m} B of its peers' memory, more than the {allowed} B they hold")
+        for _ in range(rounds):
+            if self.cuda:
+                torch.cuda.empty_cache()
+            dist.barrier(group=self.ctrl)
+            self.warm_up()
+            if self.cuda:
+                torch.cuda.synchronize(self.device)
+            fds, mapped = self.resources()
+            held = [None] * self.world
+            mine = {"reserved": torch.cuda.memory_reserved(self.device) if self.cuda else 0,
+                    "staging": [_staging(g) if self.rank in m else 0 for g, m in zip(self.groups, self.members)]}
+            dist.all_gather_object(held, mine, group=self.ctrl)
+            problems = []
+            if fds > fds0 + FD_SLACK:
+                problems.append(f"{fds - fds0} more file descriptors than after the warm-up ({fds0} -> {fds})")
+            for i, m in enumerate(mapped):
+                peers = [r for r in self.members[i] if r != self.rank]
+                allowed = max(mapped0[i], sum(held[r]["reserved"] + held[r]["staging"][i] + MAPPED_SLACK_PER_PEER
+                                              for r in peers))
+                if m > allowed:
+                    problems.append(f"group {i} maps {m} B of its peers' memory, more than the {allowed} B they hold")
+            verdicts = [None] * self.world
+            dist.all_gather_object(verdicts, bool(problems), group=self.ctrl)
+            if not any(verdicts):
+                return
         if problems:
             raise SoakFailure(f"soak on rank {self.rank}, seed {self.opts.seed}: " + "; ".join(problems))
+        raise SoakFailure(f"soak on rank {self.rank}, seed {self.opts.seed}: a peer's resources did not come back")
 
 
 @contextlib.contextmanager
