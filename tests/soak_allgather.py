@@ -532,6 +532,9 @@ def main(argv=None):
     opts, a = SoakOptions.parse(argv, on_gpu)
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", str(rank)))
+    backend = a.backend or ("cpu:gloo,cuda:sdma" if on_gpu else "sdma")
+    if "sdma" in backend:
+        import torch_sdma  # noqa: F401  (registers the backend; before CUDA starts, so that it sets the hardware queues)
     if on_gpu:
         # cuda:<local rank>, wrapping over the visible GPUs: with SDMA_TEST_SHARE_GPU=1 on one GPU both ranks share it.
         device = torch.device("cuda", local % torch.cuda.device_count())
@@ -539,9 +542,6 @@ def main(argv=None):
     else:
         device = torch.device("cpu")
     os.environ.setdefault("TORCH_SDMA_MIN_BYTES", "0")  # every size on the DMA path
-    backend = a.backend or ("cpu:gloo,cuda:sdma" if on_gpu else "sdma")
-    if "sdma" in backend:
-        import torch_sdma  # noqa: F401  (registers the backend)
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=a.pg_timeout_s))
     try:
         s = run_soak(opts, device)
