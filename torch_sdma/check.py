@@ -290,7 +290,7 @@ class Check:
         forms = self.forms()
         self.say(f"\n## Bit-exact sweep: {len(forms)} forms x {len(DTYPES)} dtypes x {len(SWEEP_BYTES)} sizes per "
                  f"group, {self.world} ranks")
-        expected = {}
+        expected, inputs = {}, {}  # per byte count; every rank rebuilds every rank's input
         for group_name, group in self.groups:
             self.watchdog.enter(f"sweep, group {group_name}")
             paths, wrong = {}, []
@@ -304,8 +304,9 @@ class Check:
                         self.watchdog.enter(f"sweep: {key}")
                         if n not in expected:
                             expected[n] = expected_output(self.world, n, self.device)
+                            inputs[n] = expected[n][self.rank * n:(self.rank + 1) * n].clone()
                         out = torch.full((self.world * n,), 0xA5, dtype=torch.uint8, device=self.device)
-                        inp = hashed_bytes(self.rank, n, self.device)
+                        inp = inputs[n]
                         call(out, inp, dtype, group)
                         if self.plant and self.plant == form and not self.planted and self.rank == self.world - 1:
                             out[0] ^= 0xFF
@@ -437,7 +438,9 @@ def launch(args, argv):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
            "-m", "torch_sdma.check", *argv]
     print("torch_sdma.check: " + " ".join(["torchrun"] + cmd[3:]), flush=True)
-    return subprocess.run(cmd).returncode
+    # One thread per rank unless the caller chose: torchrun otherwise prints a banner saying it set that.
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    return subprocess.run(cmd, env=env).returncode
 
 
 def main(argv=None):
