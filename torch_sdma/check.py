@@ -129,13 +129,17 @@ class Watchdog:
                 os._exit(1)
 
 
+class _StopSweep(Exception):
+    pass
+
+
 class Check:
     def __init__(self, args):
         self.args = args
         self.rank, self.world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
         self.watchdog = Watchdog(self.rank, args.timeout)
-        self.failures, self.warnings, self.lines = [], [], []
+        self.failures, self.warnings, self.lines, self.errors = [], [], [], []
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         self.mode = args.mode if args.mode != "auto" else ("gpu" if gpus else "cpu")
         timeout = datetime.timedelta(seconds=args.timeout)
@@ -260,7 +264,8 @@ class Check:
 
         def coalesced(out, inp, dtype, group):
             n = inp.numel()
-            half = n // 2
+            elem = torch.tensor([], dtype=dtype).element_size()
+            half = n // elem // 2 * elem  # whole elements in each half
             if half == 0:
                 return single(out, inp, dtype, group)
             # Two gathers of the two halves, issued as one coalesced call (Megatron, DeepSpeed), then interleaved.
@@ -279,7 +284,8 @@ class Check:
             # all_gather_coalesced is deprecated by torch; it is still a form users call, so it is checked quietly.
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", FutureWarning)
-                dist.all_gather_coalesced([[typed(out[r * n:(r + 1) * n], dtype) for r in range(world)]],
+                # One list per rank, each with one tensor per input.
+                dist.all_gather_coalesced([[typed(out[r * n:(r + 1) * n], dtype)] for r in range(world)],
                                           [typed(inp, dtype)], group=group)
 
         return [(SINGLE, single), (f"{SINGLE} in place", in_place), (f"{SINGLE} stacked", stacked),
@@ -287,6 +293,17 @@ class Check:
                 ("all_gather", as_list), ("all_gather_coalesced", list_coalesced)]
 
     def sweep(self):
+        """Every form in every group; stops at the first call that raises, since the ranks may then disagree on
+        what comes next."""
+        try:
+            self._sweep()
+        except _StopSweep:
+            pass
+        for e in sum(self.gather_all(self.errors), []):
+            self.fail(f"ERROR: {e}")
+        return not self.errors
+
+    def _sweep(self):
         forms = self.forms()
         self.say(f"\n## Bit-exact sweep: {len(forms)} forms x {len(DTYPES)} dtypes x {len(SWEEP_BYTES)} sizes per "
                  f"group, {self.world} ranks")
@@ -307,7 +324,11 @@ class Check:
                             inputs[n] = expected[n][self.rank * n:(self.rank + 1) * n].clone()
                         out = torch.full((self.world * n,), 0xA5, dtype=torch.uint8, device=self.device)
                         inp = inputs[n]
-                        call(out, inp, dtype, group)
+                        try:
+                            call(out, inp, dtype, group)
+                        except Exception as e:  # noqa: BLE001  (reported with the call; the ranks may now disagree)
+                            self.errors.append(f"{key}, rank {self.rank}: {type(e).__name__}: {e}"[:400])
+                            raise _StopSweep() from None
                         if self.plant and self.plant == form and not self.planted and self.rank == self.world - 1:
                             out[0] ^= 0xFF
                             self.planted = True
@@ -365,6 +386,7 @@ class Check:
         self.say(f"\n## busbw, {SINGLE} out of place, bf16; GB/s = out*(w-1)/w/t, median of {self.args.rounds} rounds")
         self.say(f"| output | sdma | {self.base_name} | sdma / {self.base_name} | ce-limit | sdma / ce-limit | path |")
         self.say("|---|---|---|---|---|---|---|")
+        no_limit = ""
         for size in sizes:
             self.watchdog.enter(f"busbw {human_bytes(size)}")
             n = max(2, size // w // 2 * 2)
@@ -392,14 +414,15 @@ class Check:
             lim_cells = f"{lim:.3g} | {bw['sdma'] / lim:.2f}" if lim else "n/a | "
             self.say(f"| {human_bytes(w * n)} | {bw['sdma']:.3g} | {bw[self.base_name]:.3g} | "
                      f"{bw['sdma'] / bw[self.base_name]:.2f} | {lim_cells} | {path} |")
-            if not push and size == sizes[0]:
-                self.say(f"ce-limit: n/a, {why}")
+            if not push:
+                no_limit = why
+        if no_limit:
+            self.say(f"ce-limit: n/a, {no_limit}")
 
     def run(self):
         self.registration()
         self.hardware_queues()
-        self.sweep()
-        if not self.args.skip_busbw:
+        if self.sweep() and not self.args.skip_busbw:
             self.busbw()
         self.watchdog.enter("report")
         failures = self.gather_all(self.failures)
