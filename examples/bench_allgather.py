@@ -152,13 +152,14 @@ class Bench:
         self.base_group = dist.new_group(ranks=self.base_ranks, backend=self.base_name)
         # Barriers on gloo: with processes sharing GPUs the default group's NCCL could not run.
         self.cpu_group = dist.new_group(backend="gloo") if self.pseudo else None
+        # The groups below log nothing at creation: the default group's line says what applies to this device.
         # The enqueue cost is that of the copy-engine path, which the default group leaves to NCCL below
         # TORCH_SDMA_MIN_BYTES: a second sdma group, with the threshold at 0, takes every size on DMA.
-        self.dma_group = new_group_with_env(TORCH_SDMA_MIN_BYTES="0")
+        self.dma_group = new_group_with_env(TORCH_SDMA_MIN_BYTES="0", TORCH_SDMA_LOG="0")
         # Peer rows of their own: the direct path at every size, and staging (the path of the other forms, and of
         # all_gather_single with TORCH_SDMA_DIRECT=0) at every size.
-        self.direct_group = new_group_with_env(TORCH_SDMA_MIN_BYTES="0", TORCH_SDMA_DIRECT="1")
-        self.staging_group = new_group_with_env(TORCH_SDMA_MIN_BYTES="0", TORCH_SDMA_DIRECT="0")
+        self.direct_group = new_group_with_env(TORCH_SDMA_MIN_BYTES="0", TORCH_SDMA_DIRECT="1", TORCH_SDMA_LOG="0")
+        self.staging_group = new_group_with_env(TORCH_SDMA_MIN_BYTES="0", TORCH_SDMA_DIRECT="0", TORCH_SDMA_LOG="0")
         self.dtype = DTYPES[args.dtype or ("bf16" if mode == "gpu" else "fp32")]
         max_bytes = args.max_bytes or (GIB if mode == "gpu" else 64 * MIB)
         self.sizes = [s for s in (args.sizes or DEFAULT_SIZES) if s <= max_bytes]
@@ -680,10 +681,13 @@ def peer_table(rows):
     """busbw (GB/s) per peer and form; "n/a" where the peer lacks the form or this machine lacks the peer."""
     if not rows:
         return ""
-    cols = [c for c in PEER_COLUMNS if any(f"{c}_{f}" in r for r in rows for f in FORMS) or c in rows[0]["unavailable"]]
+    # Only the peers this machine has: the notes below the table say why each other one is n/a. Short ratio
+    # headers ("direct/best": sdma-direct over the best peer), so that the header fits a terminal line.
+    cols = [c for c in PEER_COLUMNS if any(f"{c}_{f}" in r for r in rows for f in FORMS)
+            or (c.startswith("ce-limit") and f"{c}_out" in rows[0])]
     ours = [c for c in RATIO_ROWS if c in cols]
     lines = ["| output | form | " + " | ".join(cols) + " | best peer | "
-             + " | ".join(f"{c} / {what}" for c in ours for what in ("best peer", "ce-limit")) + " |",
+             + " | ".join(f"{c.removeprefix('sdma-')}/{what}" for c in ours for what in ("best", "limit")) + " |",
              "|" + "---|" * (len(cols) + 3 + 2 * len(ours))]
     for r in rows:
         for form in FORMS:
