@@ -49,12 +49,14 @@ def sdma_wheel():
     `pip wheel --no-build-isolation --no-deps` with the interpreter running the tests, so against its torch. pip
     builds in the checkout, where setuptools leaves an egg-info; it is removed if it was not there before, so the
     other tests' PYTHONPATH (the checkout) does not gain a distribution with an entry point."""
+    import atexit
     import glob
     import shutil
     import subprocess
     import tempfile
 
     out = tempfile.mkdtemp(prefix="torch_sdma_wheel_")
+    atexit.register(shutil.rmtree, out, True)  # the wheel outlives no test run
     egg_info = os.path.join(REPO, "torch_sdma.egg-info")
     had_egg_info = os.path.exists(egg_info)
     try:
