@@ -1,6 +1,8 @@
 # Two entry points that work on a fresh machine:
 #   make test   installs what is missing, builds the extension, runs the test suite
-#   make bench  the all-gather benchmark (sdma against the inner backend) over every local GPU, or 2 CPU ranks
+#   make bench  checks the node (python -m torch_sdma.check), then the all-gather benchmark (sdma against the inner
+#               backend) over every local GPU, or 2 CPU ranks; writes results/ with its plots
+# Each step says what it does in one line; the build is quiet unless it fails (its log: build/build.log).
 #
 # An interpreter that already has torch is used as is (the GPU machines). Otherwise a venv is made with the
 # CUDA-13 build of torch $(TORCH_VERSION), so that the GPU code is compiled even where no GPU is.
@@ -28,15 +30,23 @@ all: build
 
 deps:
 	@if [ "$(PY)" = "$(VENV)/bin/python" ]; then \
-	  [ -x $(VENV)/bin/python ] || $(PYTHON) -m venv $(VENV); \
-	  $(PY) -c "import torch" >/dev/null 2>&1 || $(PY) -m pip install -q "torch==$(TORCH_VERSION)"; \
+	  [ -x $(VENV)/bin/python ] || { echo "make: creating the venv $(VENV)"; $(PYTHON) -m venv $(VENV); }; \
+	  $(PY) -c "import torch" >/dev/null 2>&1 || { \
+	    echo "make: installing torch $(TORCH_VERSION) into $(VENV) (CUDA build, several GB: minutes, once)"; \
+	    $(PY) -m pip install -q --progress-bar off "torch==$(TORCH_VERSION)"; }; \
 	fi
-	@$(PY) -c "import pytest, ninja, numpy" >/dev/null 2>&1 || $(PY) -m pip install -q pytest ninja numpy
+	@$(PY) -c "import pytest, ninja, numpy" >/dev/null 2>&1 || { \
+	  echo "make: installing pytest, ninja, numpy"; $(PY) -m pip install -q --progress-bar off pytest ninja numpy; }
 
+# Quiet: the compiler's command lines go to build/build.log, shown only when the build fails.
 build: deps
-	MAX_JOBS=$(JOBS) $(PY) setup.py -q build_ext --inplace
+	@mkdir -p build
+	@echo "make: building torch_sdma._C with $(JOBS) jobs (log: build/build.log)"
+	@MAX_JOBS=$(JOBS) $(PY) setup.py -q build_ext --inplace >build/build.log 2>&1 \
+	  || { tail -n 40 build/build.log; echo "make: the build failed; the whole log is build/build.log"; exit 1; }
 
 test: build
+	@echo "make: running the tests (pytest tests; CPU ranks, the GPU suites skip without two GPUs)"
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
 # Style: ruff for Python (ruff.toml), clang-format for C++ (.clang-format). `make format` applies both.
@@ -81,8 +91,16 @@ hip-check: deps
 
 NGPU  = $(shell $(PY) -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
 NPROC = $(if $(filter 0,$(NGPU)),2,$(NGPU))
+# One thread per rank unless the caller chose: torchrun otherwise warns that it set it.
+BENCH_ENV = OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1}
 bench: build
-	$(PY) -m torch.distributed.run --standalone --nproc_per_node $(NPROC) examples/bench_allgather.py --out-dir results
+	@$(PY) -c "import matplotlib" >/dev/null 2>&1 || { \
+	  echo "make: installing matplotlib (the benchmark's plots)"; $(PY) -m pip install -q --progress-bar off matplotlib; }
+	@echo "make: checking this node with $(NPROC) ranks (python -m torch_sdma.check)"
+	$(BENCH_ENV) $(PY) -m torch.distributed.run --standalone --nproc_per_node $(NPROC) -m torch_sdma.check --skip-busbw
+	@echo "make: the all-gather benchmark with $(NPROC) ranks, one line per size (results/)"
+	$(BENCH_ENV) $(PY) -m torch.distributed.run --standalone --nproc_per_node $(NPROC) examples/bench_allgather.py \
+	  --out-dir results
 
 # The randomized all-gather soak (tests/soak_allgather.py): a rank per local GPU, or two ranks sharing the one GPU or
 # the CPU; its options go in SOAK_ARGS, e.g. make soak SOAK_ARGS="--calls 100000 --seed 7".

@@ -32,6 +32,9 @@ import torch
 import torch.distributed as dist
 
 FORMS = ("out", "in")
+# torch 2.14 deprecates all_gather_into_tensor in favour of all_gather_single (the same call underneath). Not taken
+# from torch_sdma: the nccl-ce processes must not load it (the import sets CUDA_DEVICE_MAX_CONNECTIONS).
+GATHER_SINGLE = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def hashed_bytes(rank, n, device):
@@ -101,7 +104,7 @@ class InProcessPeer:
 
 
 class GroupPeer(InProcessPeer):
-    """A process group's all_gather_into_tensor (sdma, or the baseline), both forms."""
+    """A process group's all_gather_single (all_gather_into_tensor before torch 2.14), both forms."""
 
     def __init__(self, name, group, rank, world, device):
         super().__init__(name, FORMS)
@@ -113,7 +116,7 @@ class GroupPeer(InProcessPeer):
         calls = {}
         for form in self.forms:
             def call(form=form):
-                dist.all_gather_into_tensor(as_bf16(bufs.out), as_bf16(bufs.input_for(form)), group=self.group)
+                GATHER_SINGLE(as_bf16(bufs.out), as_bf16(bufs.input_for(form)), group=self.group)
 
             def check(form=form, call=call):
                 bufs.fill(form)
@@ -290,7 +293,7 @@ def nccl_ce_main():
             results[str(size)] = {}
             for form in FORMS:
                 def call(form=form, bufs=bufs):
-                    dist.all_gather_into_tensor(as_bf16(bufs.out), as_bf16(bufs.input_for(form)))
+                    GATHER_SINGLE(as_bf16(bufs.out), as_bf16(bufs.input_for(form)))
                 bufs.fill(form)
                 call()
                 match = torch.equal(bufs.out, expected)

@@ -3,7 +3,7 @@
 GPU mode (one process per GPU):   torchrun --nproc_per_node <number of GPUs> examples/bench_allgather.py
 CPU mode (no GPU, CPU tensors):   torchrun --nproc_per_node 2 examples/bench_allgather.py
 
-GPU mode compares sdma (copy engines) with NCCL on CUDA tensors: a size sweep of all_gather_into_tensor, the
+GPU mode compares sdma (copy engines) with NCCL on CUDA tensors: a size sweep of all_gather_single, the
 slowdown each inflicts on bf16 GEMMs running beside it, and the CPU cost of enqueueing one call. CPU mode compares
 sdma (POSIX shared memory) with gloo on CPU tensors. Both backends are timed alternately in one process, so the
 figures share the machine's state at the time; compare them inside one run only.
@@ -19,7 +19,9 @@ NVLink or loopback, not a network: it shows the schedule working and what it cos
 a cluster.
 
 Writes to --out-dir: allgather_<mode>_w<world>.{csv,json,png} and allgather_<mode>_w<world>_peers.png (the PNGs only
-where matplotlib imports).
+where matplotlib imports; `make bench` installs it). On torch >= 2.14 every call is all_gather_single (torch deprecates
+all_gather_into_tensor, the same call underneath); before, all_gather_into_tensor. The bytes are checked, and the
+sizes and paths named, by the same helpers as `python -m torch_sdma.check`.
 """
 import argparse
 import csv
@@ -35,6 +37,12 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+try:
+    import torch_sdma
+except ModuleNotFoundError:  # run from a checkout without installing: the package is beside examples/
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    import torch_sdma
 from allgather_peers import (
     FORMS,
     CopyEngineLimit,
@@ -49,7 +57,7 @@ from allgather_peers import (
     run_nccl_ce,
 )
 
-import torch_sdma
+from torch_sdma.check import GATHER_SINGLE, SINGLE, human_bytes, new_group_with_env, parse_bytes, path_moved
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 DEFAULT_SIZES = [4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, 1 * MIB, 4 * MIB, 8 * MIB, 16 * MIB, 64 * MIB,
@@ -60,22 +68,6 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "uint8": torch.uint8}
 ITER_BUDGET = {"gpu": 4 * GIB, "cpu": 512 * MIB}
 
 
-def parse_bytes(text):
-    """'4K', '16M', '1G' or a plain number of bytes."""
-    units = {"K": KIB, "M": MIB, "G": GIB}
-    text = text.strip().upper().removesuffix("IB").removesuffix("B")
-    if text and text[-1] in units:
-        return int(float(text[:-1]) * units[text[-1]])
-    return int(text)
-
-
-def human_bytes(n):
-    for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
-        if n >= size and n % size == 0:
-            return f"{n // size} {unit}"
-    return f"{n} B"
-
-
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mode", choices=["auto", "gpu", "cpu"], default="auto",
@@ -83,7 +75,7 @@ def parse_args():
     p.add_argument("--sizes", type=lambda s: [parse_bytes(x) for x in s.split(",")],
                    help="comma-separated output sizes (e.g. 4K,1M,1G); default: 4 KiB to 1 GiB")
     p.add_argument("--max-bytes", type=parse_bytes,
-                   help="drop sizes above this (default: 1G on GPU, 256M on CPU)")
+                   help="drop sizes above this (default: 1G on GPU, 64M on CPU)")
     p.add_argument("--dtype", choices=list(DTYPES), help="default: bf16 on GPU, fp32 on CPU")
     p.add_argument("--rounds", type=int, default=7, help="timed rounds per size and backend (median is reported)")
     p.add_argument("--warmup", type=int, default=3, help="untimed calls per size and backend")
@@ -160,19 +152,16 @@ class Bench:
         self.base_group = dist.new_group(ranks=self.base_ranks, backend=self.base_name)
         # Barriers on gloo: with processes sharing GPUs the default group's NCCL could not run.
         self.cpu_group = dist.new_group(backend="gloo") if self.pseudo else None
+        # The groups below log nothing at creation: the default group's line says what applies to this device.
         # The enqueue cost is that of the copy-engine path, which the default group leaves to NCCL below
         # TORCH_SDMA_MIN_BYTES: a second sdma group, with the threshold at 0, takes every size on DMA.
-        self.dma_group = new_group_with_env(TORCH_SDMA_MIN_BYTES="0")
+        self.dma_group = new_group_with_env(TORCH_SDMA_MIN_BYTES="0", TORCH_SDMA_LOG="0")
         # Peer rows of their own: the direct path at every size, and staging (the path of the other forms, and of
-        # all_gather_into_tensor with TORCH_SDMA_DIRECT=0) at every size.
-        self.direct_group = new_group_with_env(TORCH_SDMA_MIN_BYTES="0", TORCH_SDMA_DIRECT="1")
-        self.staging_group = new_group_with_env(TORCH_SDMA_MIN_BYTES="0", TORCH_SDMA_DIRECT="0")
-        # The direct path whose late pairs land (TORCH_SDMA_DIRECT_LATE_PAIRS=land), beside the default's: copy
-        # engines only (the CPU path's late pairs always move both).
-        self.land_group = (new_group_with_env(TORCH_SDMA_MIN_BYTES="0", TORCH_SDMA_DIRECT="1",
-                                              TORCH_SDMA_DIRECT_LATE_PAIRS="land") if mode == "gpu" else None)
+        # all_gather_single with TORCH_SDMA_DIRECT=0) at every size.
+        self.direct_group = new_group_with_env(TORCH_SDMA_MIN_BYTES="0", TORCH_SDMA_DIRECT="1", TORCH_SDMA_LOG="0")
+        self.staging_group = new_group_with_env(TORCH_SDMA_MIN_BYTES="0", TORCH_SDMA_DIRECT="0", TORCH_SDMA_LOG="0")
         self.dtype = DTYPES[args.dtype or ("bf16" if mode == "gpu" else "fp32")]
-        max_bytes = args.max_bytes or (GIB if mode == "gpu" else 256 * MIB)
+        max_bytes = args.max_bytes or (GIB if mode == "gpu" else 64 * MIB)
         self.sizes = [s for s in (args.sizes or DEFAULT_SIZES) if s <= max_bytes]
 
     def log(self, *a):
@@ -204,19 +193,12 @@ class Bench:
         return (time.perf_counter() - t0) / iters
 
 
-def sdma_path(before, after):
-    """Which all-gather path(s) sdma's counters moved on between two torch_sdma.stats() snapshots."""
-    moved = [k for k, v in after.items()
-             if k.startswith(("dma", "inner:")) and v["calls"] > before.get(k, {}).get("calls", 0)]
-    return "+".join(sorted(moved)) or "none"
-
-
-PAIR_KINDS = ("each_pushing_own", "one_moving_both", "landed")
+PAIR_KINDS = ("each_pushing_own", "one_moving_both")
 
 
 def direct_pairs(group):
-    """This rank's direct-path pair counts in a group so far, one per PAIR_KINDS: each pushing its own bytes, one
-    moving both directions, or the earlier rank landing its bytes in the later one's landing area."""
+    """This rank's direct-path pair counts in a group so far, one per PAIR_KINDS: each pushing its own bytes, or one
+    moving both directions (a peer that called too late)."""
     d = torch_sdma.stats(group).get("dma:direct", {})
     return tuple(d.get(f"pairs_{kind}", 0) for kind in PAIR_KINDS)
 
@@ -239,7 +221,7 @@ def with_ratio(b, row, bw, path, match):
 
 
 def sweep(b):
-    """all_gather_into_tensor over the size list; both backends per round, alternating which one goes first."""
+    """all_gather_single over the size list; both backends per round, alternating which one goes first."""
     a = b.args
     elem = torch.tensor([], dtype=b.dtype).element_size()
     rows = []
@@ -257,22 +239,22 @@ def sweep(b):
         # Bit-exact check against the baseline on fresh data before anything is timed.
         for name, group in b.groups():
             outs[name].fill_(0)
-            dist.all_gather_into_tensor(outs[name], inp, group=group)
+            GATHER_SINGLE(outs[name], inp, group=group)
         match = torch.equal(outs["sdma"], outs[b.base_name])
         iters = b.iters_for(out_bytes)
         per_round = {name: [] for name, _ in b.groups()}
         stats_before = torch_sdma.stats()
         for name, group in b.groups():
             for _ in range(a.warmup):
-                dist.all_gather_into_tensor(outs[name], inp, group=group)
+                GATHER_SINGLE(outs[name], inp, group=group)
         for r in range(a.rounds):
             order = b.groups() if r % 2 == 0 else b.groups()[::-1]
             for name, group in order:
                 b.sync()
-                t = b.time_calls(lambda o=outs[name], g=group: dist.all_gather_into_tensor(o, inp, group=g), iters)
+                t = b.time_calls(lambda o=outs[name], g=group: GATHER_SINGLE(o, inp, group=g), iters)
                 per_round[name].append(t)
         b.sync()
-        path = sdma_path(stats_before, torch_sdma.stats())
+        path = path_moved(stats_before, torch_sdma.stats())
         # Each rank timed its own calls; a call is done when the slowest rank is, so report the slowest rank.
         med = {name: slowest(b, statistics.median(ts)) for name, ts in per_round.items()}
         row = {"bytes": out_bytes, "size": human_bytes(out_bytes), "dtype": str(b.dtype).removeprefix("torch."),
@@ -301,7 +283,7 @@ def all_ranks(b, ok):
 
 
 def pseudo_node_sweep(b):
-    """--pseudo-nodes: all_gather_into_tensor on the hierarchical path (the default group) and on the baseline, in
+    """--pseudo-nodes: all_gather_single on the hierarchical path (the default group) and on the baseline, in
     alternating rounds, uint8 so that every byte pattern occurs and is checked exactly."""
     a = b.args
     base_member = b.rank in b.base_ranks
@@ -312,14 +294,14 @@ def pseudo_node_sweep(b):
         inp = hashed_bytes(b.rank, n, b.device)
         out = torch.empty(out_bytes, dtype=torch.uint8, device=b.device)
         before = torch_sdma.stats()
-        dist.all_gather_into_tensor(out, inp)
+        GATHER_SINGLE(out, inp)
         match = torch.equal(out, expected_output(b.world, n, b.device))
         base_n = out_bytes // len(b.base_ranks)
         base_in = torch.empty(base_n, dtype=torch.uint8, device=b.device)
         base_out = torch.empty(base_n * len(b.base_ranks), dtype=torch.uint8, device=b.device)
         iters = b.iters_for(out_bytes)
-        calls = {"sdma": lambda: dist.all_gather_into_tensor(out, inp),
-                 b.base_name: lambda: dist.all_gather_into_tensor(base_out, base_in, group=b.base_group)}
+        calls = {"sdma": lambda: GATHER_SINGLE(out, inp),
+                 b.base_name: lambda: GATHER_SINGLE(base_out, base_in, group=b.base_group)}
         for name, fn in calls.items():
             for _ in range(a.warmup if name == "sdma" or base_member else 0):
                 fn()
@@ -330,7 +312,7 @@ def pseudo_node_sweep(b):
                 if name == "sdma" or base_member:
                     per_round[name].append(b.time_calls(calls[name], iters))
         b.sync()
-        path = sdma_path(before, torch_sdma.stats())
+        path = path_moved(before, torch_sdma.stats())
         med = {name: slowest(b, statistics.median(ts) if ts else 0.0) for name, ts in per_round.items()}
         row = {"bytes": out_bytes, "size": human_bytes(out_bytes), "dtype": "uint8", "iters": iters,
                "rounds": a.rounds, "sdma_path": path, "match": all_ranks(b, match),
@@ -348,7 +330,7 @@ def pseudo_node_report(b, rows, where):
     base = (f"flat {b.base_name} over all {b.world} ranks" if len(b.base_ranks) == b.world else
             f"flat {b.base_name} over one process per GPU ({len(b.base_ranks)} ranks; NCCL refuses two ranks of one "
             f"communicator on one GPU), the same output bytes")
-    lines = [f"## all_gather_into_tensor on ONE host split into pseudo-nodes {layout} ({where})",
+    lines = [f"## {SINGLE} on ONE host split into pseudo-nodes {layout} ({where})",
              "",
              f"The hierarchical path's rails cross {rails} here, not a network: this shows the schedule at work on "
              f"one host, not what it does on a cluster. Baseline: {base}. algbw = output bytes / time.",
@@ -388,8 +370,7 @@ def gemm_overlap(b):
     # sdma's default (the direct path at these sizes) moves no staging drain through HBM: staging is measured beside
     # it, to show what that saves next to GEMMs.
     groups["sdma-staging"] = b.staging_group
-    groups["sdma-land"] = b.land_group
-    beside = ("sdma", "sdma-land", "sdma-staging", b.base_name)
+    beside = ("sdma", "sdma-staging", b.base_name)
 
     def once(kind, with_gemm=True):
         b.sync()
@@ -407,7 +388,7 @@ def gemm_overlap(b):
         works = []
         if kind != "alone":
             with torch.cuda.stream(side):
-                works = [dist.all_gather_into_tensor(out, inp, group=groups[kind], async_op=True)
+                works = [GATHER_SINGLE(out, inp, group=groups[kind], async_op=True)
                          for _ in range(a.overlap_gathers)]
         for w in works:
             w.wait()
@@ -428,7 +409,7 @@ def gemm_overlap(b):
         for kind in (kinds if r % 2 == 0 else kinds[::-1]):
             runs[kind].append(once(kind))
     gathers_alone = {name: statistics.median(once(name, with_gemm=False)[1] for _ in range(3)) for name in beside}
-    path = sdma_path(stats_before, torch_sdma.stats())
+    path = path_moved(stats_before, torch_sdma.stats())
     alone = [g for g, _ in runs["alone"]]
     result = {"gemm_size": m, "gemm_count": a.gemm_count, "gathers": a.overlap_gathers, "rounds": a.gemm_rounds,
               "in_place": a.overlap_in_place,
@@ -449,7 +430,7 @@ def gemm_overlap(b):
 
 
 def enqueue_cost(b):
-    """CPU time of one async all_gather_into_tensor call, per backend, size and form; batches alternate between
+    """CPU time of one async all_gather_single call, per backend, size and form; batches alternate between
     backends and each batch is waited on and synchronized so that no queue fills up and throttles the calls being
     timed."""
     a = b.args
@@ -470,7 +451,7 @@ def enqueue_cost(b):
                 works = []
                 for _ in range(batch):
                     t0 = time.perf_counter_ns()
-                    w = dist.all_gather_into_tensor(out, inp, group=group, async_op=True)
+                    w = GATHER_SINGLE(out, inp, group=group, async_op=True)
                     t1 = time.perf_counter_ns()
                     works.append(w)
                     if record is not None:
@@ -489,8 +470,8 @@ def enqueue_cost(b):
                     run_batch(group, samples[name])
             rows.append({
                 "output_bytes": n_out * 2, "form": form,
-                "paths": {"sdma": sdma_path(before, torch_sdma.stats(b.dma_group)),
-                          "sdma-staging": sdma_path(before_staging, torch_sdma.stats(b.staging_group))},
+                "paths": {"sdma": path_moved(before, torch_sdma.stats(b.dma_group)),
+                          "sdma-staging": path_moved(before_staging, torch_sdma.stats(b.staging_group))},
                 "backends": {name: {"calls": len(s), "median_us": statistics.median(s),
                                     "mean_us": statistics.fmean(s), "p90_us": sorted(s)[int(0.9 * (len(s) - 1))]}
                              for name, s in samples.items()}})
@@ -500,7 +481,7 @@ def enqueue_cost(b):
 def enqueue_markdown(enqueue):
     """The enqueue-cost table: one row per size, form and backend, with the median's ratio to the base backend's."""
     base = enqueue["base"]
-    lines = ["## CPU cost of enqueueing one async all_gather_into_tensor (bf16; lower is better)\n",
+    lines = [f"## CPU cost of enqueueing one async {SINGLE} (bf16; lower is better)\n",
              f"| output | form | backend | path | calls | median us | mean us | p90 us | median / {base} |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in enqueue["rows"]:
@@ -513,7 +494,7 @@ def enqueue_markdown(enqueue):
 
 
 def captured_replay(b):
-    """A CUDA graph of --captured-calls all_gather_into_tensor per backend, both captured the same way, replayed in
+    """A CUDA graph of --captured-calls all_gather_single per backend, both captured the same way, replayed in
     alternating rounds: microseconds per all-gather inside a replay."""
     a = b.args
     rows = []
@@ -528,18 +509,18 @@ def captured_replay(b):
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):  # warm-up outside the graph, as torch.cuda.graph asks
-                dist.all_gather_into_tensor(out, inp, group=group)
+                GATHER_SINGLE(out, inp, group=group)
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 for _ in range(a.captured_calls):
-                    dist.all_gather_into_tensor(out, inp, group=group)
+                    GATHER_SINGLE(out, inp, group=group)
             out.zero_()
             graph.replay()
             b.sync()
             graphs[name], outs[name] = graph, out
         match = torch.equal(outs["sdma"], outs[b.base_name])
-        path = sdma_path(stats_before, torch_sdma.stats())
+        path = path_moved(stats_before, torch_sdma.stats())
         per_round = {name: [] for name, _ in b.groups()}
         for r in range(a.rounds):
             order = b.groups() if r % 2 == 0 else b.groups()[::-1]
@@ -572,7 +553,7 @@ def staging_across_groups(b, groups=8, size=64 * MIB):
     inp = torch.randn(n_out // b.world, device=b.device).to(torch.bfloat16)
     out = torch.empty(n_out, dtype=torch.bfloat16, device=b.device)
     for g in made:
-        dist.all_gather_into_tensor(out, inp, group=g)
+        GATHER_SINGLE(out, inp, group=g)
     torch.cuda.synchronize()
     staging = sum(torch_sdma.staging_bytes(g) for g in made)
     free_with, _ = torch.cuda.mem_get_info()
@@ -586,20 +567,6 @@ def staging_across_groups(b, groups=8, size=64 * MIB):
             "default_group_staging_bytes": torch_sdma.staging_bytes()}
 
 
-def new_group_with_env(**env):
-    """A group of the default backend created while `env` is set (sdma reads its knobs at group creation)."""
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        return dist.new_group()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                del os.environ[k]
-            else:
-                os.environ[k] = v
-
-
 def peer_sweep(b):
     """Every all-gather a user could pick (allgather_peers.py) beside sdma, out of place and in place, on the sweep's
     sizes: busbw per peer and form, each checked for its bytes, and sdma's ratio to the best peer and to the limit."""
@@ -611,10 +578,6 @@ def peer_sweep(b):
              GroupPeer("sdma-staging", b.staging_group, b.rank, b.world, b.device),
              GroupPeer(b.base_name, b.base_group, b.rank, b.world, b.device)]
     unavailable = {}
-    if b.land_group is not None:
-        peers.insert(2, GroupPeer("sdma-land", b.land_group, b.rank, b.world, b.device))
-    else:
-        unavailable["sdma-land"] = "needs CUDA tensors"  # the CPU path's late pairs always move both
     nccl_ce = {}
     if b.mode == "gpu":
         peers += [SymmMemAllGather(b.base_group, b.rank, b.world, b.device),
@@ -688,18 +651,19 @@ def peer_sweep(b):
             best = min(others, key=others.get) if others else None
             if best:
                 row[f"best_peer_{form}"] = best
-            for ours in ("sdma", "sdma-direct", "sdma-land"):
+            for ours in RATIO_ROWS:
                 got = row.get(f"{ours}_{form}")
                 if got and best:
                     row[f"{ours}_over_best_{form}"] = others[best] / got["us"]
                 if got and "ce-limit_out" in row:
                     row[f"{ours}_over_limit_{form}"] = row["ce-limit_out"]["us"] / got["us"]
         rows.append(row)
-        b.log(f"  peers {row['size']}: " + ", ".join(
-            f"{k} {v['busbw_GBps']:.1f}{'' if v['match'] else ' (WRONG BYTES)'}" for k, v in row.items()
-            if isinstance(v, dict) and "us" in v)
-            + "; direct pairs each-own/one-both/landed: " + ", ".join(
-                f"{k} " + "/".join(str(v[kind]) for kind in PAIR_KINDS) for k, v in row["direct_pairs"].items()))
+        # One line per size as it is measured; the figures are in the table at the end.
+        timed = [v for v in row.values() if isinstance(v, dict) and "us" in v]
+        wrong = [k for k, v in row.items() if isinstance(v, dict) and "us" in v and not v["match"]]
+        b.log(f"  peers {row['size']:>8}: {len(timed)} rows timed, "
+              + (f"WRONG BYTES in {', '.join(wrong)}" if wrong else "all bytes right")
+              + f", best peer {row.get('best_peer_out', 'n/a')} / {row.get('best_peer_in', 'n/a')} (out / in)")
         del prepared
         if b.mode == "gpu":
             torch.cuda.synchronize()
@@ -707,20 +671,23 @@ def peer_sweep(b):
     return rows
 
 
-PEER_COLUMNS = ("sdma", "sdma-direct", "sdma-land", "sdma-staging", "nccl", "gloo", "nccl-ce", "symm-mem-ce",
+PEER_COLUMNS = ("sdma", "sdma-direct", "sdma-staging", "nccl", "gloo", "nccl-ce", "symm-mem-ce",
                 "ce-limit", "ce-limit-ipc")
 # Our rows whose ratios to the best peer and to the limit the peer table gives.
-RATIO_ROWS = ("sdma", "sdma-direct", "sdma-land")
+RATIO_ROWS = ("sdma", "sdma-direct")
 
 
 def peer_table(rows):
     """busbw (GB/s) per peer and form; "n/a" where the peer lacks the form or this machine lacks the peer."""
     if not rows:
         return ""
-    cols = [c for c in PEER_COLUMNS if any(f"{c}_{f}" in r for r in rows for f in FORMS) or c in rows[0]["unavailable"]]
+    # Only the peers this machine has: the notes below the table say why each other one is n/a. Short ratio
+    # headers ("direct/best": sdma-direct over the best peer), so that the header fits a terminal line.
+    cols = [c for c in PEER_COLUMNS if any(f"{c}_{f}" in r for r in rows for f in FORMS)
+            or (c.startswith("ce-limit") and f"{c}_out" in rows[0])]
     ours = [c for c in RATIO_ROWS if c in cols]
     lines = ["| output | form | " + " | ".join(cols) + " | best peer | "
-             + " | ".join(f"{c} / {what}" for c in ours for what in ("best peer", "ce-limit")) + " |",
+             + " | ".join(f"{c.removeprefix('sdma-')}/{what}" for c in ours for what in ("best", "limit")) + " |",
              "|" + "---|" * (len(cols) + 3 + 2 * len(ours))]
     for r in rows:
         for form in FORMS:
@@ -737,7 +704,7 @@ def peer_table(rows):
              for r in rows for name, v in r.get("direct_pairs", {}).items() if sum(v.values())]
     if pairs:
         notes.append("- this rank's direct-path pairs in the timed calls, each pushing its own bytes / one moving "
-                     "both / landed: " + ", ".join(pairs))
+                     "both: " + ", ".join(pairs))
     return "\n".join(lines + ([""] + notes if notes else []))
 
 
@@ -880,7 +847,7 @@ def main():
         args.out_dir.mkdir(parents=True, exist_ok=True)
         table = markdown_table(b, rows)
         peers_table = peer_table(peers) if peers else None
-        print(f"\n## all_gather_into_tensor, {where}, "
+        print(f"\n## {SINGLE}, {where}, "
               f"{rows[0]['dtype'] if rows else ''}; busbw = out*(w-1)/w/t, GB/s\n\n{table}\n")
         if peers:
             print(f"## Every all-gather a user could pick, {where}; busbw GB/s (examples/allgather_peers.py)\n\n"
@@ -903,7 +870,7 @@ def main():
                       f"| {overlap[f'total_with_{name}_ms']:.2f} | {overlap[f'gathers_alone_{name}_ms']:.2f} |")
             print(f"\nsdma path during the overlap runs: {overlap['sdma_path']}\n")
         if captured:
-            print(f"## CUDA graph replay: {args.captured_calls} all_gather_into_tensor (bf16) per graph, both backends "
+            print(f"## CUDA graph replay: {args.captured_calls} {SINGLE} (bf16) per graph, both backends "
                   f"captured the same way; per all-gather\n")
             print(f"| output | sdma us | {b.base_name} us | sdma busbw | {b.base_name} busbw | ratio | sdma path | "
                   f"match |\n|---|---|---|---|---|---|---|---|")
@@ -929,7 +896,7 @@ def main():
             w.writeheader()
             w.writerows(rows)
         png = plot(b, rows, args.out_dir / f"allgather_{tag}.png",
-                   f"all_gather_into_tensor busbw, {where}") if rows else None
+                   f"{SINGLE} busbw, {where}") if rows else None
         peers_png = plot_peers(b, peers, args.out_dir / f"allgather_{tag}_peers.png",
                                f"all-gather busbw of every peer, {where}") if peers else None
         json_path = args.out_dir / f"allgather_{tag}.json"

@@ -28,12 +28,14 @@ def main():
     torch_sdma = sys.modules["torch_sdma"]  # loaded by init_process_group, not by this script
 
     reference = dist.new_group(backend="nccl" if cuda else "gloo")
+    # torch 2.14 deprecates all_gather_into_tensor in favour of all_gather_single, the same call underneath.
+    gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     gen = torch.Generator(device=device).manual_seed(rank)
     x = torch.randn(32 << 20, generator=gen, device=device, dtype=torch.float32).to(torch.bfloat16)
     want = torch.empty(world * x.numel(), dtype=x.dtype, device=device)
-    dist.all_gather_into_tensor(want, x, group=reference)
+    gather_single(want, x, group=reference)
     got = (~want.view(torch.int16)).view(torch.bfloat16)  # poisoned: every byte differs from the answer
-    dist.all_gather_into_tensor(got, x)
+    gather_single(got, x)
     if cuda:
         torch.cuda.synchronize()
     same = torch.equal(got.view(torch.int16), want.view(torch.int16))

@@ -1,3 +1,4 @@
+import functools
 import os
 import sys
 
@@ -36,3 +37,36 @@ def shm_snapshot():
             return set()
 
     return snap
+
+
+
+REPO = os.path.dirname(HERE)
+
+
+@functools.lru_cache(maxsize=None)
+def sdma_wheel():
+    """A wheel of this checkout, built once per pytest process (the tests that install it share it):
+    `pip wheel --no-build-isolation --no-deps` with the interpreter running the tests, so against its torch. pip
+    builds in the checkout, where setuptools leaves an egg-info; it is removed if it was not there before, so the
+    other tests' PYTHONPATH (the checkout) does not gain a distribution with an entry point."""
+    import atexit
+    import glob
+    import shutil
+    import subprocess
+    import tempfile
+
+    out = tempfile.mkdtemp(prefix="torch_sdma_wheel_")
+    atexit.register(shutil.rmtree, out, True)  # the wheel outlives no test run
+    egg_info = os.path.join(REPO, "torch_sdma.egg-info")
+    had_egg_info = os.path.exists(egg_info)
+    try:
+        p = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q",
+                            "-w", out, REPO], capture_output=True, text=True, timeout=1200,
+                           env=dict(os.environ, MAX_JOBS=os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))))
+    finally:
+        if not had_egg_info:
+            shutil.rmtree(egg_info, ignore_errors=True)
+    assert p.returncode == 0, p.stdout[-6000:] + p.stderr[-6000:]
+    wheels = glob.glob(os.path.join(out, "torch_sdma-*.whl"))
+    assert len(wheels) == 1, wheels
+    return wheels[0]

@@ -1,4 +1,4 @@
-"""Issue 3, GPU (2 GPUs; skipped elsewhere): the copy-engine all-gather, bit-exact against NCCL on random data
+"""GPU (2 GPUs; skipped elsewhere): the copy-engine all-gather, bit-exact against NCCL on random data
 with poisoned outputs (every case of the protocol suite, bf16/fp8/complex, > staging, in-place, coalesced mixed
 dtypes, 100 in flight on a side stream, two groups over the same GPUs at once), stream semantics (async_op=False
 orders on the caller's stream, wait() does not block the CPU, get_future(), allocator safety), the zero-kernel

@@ -1,4 +1,4 @@
-"""Issue 4: the all-gather protocol over shared memory (CPU tensors on "sdma" / "cpu:sdma" groups), bit-exact
+"""The all-gather protocol over shared memory (CPU tensors on "sdma" / "cpu:sdma" groups), bit-exact
 against gloo on random data with poisoned outputs: 0 elements, odd sizes, every dtype, in-place, list and
 coalesced forms, subgroups of non-contiguous ranks, two groups interleaved, 100 in flight, larger than the
 staging memory, stats on "dma", and bad input (NCCL's errors, nothing enqueued)."""
@@ -83,7 +83,7 @@ def test_allgather_bigger_than_staging(world):
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_allgather_direct_matches_gloo(world):
     """TORCH_SDMA_DIRECT=1: all_gather_into_tensor moves straight between the members' memory (the later arriver
-    of each pair copies both ways, docs/design-direct-push.md); the other forms keep the staging path. Same cases."""
+    of each pair copies both ways, docs/design.md); the other forms keep the staging path. Same cases."""
     res = run_group(protocol_body, world, "sdma", kwargs={"quick": False, "subgroups": True},
                     env={"TORCH_SDMA_DIRECT": "1"}, timeout=300, pg_timeout_s=20)
     res.check()

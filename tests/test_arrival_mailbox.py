@@ -1,5 +1,5 @@
 """The arrival mailbox of the direct all-gather design (csrc/transport/arrival_mailbox.hpp,
-docs/design-direct-push.md), in real processes: for every pair of ranks and every collective both settle the same
+docs/design.md), in real processes: for every pair of ranks and every collective both settle the same
 sharing (each pushes its own bytes, or exactly one moves both directions), with and without waiting for late
 peers, and every post used is the one its owner made for that serial; ring depths from 1 (a rank waits for its
 peers at every collective) to 8. And the late-peer wait: a peer that missed the short wait is waited for up to the

@@ -27,6 +27,6 @@ def test_bench_cpu_mode_writes_checked_rows(tmp_path):
             assert r[entry]["busbw_GBps"] > 0
         assert r["best_peer_out"] == "gloo" and r["best_peer_in"] == "gloo"
         assert r["unavailable"] == {name: "needs CUDA tensors"
-                                    for name in ("sdma-land", "nccl-ce", "symm-mem-ce", "ce-limit", "ce-limit-ipc")}
+                                    for name in ("nccl-ce", "symm-mem-ce", "ce-limit", "ce-limit-ipc")}
     assert "| 64 KiB | in |" in report["peers_markdown"]
     assert (tmp_path / "allgather_cpu_w2.csv").exists()

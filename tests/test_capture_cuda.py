@@ -1,4 +1,4 @@
-"""Issue 14, GPU (2 GPUs; skipped elsewhere): what real training stacks do to the backend.
+"""GPU (2 GPUs; skipped elsewhere): what real training stacks do to the backend.
 - CUDA graph capture of every all-gather form on the DMA path (torch.cuda.graph, global capture mode): replays
   bit-exact against NCCL with new input values each replay, eager calls on the same group before, between and
   after replays, an NCCL collective captured in the same graph, zero kernels in a replay (profiler), stats

@@ -1,4 +1,4 @@
-"""Issue 23: behave like NCCL wherever torch looks, on CPU tensors ("sdma" groups, 2 ranks; the GPU half is in
+"""Behave like NCCL wherever torch looks, on CPU tensors ("sdma" groups, 2 ranks; the GPU half is in
 test_conformance_cuda.py).
 - Point-to-point with oneself: isend/irecv to one's own rank, alone (in either order, the send waited on first
   too), inside batch_isend_irecv (also beside a ring to the other rank), bit-exact; a recv from oneself waited on

@@ -1,4 +1,4 @@
-"""Issue 23 on GPUs (2 GPUs; skipped elsewhere): the checks of test_conformance.py on CUDA tensors of a
+"""On GPUs (2 GPUs; skipped elsewhere): the checks of test_conformance.py on CUDA tensors of a
 "cpu:gloo,cuda:sdma" group, all-gathers on the copy engines (TORCH_SDMA_MIN_BYTES=0): point-to-point with oneself
 (the inner NCCL never sees it), "sdma:<collective>" and record_param_comms events for DMA and delegated
 collectives, and the DMA all-gathers' copies on the GPU side of the trace."""

@@ -1,4 +1,4 @@
-"""Issue 2, CPU: every collective on an sdma-registered group gives the bytes a plain gloo group gives.
+"""CPU: every collective on an sdma-registered group gives the bytes a plain gloo group gives.
 
 One spawned group per (world size, registration string) runs every case; a failing case is reported by name
 with the traceback of each rank where it failed.

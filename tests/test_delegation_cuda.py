@@ -1,4 +1,4 @@
-"""Issue 2, GPU (2 GPUs; skipped elsewhere): every collective on CUDA tensors equals the same collective on a
+"""GPU (2 GPUs; skipped elsewhere): every collective on CUDA tensors equals the same collective on a
 plain NCCL group; the CPU side of "sdma" / "cpu:gloo,cuda:sdma" equals gloo; subgroups, two groups
 interleaved, destroy + init again; split_group and DeviceMesh with init_process_group(device_id=...); the
 default-backend workaround on CUDA."""

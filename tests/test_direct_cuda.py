@@ -1,4 +1,4 @@
-"""Issue 15, GPU (2 GPUs; skipped elsewhere): the copy-engine direct path (TORCH_SDMA_DIRECT=1), which copies
+"""GPU (2 GPUs; skipped elsewhere): the copy-engine direct path (TORCH_SDMA_DIRECT=1), which copies
 between the ranks' own buffers without staging.
 - all_gather_into_tensor out of place and in place, synchronous and async, from one element to 24 Mi, bit-exact
   against the locally rebuilt concatenation of every rank's random input, outputs poisoned first; stats count every

@@ -1,4 +1,4 @@
-"""Issue 4 (and 3's contract, on CPU): a peer that is SIGKILLed (before or in the middle of an all-gather) or
+"""On CPU: a peer that is SIGKILLed (before or in the middle of an all-gather) or
 that never calls gives every other rank a clear error naming the missing peer within the group's timeout,
 never a hang."""
 import os

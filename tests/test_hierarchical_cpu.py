@@ -1,4 +1,4 @@
-"""Issue 16 on CPU: the hierarchical all-gather (docs/multinode.md) on one host split into pseudo-nodes
+"""On CPU: the hierarchical all-gather (docs/multinode.md) on one host split into pseudo-nodes
 (TORCH_SDMA_TEST_PSEUDO_NODES): shared memory inside each pseudo-node, gloo on the rails between them. 4 processes as
 2 pseudo-nodes and 6 as 3, contiguous (0,1 | 2,3) and strided (0,2 | 1,3) layouts; every form, in place, async,
 coalesced, 0 bytes to 3 MiB a rank in 64 KiB of staging (hundreds of chunks a message), bit-exact against gloo on

@@ -1,4 +1,4 @@
-"""Issue 16 on GPUs (2 GPUs; skipped elsewhere): the hierarchical all-gather with 4 processes, two on each GPU (rank r
+"""On GPUs (2 GPUs; skipped elsewhere): the hierarchical all-gather with 4 processes, two on each GPU (rank r
 on cuda:r % 2), as 2 pseudo-nodes (TORCH_SDMA_TEST_PSEUDO_NODES) laid out so that each rail spans both GPUs, since
 NCCL refuses two ranks of one communicator on one GPU:
 

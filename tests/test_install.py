@@ -1,4 +1,4 @@
-"""Issue 17: the package installs from a wheel and torch finds the backend by its entry point, with no import.
+"""The package installs from a wheel and torch finds the backend by its entry point, with no import.
 
 What this checks:
 - `pip wheel --no-build-isolation --no-deps .` builds a wheel from this checkout (with the interpreter running the
@@ -25,13 +25,14 @@ hand (docs/install.md).
 import datetime
 import glob
 import os
-import shutil
 import subprocess
 import sys
 import zipfile
 
 import pytest
 import torch
+
+from conftest import sdma_wheel
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD = os.path.join(REPO, "tests", "entry_point_child.py")
@@ -42,23 +43,8 @@ RUN_TIMEOUT_S = 240
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory):
-    out = tmp_path_factory.mktemp("wheel")
-    # pip builds in the checkout, where setuptools leaves an egg-info; remove it if it was not there before, so
-    # the other tests' PYTHONPATH (the checkout) does not gain a distribution with an entry point.
-    egg_info = os.path.join(REPO, "torch_sdma.egg-info")
-    had_egg_info = os.path.exists(egg_info)
-    try:
-        p = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q",
-                            "-w", str(out), REPO], capture_output=True, text=True, timeout=1200,
-                           env=dict(os.environ, MAX_JOBS=os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))))
-    finally:
-        if not had_egg_info:
-            shutil.rmtree(egg_info, ignore_errors=True)
-    assert p.returncode == 0, p.stdout[-6000:] + p.stderr[-6000:]
-    wheels = glob.glob(str(out / "torch_sdma-*.whl"))
-    assert len(wheels) == 1, wheels
-    return wheels[0]
+def wheel():
+    return sdma_wheel()  # built once for every test that installs it
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Issue 4: no /dev/shm entry, file descriptor or shared mapping of ours outlives a group, after a normal exit
+"""No /dev/shm entry, file descriptor or shared mapping of ours outlives a group, after a normal exit
 and after every member crashed; while a group lives, its segments are owner-only (0600) and already unlinked
 once every member has mapped them."""
 import gc

@@ -1,4 +1,4 @@
-"""Issue 2: the package imports without a GPU, registers "sdma", and the default-backend workaround holds:
+"""The package imports without a GPU, registers "sdma", and the default-backend workaround holds:
 with "cpu:gloo,cuda:sdma" (and the other strings) nothing the user does (init, get_backend, new_group, DeviceMesh,
 destroy_process_group, init again) raises or warns, on torch 2.13 and 2.14 alike.
 """

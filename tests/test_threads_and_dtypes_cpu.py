@@ -1,4 +1,4 @@
-"""Hardening on CPU tensors (issue 14), what the shared-memory path shares with the GPU one:
+"""Hardening on CPU tensors, what the shared-memory path shares with the GPU one:
 - every torch dtype below and above TORCH_SDMA_MIN_BYTES, in every all-gather form, bit-exact against gloo (gloo
   refuses int16, uint16-64 and float8, which the inner path then gathers as bytes);
 - a background thread of ours that fails (TORCH_SDMA_TEST_FAULT=worker makes the worker throw) never takes the

@@ -2,8 +2,9 @@
 
 Those versions pick `next(iter(Backend._plugins))` (an upper-case key) and compare it with the lower-case
 backend names of the group, so the default stays unset: getDefaultBackend() then fails and
-destroy_process_group() warns (pytorch issue 178756; fixed in 2.14). Putting a lower-case alias of our plugin
-first makes that comparison succeed for "sdma"; lookups by the upper-case name are unchanged.
+destroy_process_group() warns (https://github.com/pytorch/pytorch/issues/178756, fixed in 2.14). Putting a
+lower-case alias of our plugin first makes that comparison succeed for "sdma"; lookups by the upper-case name are
+unchanged.
 """
 import torch.distributed as dist
 

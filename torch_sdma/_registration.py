@@ -131,27 +131,33 @@ def _queues_part() -> str:
     return f"{queues} hardware queues{source}" + (f": {hint}" if hint else "")
 
 
+def _device_part(device: str, verdict, options, layout: str) -> str:
+    """What one device's all-gathers do in this group, with only that device's settings."""
+    cuda = device == "cuda"
+    dma, between = ("copy engines", "NCCL") if cuda else ("shared memory", "gloo")
+    part = f"{'CUDA' if cuda else 'CPU'} all-gathers -> " + _describe(verdict, dma, between, layout)
+    if verdict[0] != "dma":
+        return part
+    staging = options.staging_bytes_cuda if cuda else options.staging_bytes_cpu
+    min_bytes = options.min_bytes_cuda if cuda else options.min_bytes_cpu
+    direct = options.direct_cuda if cuda else options.direct_cpu
+    part += (f" (staging {staging >> 20} MiB per rank, inner backend below {min_bytes} bytes"
+             + (f", {options.min_bytes_cuda_across_nodes} across nodes" if cuda and layout else "")
+             + f", direct path {'on' if direct else 'off'})")
+    return part + ("; " + _queues_part() if cuda else "")
+
+
 def _log_group_paths(pg, opts, options) -> None:
-    parts = []
+    # Only the devices this group serves: a CPU-only run hears nothing of CUDA staging, and the reverse.
     layout = pg._sdma_node_layout()
-    cuda = pg._sdma_creation_verdict("cuda")
-    if cuda[0]:
-        parts.append("CUDA all-gathers -> " + _describe(cuda, "copy engines", "NCCL", layout))
-        if cuda[0] == "dma":
-            parts.append(_queues_part())
-    if not cuda[0] and pg._inner_cpu is None:
+    parts = []
+    for device in ("cuda", "cpu"):
+        verdict = pg._sdma_creation_verdict(device)
+        if verdict[0]:
+            parts.append(_device_part(device, verdict, options, layout))
+    if not pg._sdma_creation_verdict("cuda")[0] and pg._inner_cpu is None:
         parts.append("CUDA collectives unavailable in this process: " + _cuda_unavailable_reason())
-    cpu = pg._sdma_creation_verdict("cpu")
-    if cpu[0]:
-        parts.append("CPU all-gathers -> " + _describe(cpu, "shared memory", "gloo", layout))
-    line = (
-        f"torch_sdma: group '{opts.group_id}' ({opts.group_size} ranks): " + "; ".join(parts)
-        + f"; staging {options.staging_bytes_cuda >> 20} MiB (CUDA) / {options.staging_bytes_cpu >> 20} MiB (CPU)"
-        + f" per rank, inner backend below {options.min_bytes_cuda} / {options.min_bytes_cpu} bytes"
-        + (f" ({options.min_bytes_cuda_across_nodes} for CUDA across nodes)" if layout else "")
-        + f"; direct all_gather_into_tensor {'on' if options.direct_cuda else 'off'} (CUDA) /"
-        + f" {'on' if options.direct_cpu else 'off'} (CPU)"
-    )
+    line = f"torch_sdma: group '{opts.group_id}' ({opts.group_size} ranks): " + "; ".join(parts)
     if logger.hasHandlers():
         logger.info(line)
     else:

@@ -21,9 +21,9 @@ def _sdma_backends(group: Optional[dist.ProcessGroup]):
 def stats(group: Optional[dist.ProcessGroup] = None) -> Dict[str, Dict[str, int]]:
     """Calls and output bytes per path ("dma", "dma:direct", "inner:<reason>", "delegated:<op>") of this process.
     "dma:direct" also counts how this rank's pairs (one per peer per call) shared their copies:
-    "pairs_each_pushing_own" (both GPUs' copy engines at work), and, where one rank had not yet posted within
-    TORCH_SDMA_DIRECT_PEER_WAIT_US of the other, "pairs_one_moving_both" (the later one moved both directions, at
-    half the rate)."""
+    "pairs_each_pushing_own" (both GPUs' copy engines at work) and "pairs_one_moving_both" (one rank had posted no
+    buffers within TORCH_SDMA_DIRECT_PEER_WAIT_US of the other, so the later one moved both directions, at half the
+    rate)."""
     out: Dict[str, Dict[str, int]] = {}
     for backend in _sdma_backends(group):
         for path, v in backend._sdma_stats().items():

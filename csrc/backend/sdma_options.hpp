@@ -16,13 +16,13 @@ namespace sdma {
 constexpr int64_t kDefaultStagingBytesCuda = int64_t{256} << 20;
 constexpr int64_t kDefaultStagingBytesCpu = int64_t{32} << 20;
 // Below this many output bytes a CUDA all-gather of a group on one node goes to NCCL. None by default: on 2x H200
-// (docs/results/2xH200.md, session 14) the direct path beat every other all-gather in place from 64 KiB to 8 MiB
+// (docs/results/2xH200.md, 2026-11-24) the direct path beat every other all-gather in place from 64 KiB to 8 MiB
 // in three benchmark runs of three, tied NCCL out of place (0.92-1.11x), and cost the CPU a third less per call.
 constexpr int64_t kDefaultMinBytesCuda = 0;
 constexpr int64_t kDefaultMinBytesCpu = 0;
 // The same for a group that spans nodes, whose small all-gathers would add a node-local step to NCCL's over the
 // network: never measured across real hosts, so NCCL keeps them up to where the copy engines won on one node
-// before session 14.
+// before small messages were tuned.
 constexpr int64_t kDefaultMinBytesCudaAcrossNodes = int64_t{16} << 20;
 // Two staging slots: the next chunk's push overlaps this one's drain.
 constexpr int kDefaultSlots = 2;

@@ -15,7 +15,7 @@ struct CollectivePath {
 
   // The variant of an all-gather captured into a CUDA graph.
   static constexpr const char* kCaptured = "captured";
-  // The variant that copies between the ranks' own buffers, without staging (docs/design-direct-push.md).
+  // The variant that copies between the ranks' own buffers, without staging (docs/design.md, "Direct").
   static constexpr const char* kDirect = "direct";
 
   static CollectivePath dma(std::string variant = "") {

@@ -1,4 +1,4 @@
-// The all-gather without staging (docs/design.md, "The direct path"): straight between the ranks' own buffers. For
+// The all-gather without staging (docs/design.md, "Direct"): straight between the ranks' own buffers. For
 // each pair, as the arrival mailbox settled it, each rank pushes its own bytes into the other's output; where one
 // rank came late, the later one moves both directions (pushes its bytes, pulls the earlier one's).
 #pragma once

@@ -103,7 +103,7 @@ struct HierarchicalSetup {
   }
 };
 
-// The direct path of CUDA all-gathers (docs/design-direct-push.md).
+// The direct path of CUDA all-gathers (docs/design.md, "Direct").
 struct DirectPathOptions {
   bool enabled = false;                   // TORCH_SDMA_DIRECT: all_gather_into_tensor takes it
   std::chrono::microseconds peerWait{0};  // TORCH_SDMA_DIRECT_PEER_WAIT_US: see CopyEngineDirect

@@ -1,4 +1,4 @@
-// What the copy-engine runner keeps for the direct path (docs/design.md, "The direct path"): the Arrived and Done flags
+// What the copy-engine runner keeps for the direct path (docs/design.md, "Direct"): the Arrived and Done flags
 // (a copy-engine transport of their own, apart from staging), the arrival mailbox in host memory the members share,
 // the export of this rank's buffers, the mappings of the peers', the log through which each rank retires the
 // allocations it freed (so that peers unmap them), and the bounce area that stands in for a buffer peers cannot map.

@@ -1,5 +1,5 @@
 // Who moves which bytes of each collective, per pair of ranks, agreed by the CPUs at enqueue
-// (docs/design.md, "The direct path"). Each rank posts its buffer addresses for serial s, then reads every peer's post
+// (docs/design.md, "Direct"). Each rank posts its buffer addresses for serial s, then reads every peer's post
 // for s. A peer whose post is already there arrived earlier: this rank knows its buffers. A peer that has not
 // posted yet is waited for, at most `peerWait`; one that posts within it knows ours and we know its.
 //

@@ -27,7 +27,7 @@ inline bool flagReached(uint32_t flag, uint32_t serial) {
   return static_cast<int32_t>(flag - serial) >= 0;
 }
 
-// The direct path (docs/design-direct-push.md): one peer's buffers, by the address that peer posted, and one peer's
+// The direct path (docs/design.md, "Direct"): one peer's buffers, by the address that peer posted, and one peer's
 // flags: flag[this rank][slot] in the peer's memory, flag[peer][slot] in this rank's. Arrived and Done use slot 0;
 // the landing area (Transport::pushChunkToPeer, where the earlier rank of a late pair puts its bytes) uses Ready and
 // Credit of its slots. A capability some transports have; see Transport::direct().

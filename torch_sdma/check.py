@@ -1,0 +1,478 @@
+"""Checks torch_sdma on one node and prints a report to paste into a bug.
+
+    torchrun --nproc_per_node <GPUs on the node, or 2 without a GPU> -m torch_sdma.check
+    torch-sdma-check          # the same; started outside torchrun, it launches torchrun itself
+
+Any number of ranks and devices. In order:
+- registration: where torch_sdma was loaded from, its entry point, the backend string used;
+- paths: which path (torch_sdma.stats) each all-gather form takes in each group;
+- hardware queues (GPU): CUDA_DEVICE_MAX_CONNECTIONS in effect and what to do when it is low;
+- a bit-exact sweep: every all-gather form torch offers, a few dtypes and sizes, async calls in flight, in four
+  groups (the defaults, and every size on DMA: default schedule, direct, staging); each output is compared byte for
+  byte with what every rank rebuilds of every rank's input;
+- a short busbw table: sdma against NCCL (gloo on CPU tensors) and, on GPUs, the copy-engine limit (plain pushes
+  of the same bytes into the peers, unordered).
+
+Exit 1 on a wrong byte (the report names the group, form, dtype, size and rank), a step that outlasts --timeout
+(a hang: every rank's stacks go to stderr), or a misconfiguration it can name; 0 otherwise.
+TORCH_SDMA_CHECK_PLANT_WRONG_BYTE=<form> (a test knob) flips one output byte of that form's first call on the last
+rank, to show that the check catches it.
+"""
+import argparse
+import datetime
+import faulthandler
+import importlib.metadata
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import warnings
+
+import torch
+import torch.distributed as dist
+
+# Imported before CUDA starts (set_device below): the import chooses the hardware-queue count.
+import torch_sdma
+
+from . import _hw_queues
+
+KIB, MIB = 1 << 10, 1 << 20
+PLANT_KNOB = "TORCH_SDMA_CHECK_PLANT_WRONG_BYTE"
+# torch 2.14 deprecates all_gather_into_tensor in favour of all_gather_single (the same call underneath).
+GATHER_SINGLE = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+SINGLE = GATHER_SINGLE.__name__
+DTYPES = (torch.float32, torch.bfloat16, torch.uint8, torch.int64)
+# Bytes per rank: one element, an odd count, and sizes that need several chunks of staging.
+SWEEP_BYTES = (1, 4099, 256 * KIB, 4 * MIB)
+ASYNC_IN_FLIGHT = 4
+
+
+def parse_bytes(text):
+    """'64K', '16M', '1G' or a plain number of bytes."""
+    units = {"K": KIB, "M": MIB, "G": 1 << 30}
+    text = text.strip().upper().removesuffix("IB").removesuffix("B")
+    return int(float(text[:-1]) * units[text[-1]]) if text and text[-1] in units else int(text)
+
+
+def human_bytes(n):
+    for unit, size in (("GiB", 1 << 30), ("MiB", MIB), ("KiB", KIB)):
+        if n >= size and n % size == 0:
+            return f"{n // size} {unit}"
+    return f"{n} B"
+
+
+def hashed_bytes(rank, n, device):
+    """Rank `rank`'s input of n bytes: a hash of (position, rank), so that every rank rebuilds every rank's input."""
+    x = torch.arange(n, dtype=torch.int64, device=device) * 0x9E3779B1 + 7919 * (rank + 1)
+    x ^= x >> 15
+    x *= 0x2C1B3C6D
+    x ^= x >> 12
+    return (x & 0xFF).to(torch.uint8)
+
+
+def expected_output(world, n_bytes, device):
+    return torch.cat([hashed_bytes(r, n_bytes, device) for r in range(world)])
+
+
+def gpu_seconds_per_call(fn, iters):
+    """Seconds per call of `fn` (which enqueues on the current stream), by CUDA events around `iters` calls."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / iters
+
+
+def path_moved(before, after):
+    """Which all-gather path(s) torch_sdma's counters moved on between two torch_sdma.stats() snapshots."""
+    moved = [k for k, v in after.items()
+             if k.startswith(("dma", "inner:")) and v["calls"] > before.get(k, {}).get("calls", 0)]
+    return "+".join(sorted(moved)) or "none"
+
+
+def new_group_with_env(**env):
+    """A group of the default backend created while `env` is set (torch_sdma reads its knobs at group creation)."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return dist.new_group()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
+
+
+class Watchdog:
+    """Bounds every step: past the timeout a rank prints the step and its stacks, and exits 1."""
+
+    def __init__(self, rank, timeout_s):
+        self.rank, self.timeout_s, self.step, self.deadline = rank, timeout_s, "start", time.monotonic() + timeout_s
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def enter(self, step):
+        self.step, self.deadline = step, time.monotonic() + self.timeout_s
+
+    def _watch(self):
+        while True:
+            time.sleep(0.5)
+            if time.monotonic() > self.deadline:
+                print(f"torch_sdma.check: rank {self.rank}: FAIL: '{self.step}' did not finish within "
+                      f"{self.timeout_s:.0f} s (a hang); stacks follow", file=sys.stderr, flush=True)
+                faulthandler.dump_traceback(all_threads=True)
+                os._exit(1)
+
+
+class _StopSweep(Exception):
+    pass
+
+
+class Check:
+    def __init__(self, args):
+        self.args = args
+        self.rank, self.world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        self.watchdog = Watchdog(self.rank, args.timeout)
+        self.failures, self.warnings, self.lines, self.errors = [], [], [], []
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        self.mode = args.mode if args.mode != "auto" else ("gpu" if gpus else "cpu")
+        timeout = datetime.timedelta(seconds=args.timeout)
+        if self.mode == "gpu":
+            if self.local_rank >= gpus:
+                raise SystemExit(f"torch_sdma.check: FAIL: local rank {self.local_rank} but {gpus} visible GPUs: "
+                                 f"run one process per GPU (--nproc_per_node {gpus})")
+            torch.cuda.set_device(self.local_rank)
+            self.device = torch.device("cuda", self.local_rank)
+            self.backend, self.base_name = "cpu:gloo,cuda:sdma", "nccl"
+        else:
+            self.device, self.backend, self.base_name = torch.device("cpu"), "cpu:sdma", "gloo"
+        self.watchdog.enter("init_process_group")
+        dist.init_process_group(self.backend, timeout=timeout)
+        # Results travel on gloo, apart from the groups under test.
+        self.control = dist.new_group(backend="gloo", timeout=timeout)
+        self.base_group = dist.new_group(backend=self.base_name, timeout=timeout)
+        quiet = {"TORCH_SDMA_LOG": "0"}
+        self.groups = [("defaults", None),
+                       ("dma", new_group_with_env(TORCH_SDMA_MIN_BYTES="0", **quiet)),
+                       ("direct", new_group_with_env(TORCH_SDMA_MIN_BYTES="0", TORCH_SDMA_DIRECT="1", **quiet)),
+                       ("staging", new_group_with_env(TORCH_SDMA_MIN_BYTES="0", TORCH_SDMA_DIRECT="0", **quiet))]
+        self.plant = os.environ.get(PLANT_KNOB, "")
+        self.planted = False
+
+    def say(self, line=""):
+        """A report line (rank 0 prints it as it goes)."""
+        self.lines.append(line)
+        if self.rank == 0:
+            print(line, flush=True)
+
+    def fail(self, what):
+        self.failures.append(what)
+
+    def sync(self):
+        if self.mode == "gpu":
+            torch.cuda.synchronize()
+        dist.barrier(group=self.control)
+
+    def gather_all(self, obj):
+        out = [None] * self.world
+        dist.all_gather_object(out, obj, group=self.control)
+        return out
+
+    # ------------------------------------------------------------------------------------------ registration
+    def registration(self):
+        self.watchdog.enter("registration")
+        try:
+            version = importlib.metadata.version("torch_sdma")
+        except importlib.metadata.PackageNotFoundError:
+            version = "not installed (a source tree)"
+        eps = [ep for ep in importlib.metadata.entry_points(group="torch.distributed.backends") if ep.name == "sdma"]
+        where = os.path.dirname(torch_sdma.__file__)
+        self.say(f"# torch_sdma.check: {self.world} ranks, {self.mode} mode, {self.where()}")
+        self.say(f"torch {torch.__version__}, python {platform.python_version()}, {platform.platform()}")
+        self.say(f"torch_sdma {version} from {where}")
+        self.say("entry point torch.distributed.backends: "
+                 + (", ".join(f"{ep.name} = {ep.value}" for ep in eps) if eps else "absent (import torch_sdma "
+                                                                                  "before init_process_group)"))
+        registered = "SDMA" in dist.Backend._plugins
+        self.say(f"backend 'sdma' registered: {'yes' if registered else 'NO'}; groups use {self.backend!r}")
+        if not registered:
+            self.fail("the backend name 'sdma' is not registered after import torch_sdma")
+        # Every rank must run the same code: a mixed install fails in ways no single rank can explain.
+        mine = (torch.__version__, version, where)
+        versions = self.gather_all(mine)
+        if any(v[:2] != mine[:2] for v in versions):
+            self.fail("ranks run different torch / torch_sdma versions: "
+                      + "; ".join(f"rank {r}: {v[0]} / {v[1]}" for r, v in enumerate(versions)))
+
+    def where(self):
+        if self.mode == "gpu":
+            return f"{torch.cuda.get_device_name(self.device)} x{torch.cuda.device_count()} visible"
+        return f"{platform.machine()} CPU, {os.cpu_count()} cores"
+
+    def hardware_queues(self):
+        if self.mode != "gpu":
+            return
+        hint = _hw_queues.hint()
+        queues = _hw_queues.queues_in_effect()
+        how = {"set": "set by torch_sdma", "user": "set by the user", "late": "CUDA started first"}
+        self.say(f"hardware queues: {queues} ({how.get(_hw_queues.decision, _hw_queues.decision)})"
+                 + (f"; WARNING: {hint}" if hint else ""))
+        if hint:
+            self.warnings.append(hint)
+
+    # ------------------------------------------------------------------------------------------------- sweep
+    def forms(self):
+        """(name, call) per all-gather form torch offers: call(out_bytes_view, n_bytes, dtype, group) fills the
+        output (uint8 bytes of world * n) and returns nothing."""
+        rank, world = self.rank, self.world
+
+        def typed(buf, dtype):
+            return buf.view(dtype)
+
+        def single(out, inp, dtype, group):
+            GATHER_SINGLE(typed(out, dtype), typed(inp, dtype), group=group)
+
+        def in_place(out, inp, dtype, group):
+            n = inp.numel()
+            out[rank * n:(rank + 1) * n].copy_(inp)
+            GATHER_SINGLE(typed(out, dtype), typed(out[rank * n:(rank + 1) * n], dtype), group=group)
+
+        def stacked(out, inp, dtype, group):
+            GATHER_SINGLE(typed(out, dtype).view(world, -1), typed(inp, dtype), group=group)
+
+        def as_list(out, inp, dtype, group):
+            n = inp.numel()
+            dist.all_gather([typed(out[r * n:(r + 1) * n], dtype) for r in range(world)], typed(inp, dtype),
+                            group=group)
+
+        def in_flight(out, inp, dtype, group):
+            # Several async calls in flight on the same input, then waited for; the last one lands in `out`.
+            spares = [torch.empty_like(out) for _ in range(ASYNC_IN_FLIGHT - 1)]
+            works = [GATHER_SINGLE(typed(o, dtype), typed(inp, dtype), group=group, async_op=True)
+                     for o in spares + [out]]
+            for w in works:
+                w.wait()
+            for o in spares:  # the others are checked too: each must equal the last
+                if not torch.equal(o, out):
+                    out.fill_(0x5A)
+
+        def coalesced(out, inp, dtype, group):
+            n = inp.numel()
+            elem = torch.tensor([], dtype=dtype).element_size()
+            half = n // elem // 2 * elem  # whole elements in each half
+            if half == 0:
+                return single(out, inp, dtype, group)
+            # Two gathers of the two halves, issued as one coalesced call (Megatron, DeepSpeed), then interleaved.
+            outs = [torch.empty(world * half, dtype=torch.uint8, device=out.device),
+                    torch.empty(world * (n - half), dtype=torch.uint8, device=out.device)]
+            with dist._coalescing_manager(group=group, device=out.device, async_ops=True) as cm:
+                GATHER_SINGLE(typed(outs[0], dtype), typed(inp[:half], dtype), group=group)
+                GATHER_SINGLE(typed(outs[1], dtype), typed(inp[half:], dtype), group=group)
+            cm.wait()
+            for r in range(world):
+                out[r * n:r * n + half].copy_(outs[0][r * half:(r + 1) * half])
+                out[r * n + half:(r + 1) * n].copy_(outs[1][r * (n - half):(r + 1) * (n - half)])
+
+        def list_coalesced(out, inp, dtype, group):
+            n = inp.numel()
+            # all_gather_coalesced is deprecated by torch; it is still a form users call, so it is checked quietly.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                # One list per rank, each with one tensor per input.
+                dist.all_gather_coalesced([[typed(out[r * n:(r + 1) * n], dtype)] for r in range(world)],
+                                          [typed(inp, dtype)], group=group)
+
+        return [(SINGLE, single), (f"{SINGLE} in place", in_place), (f"{SINGLE} stacked", stacked),
+                (f"{SINGLE} x{ASYNC_IN_FLIGHT} async", in_flight), (f"{SINGLE} coalesced", coalesced),
+                ("all_gather", as_list), ("all_gather_coalesced", list_coalesced)]
+
+    def sweep(self):
+        """Every form in every group; stops at the first call that raises, since the ranks may then disagree on
+        what comes next."""
+        try:
+            self._sweep()
+        except _StopSweep:
+            pass
+        for e in sum(self.gather_all(self.errors), []):
+            self.fail(f"ERROR: {e}")
+        return not self.errors
+
+    def _sweep(self):
+        forms = self.forms()
+        self.say(f"\n## Bit-exact sweep: {len(forms)} forms x {len(DTYPES)} dtypes x {len(SWEEP_BYTES)} sizes per "
+                 f"group, {self.world} ranks")
+        expected, inputs = {}, {}  # per byte count; every rank rebuilds every rank's input
+        for group_name, group in self.groups:
+            self.watchdog.enter(f"sweep, group {group_name}")
+            paths, wrong = {}, []
+            for form, call in forms:
+                before = torch_sdma.stats(group)
+                for dtype in DTYPES:
+                    elem = torch.tensor([], dtype=dtype).element_size()
+                    for size in SWEEP_BYTES:
+                        n = max(1, size // elem) * elem
+                        key = f"group {group_name}, {form}, {str(dtype).removeprefix('torch.')}, {n} B per rank"
+                        self.watchdog.enter(f"sweep: {key}")
+                        if n not in expected:
+                            expected[n] = expected_output(self.world, n, self.device)
+                            inputs[n] = expected[n][self.rank * n:(self.rank + 1) * n].clone()
+                        out = torch.full((self.world * n,), 0xA5, dtype=torch.uint8, device=self.device)
+                        inp = inputs[n]
+                        try:
+                            call(out, inp, dtype, group)
+                        except Exception as e:  # noqa: BLE001  (reported with the call; the ranks may now disagree)
+                            self.errors.append(f"{key}, rank {self.rank}: {type(e).__name__}: {e}"[:400])
+                            raise _StopSweep() from None
+                        if self.plant and self.plant == form and not self.planted and self.rank == self.world - 1:
+                            out[0] ^= 0xFF
+                            self.planted = True
+                        if not torch.equal(out, expected[n]):
+                            bad = (out != expected[n]).nonzero()[0].item()
+                            got, want = out[bad].item(), expected[n][bad].item()
+                            wrong.append(f"{key}, rank {self.rank}: first wrong byte at {bad} (from rank "
+                                         f"{bad // n}): 0x{got:02x}, expected 0x{want:02x}")
+                paths[form] = path_moved(before, torch_sdma.stats(group))
+            all_wrong = sum(self.gather_all(wrong), [])
+            for w in all_wrong:
+                self.fail(f"WRONG BYTES: {w}")
+            verdict = "all bytes right" if not all_wrong else f"{len(all_wrong)} WRONG"
+            self.say(f"group {group_name}: {verdict}")
+            for form, path in paths.items():
+                self.say(f"  {form:<34} -> {path}")
+                if group_name != "defaults" and not path.startswith("dma"):
+                    self.fail(f"group {group_name} (TORCH_SDMA_MIN_BYTES=0): {form} took {path}, not the DMA path")
+
+    # ------------------------------------------------------------------------------------------------- busbw
+    def time_calls(self, fn, iters):
+        if self.mode == "gpu":
+            return gpu_seconds_per_call(fn, iters)
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        return (time.perf_counter() - t0) / iters
+
+    def ce_limit(self, n):
+        """Seconds of a plain copy-engine push of this rank's n bytes into every peer (unordered, not an
+        all-gather); None and why where it cannot be measured."""
+        if self.mode != "gpu":
+            return None, "no copy engines for CPU tensors"
+        if self.world < 2:
+            return None, "one rank"
+        try:
+            import torch.distributed._symmetric_memory as symm_mem
+            buf = symm_mem.empty(self.world * n, dtype=torch.uint8, device=self.device)
+            handle = symm_mem.rendezvous(buf, self.base_group.group_name)
+            peers = [handle.get_buffer(p, (n,), torch.uint8, storage_offset=self.rank * n)
+                     for p in range(self.world) if p != self.rank]
+        except Exception as e:  # an older torch or a machine without peer access
+            return None, f"symmetric memory unavailable ({type(e).__name__})"
+        inp = hashed_bytes(self.rank, n, self.device)
+
+        def push():
+            for dst in peers:
+                dst.copy_(inp)
+        return push, ""
+
+    def busbw(self):
+        sizes = self.args.sizes or ([MIB, 64 * MIB, 256 * MIB] if self.mode == "gpu" else [64 * KIB, MIB, 16 * MIB])
+        budget = (4 << 30) if self.mode == "gpu" else 256 * MIB
+        w = self.world
+        self.say(f"\n## busbw, {SINGLE} out of place, bf16; GB/s = out*(w-1)/w/t, median of {self.args.rounds} rounds")
+        self.say(f"| output | sdma | {self.base_name} | sdma / {self.base_name} | ce-limit | sdma / ce-limit | path |")
+        self.say("|---|---|---|---|---|---|---|")
+        no_limit = ""
+        for size in sizes:
+            self.watchdog.enter(f"busbw {human_bytes(size)}")
+            n = max(2, size // w // 2 * 2)
+            inp = hashed_bytes(self.rank, n, self.device).view(torch.bfloat16)
+            out = torch.empty(w * n, dtype=torch.uint8, device=self.device).view(torch.bfloat16)
+            iters = max(3, min(50, budget // (w * n)))
+            calls = {"sdma": lambda: GATHER_SINGLE(out, inp),
+                     self.base_name: lambda: GATHER_SINGLE(out, inp, group=self.base_group)}
+            push, why = self.ce_limit(n)
+            if push:
+                calls["ce-limit"] = push
+            before = torch_sdma.stats()
+            times = {k: [] for k in calls}
+            for r in range(self.args.rounds + 1):
+                for name, fn in (calls.items() if r % 2 == 0 else reversed(calls.items())):
+                    self.sync()
+                    t = self.time_calls(fn, iters if r else 1)  # round 0 warms up
+                    if r:
+                        times[name].append(t)
+            path = path_moved(before, torch_sdma.stats())
+            # The slowest rank's median: an all-gather ends when its last rank does.
+            med = {k: max(self.gather_all(statistics.median(v))) for k, v in times.items()}
+            bw = {k: w * n * (w - 1) / w / t / 1e9 for k, t in med.items()}
+            lim = bw.get("ce-limit")
+            lim_cells = f"{lim:.3g} | {bw['sdma'] / lim:.2f}" if lim else "n/a | "
+            self.say(f"| {human_bytes(w * n)} | {bw['sdma']:.3g} | {bw[self.base_name]:.3g} | "
+                     f"{bw['sdma'] / bw[self.base_name]:.2f} | {lim_cells} | {path} |")
+            if not push:
+                no_limit = why
+        if no_limit:
+            self.say(f"ce-limit: n/a, {no_limit}")
+
+    def run(self):
+        self.registration()
+        self.hardware_queues()
+        if self.sweep() and not self.args.skip_busbw:
+            self.busbw()
+        self.watchdog.enter("report")
+        failures = self.gather_all(self.failures)
+        unique = list(dict.fromkeys(sum(failures, [])))
+        self.say("")
+        for f in unique:
+            self.say(f"FAIL: {f}")
+        self.say(f"torch_sdma.check: {'FAIL' if unique else 'PASS'}" + (f", {len(self.warnings)} warning(s)"
+                                                                      if self.warnings else ""))
+        if self.args.report and self.rank == 0:
+            with open(self.args.report, "w") as f:
+                f.write("\n".join(self.lines) + "\n")
+        dist.destroy_process_group()
+        return 1 if unique else 0
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m torch_sdma.check", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mode", choices=["auto", "gpu", "cpu"], default="auto",
+                   help="gpu: CUDA tensors against NCCL; cpu: CPU tensors against gloo; auto: gpu if one is visible")
+    p.add_argument("--timeout", type=float, default=120, help="seconds any one step may take before it is a hang")
+    p.add_argument("--sizes", type=lambda s: [parse_bytes(x) for x in s.split(",")],
+                   help="busbw output sizes, e.g. 64K,1M,16M (default: 1M,64M,256M on GPUs, 64K,1M,16M on CPU)")
+    p.add_argument("--rounds", type=int, default=3, help="timed rounds per size and backend")
+    p.add_argument("--skip-busbw", action="store_true", help="the registration, paths and bit-exact sweep only")
+    p.add_argument("--report", help="also write the report to this file (rank 0)")
+    p.add_argument("--nproc", type=int, help="outside torchrun: ranks to start (default: GPUs, or 2 without)")
+    return p.parse_args(argv)
+
+
+def launch(args, argv):
+    """Outside torchrun: start one rank per GPU (2 on CPU) under torchrun, with the same arguments."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    nproc = args.nproc or gpus or 2
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+           "-m", "torch_sdma.check", *argv]
+    print("torch_sdma.check: " + " ".join(["torchrun"] + cmd[3:]), flush=True)
+    # One thread per rank unless the caller chose: torchrun otherwise prints a banner saying it set that.
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    return subprocess.run(cmd, env=env).returncode
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if "RANK" not in os.environ:
+        return launch(args, argv)
+    return Check(args).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
