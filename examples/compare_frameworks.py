@@ -4,8 +4,8 @@
     python examples/compare_frameworks.py --frameworks fsdp2 -- --steps 20 --layers 4 --dim 256
 
 Arguments after `--` go to every training script unchanged (model size, steps, batch...). `--sdma-variant
-land:TORCH_SDMA_DIRECT_LATE_PAIRS=land` adds sdma runs with those knobs set, taking turns with the others in every
-repeat and compared with the same NCCL runs (a row "zero3 [land]"). A framework whose package is not installed is
+nowait:TORCH_SDMA_DIRECT_PEER_WAIT_US=0` adds sdma runs with those knobs set, taking turns with the others in every
+repeat and compared with the same NCCL runs (a row "zero3 [nowait]"). A framework whose package is not installed is
 reported as skipped (examples/install_framework_wheels.sh installs DeepSpeed and megatron-core
 offline). Writes <out-dir>/frameworks_w<nproc>.{md,json} and each run's own JSON beside them.
 """
@@ -90,7 +90,7 @@ def compare_runs(nccl_runs, sdma_runs):
 
 
 def parse_variant(text):
-    """"land:TORCH_SDMA_DIRECT_LATE_PAIRS=land,TORCH_SDMA_DIRECT_PEER_WAIT_US=0" -> ("land", {knob: value})."""
+    """"staging:TORCH_SDMA_DIRECT=0,TORCH_SDMA_STAGING_BYTES=64M" -> ("staging", {knob: value})."""
     name, sep, assignments = text.partition(":")
     knobs = dict(a.split("=", 1) for a in assignments.split(",") if "=" in a)
     if not sep or not name or not knobs or not all(k.startswith("TORCH_SDMA_") for k in knobs):

@@ -212,12 +212,12 @@ def allgather_paths(groups):
     dma_calls = sum(v["calls"] for k, v in stats.items() if on_dma(k))
     direct = stats.get("dma:direct", {})
     direct_calls = direct.get("calls", 0)
-    pairs = sum(direct.get(f"pairs_{kind}", 0) for kind in ("each_pushing_own", "one_moving_both", "landed"))
+    pairs = sum(direct.get(f"pairs_{kind}", 0) for kind in ("each_pushing_own", "one_moving_both"))
     return {"stats": stats, "allgather_calls": calls, "dma_calls": dma_calls, "direct_calls": direct_calls,
             "dma_share": dma_calls / calls if calls else 0.0,
             "direct_share": direct_calls / calls if calls else 0.0, "staging_bytes": staging,
-            # this rank's direct pairs in which each rank pushed its own bytes (the rest: one rank came late, and
-            # then moved both directions, or the earlier one landed its bytes: TORCH_SDMA_DIRECT_LATE_PAIRS)
+            # this rank's direct pairs in which each rank pushed its own bytes (the rest: one rank came late and
+            # then moved both directions)
             "pairs_each_pushing_own_share": direct.get("pairs_each_pushing_own", 0) / pairs if pairs else 0.0}
 
 
