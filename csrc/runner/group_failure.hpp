@@ -3,6 +3,7 @@
 #pragma once
 
 #include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
 
 #include <string>
 
@@ -12,9 +13,15 @@ namespace sdma {
 
 class GroupFailure {
  public:
-  void record(std::string reason) {
+  // `reason` may be an exception's what(), which for a c10::Error carries its C++ backtrace: that goes to the log
+  // (at debug level), and the refusals of later calls quote only the message, as one paragraph.
+  void record(const std::string& reason) {
     if (reason_.empty()) {
-      reason_ = std::move(reason);
+      const size_t backtrace = reason.find(kBacktraceStart);
+      if (backtrace != std::string::npos) {
+        VLOG(1) << "torch_sdma: the failure that stops the group, with its backtrace: " << reason;
+      }
+      reason_ = reason.substr(0, backtrace);
     }
   }
   bool happened() const {
@@ -30,6 +37,8 @@ class GroupFailure {
   }
 
  private:
+  // How c10::Error::what() begins the backtrace it appends to the message.
+  static constexpr const char* kBacktraceStart = "\nException raised from ";
   std::string reason_;
 };
 
