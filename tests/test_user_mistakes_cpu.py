@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from checks.data import assert_bytes_equal, poison_, raw, rand
+from checks.data import assert_bytes_equal, poison_, rand, raw
 from mp_harness import run_group
 
 PG_TIMEOUT_S = 8.0

@@ -2,8 +2,6 @@
 skipped elsewhere): the same mistakes on CUDA tensors give the same errors on every rank, no signal death, no wrong
 bytes, nothing left in /dev/shm."""
 import pytest
-
-from conftest import cuda_count
 from test_user_mistakes_cpu import (
     PG_TIMEOUT_S,
     SLACK_S,
@@ -15,6 +13,8 @@ from test_user_mistakes_cpu import (
     sizes_agree_body,
     sizes_differ_body,
 )
+
+from conftest import cuda_count
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(cuda_count() < 2, reason="needs 2 CUDA devices")]
 

@@ -1,7 +1,7 @@
 #include "backend/process_group_sdma.hpp"
 
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/debug.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <c10/util/Logging.h>
 

@@ -117,8 +117,7 @@ HostShmTransport::HostShmTransport(int rank, int size, const StagingGeometry& ge
   groupRank_ = rank;
   const size_t words = kFlagKinds * static_cast<size_t>(size) * geometry.slots;
   flagWordBytes_ = roundUp(words * sizeof(uint32_t), kPageBytes);
-  announcementsAt_ =
-      flagWordBytes_ + (direct ? roundUp(ArrivalMailbox::bytesFor(size, kMailboxDepth), kPageBytes) : 0);
+  announcementsAt_ = flagWordBytes_ + (direct ? roundUp(ArrivalMailbox::bytesFor(size, kMailboxDepth), kPageBytes) : 0);
   flagBytes_ = announcementsAt_ + roundUp(2 * static_cast<size_t>(size) * sizeof(SizeAnnouncement), kPageBytes);
   segmentBytes_ = flagBytes_ + geometry.bytes();
 }
@@ -221,8 +220,8 @@ void HostShmTransport::recordTask(Task task) {
 
 void HostShmTransport::recordSizeCheck(size_t bytesPerRank, c10::ScalarType dtype) {
   // The op carries the serial in `value` and the dtype in `slot`.
-  recorded_.push_back({Op::Kind::CompareSizes, nullptr, nullptr, bytesPerRank, Flag::Ready, static_cast<int>(dtype),
-                       ++sizeSerial_});
+  recorded_.push_back(
+      {Op::Kind::CompareSizes, nullptr, nullptr, bytesPerRank, Flag::Ready, static_cast<int>(dtype), ++sizeSerial_});
 }
 
 HostShmTransport::SizeAnnouncement* HostShmTransport::announcement(int owner, int src, uint32_t serial) const {

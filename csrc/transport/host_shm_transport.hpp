@@ -133,7 +133,7 @@ class HostShmTransport : public Transport, public DirectTransport {
   size_t segmentBytes_ = 0;
   size_t announcementsAt_ = 0;  // where the size announcements start in a segment
   uint32_t sizeSerial_ = 0;     // collectives whose sizes this rank announced
-  std::vector<char*> base_;  // every member's segment, mapped here; base_[rank_] is our own
+  std::vector<char*> base_;     // every member's segment, mapped here; base_[rank_] is our own
   std::vector<int> pids_;
   std::vector<Op> recorded_;
   std::vector<int> groupRankOf_;       // member -> group rank (the identity unless setGroup)

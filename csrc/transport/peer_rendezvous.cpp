@@ -39,7 +39,8 @@ std::vector<std::string> exchangeWithGroup(c10d::Store& store, const std::string
       const auto waited =
           std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
       C10_THROW_ERROR(DistBackendError, "torch_sdma: " + key + " timed out after " + std::to_string(waited) +
-                                            " ms waiting for group ranks " + rankList(missing.empty() ? std::vector<int>{r} : missing) +
+                                            " ms waiting for group ranks " +
+                                            rankList(missing.empty() ? std::vector<int>{r} : missing) +
                                             ", which never reached it");
     }
     all[r].assign(v.begin(), v.end());
