@@ -128,6 +128,8 @@ def first_call_missing_body(ctx):
         return {"victim": True}
     x = rand("first", rank, (4096,), torch.float32, device=ctx.device)
     r = _error_of(lambda: dist.all_gather_into_tensor(torch.empty(W * 4096, device=ctx.device), x))
+    # The peers may be anywhere inside the connect: the next all-gather is refused at once, not tried again.
+    r["after"] = _error_of(lambda: dist.all_gather_into_tensor(torch.empty(W * 4096, device=ctx.device), x))
     ctx.publish("done", 1)
     return r
 
@@ -244,6 +246,9 @@ def test_peer_missing_at_the_first_call_is_named():
     assert "all_gather_into_tensor" in err and "group ranks [1]" in err and "never reached it" in err, err
     one_paragraph(err)
     assert v["elapsed"] < PG_TIMEOUT_S + SLACK_S, v
+    after = v["after"]
+    assert after["error"] is not None and "refused: an earlier collective on this group failed" in after["error"], v
+    assert after["elapsed"] < 1.0, after
 
 
 def test_misspelt_knob_warns_once_naming_the_closest():

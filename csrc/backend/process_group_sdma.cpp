@@ -451,19 +451,23 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allgatherCollective(const Colle
                                                                      const c10d::AllgatherOptions& opts,
                                                                      InnerCall&& innerCall) {
   refuseIfDestroyed(names.stats);
+  const std::string& connectFailure = devicePath(planned.device).connectFailure;
+  TORCH_CHECK(connectFailure.empty(), "torch_sdma: ", describe(names.stats, opType, opts).describe(),
+              " refused: an earlier collective on this group failed: ", connectFailure);
   CollectivePath path;
   try {
     path = choosePath(planned);
   } catch (const c10::DistBackendError& e) {
     // A peer that never came to the group's first all-gather, where the transport connects: named in the words
-    // a later call's timeout uses.
+    // a later call's timeout uses. The peers may be anywhere in the connect, so the device's all-gathers end here.
     std::string why = e.what_without_backtrace();
     const std::string prefix = "torch_sdma: ";
     if (why.rfind(prefix, 0) == 0) {
       why = why.substr(prefix.size());
     }
-    C10_THROW_ERROR(DistBackendError, "torch_sdma: " + describe(names.stats, opType, opts).describe() +
-                                          " failed while connecting the group: " + why);
+    devicePath(planned.device).connectFailure =
+        "torch_sdma: " + describe(names.stats, opType, opts).describe() + " failed while connecting the group: " + why;
+    C10_THROW_ERROR(DistBackendError, devicePath(planned.device).connectFailure);
   }
   const auto bytes = static_cast<int64_t>(planned.outputBytes);
   if (path.isDma()) {

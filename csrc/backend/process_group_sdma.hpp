@@ -144,6 +144,7 @@ class ProcessGroupSDMA : public c10d::Backend {
     CollectivePath atCreation;
     CollectivePath decided;
     std::unique_ptr<AllgatherRunner> runner;
+    std::string connectFailure;  // why connecting failed (a peer never came): later all-gathers are refused
   };
   DevicePath& devicePath(const at::Device& device) {
     return device.is_cuda() ? cudaPath_ : hostPath_;

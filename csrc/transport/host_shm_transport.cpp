@@ -86,7 +86,13 @@ std::unique_ptr<HostShmTransport> HostShmTransport::connect(c10d::Store& store, 
     *whyNot = reason;
     return nullptr;  // the destructor unmaps what was mapped
   }
-  const auto names = exchangeWithGroup(store, "shm/name", rank, size, myName);
+  std::vector<std::string> names;
+  try {
+    names = exchangeWithGroup(store, "shm/name", rank, size, myName);
+  } catch (...) {
+    shm_unlink(myName.c_str());  // a peer that never came must not leave our segment in /dev/shm
+    throw;
+  }
   for (int q = 0; q < size && error.empty(); ++q) {
     if (q != rank) {
       t->base_[q] = mapSegment(names[q], t->segmentBytes_, /*create=*/false, &error);
