@@ -14,12 +14,13 @@ namespace sdma {
 class GroupFailure {
  public:
   // `reason` may be an exception's what(), which for a c10::Error carries its C++ backtrace: that goes to the log
-  // (at debug level), and the refusals of later calls quote only the message, as one paragraph.
+  // (at INFO level: TORCH_CPP_LOG_LEVEL=INFO), and the refusals of later calls quote only the message, as one
+  // paragraph.
   void record(const std::string& reason) {
     if (reason_.empty()) {
       const size_t backtrace = reason.find(kBacktraceStart);
       if (backtrace != std::string::npos) {
-        VLOG(1) << "torch_sdma: the failure that stops the group, with its backtrace: " << reason;
+        LOG(INFO) << "torch_sdma: the failure that stops the group, with its backtrace: " << reason;
       }
       reason_ = reason.substr(0, backtrace);
     }
