@@ -1,5 +1,5 @@
 #!/bin/bash
-# The GPU tests in nine groups at once, each under its own time limit and with its own log, so that one hang
+# The GPU tests in ten groups at once, each under its own time limit and with its own log, so that one hang
 # costs one group's limit (not the whole window) and a killed pytest still leaves the groups that finished.
 # Usage: tests/run_gpu_suite.sh LOG_DIR [python]. Exit status: 0 only if every group passed.
 set -u
@@ -14,10 +14,11 @@ C=tests/test_capture_cuda.py
 K=tests/test_conformance_cuda.py
 H=tests/test_hierarchical_cuda.py
 R=tests/test_direct_cuda.py
-names=(allgather failure delegation split_mesh frameworks capture conformance hierarchical direct)
-files=("$A" "$A" "$D" "$D" "$F" "$C" "$K" "$H" "$R")
+M=tests/test_user_mistakes_cuda.py
+names=(allgather failure delegation split_mesh frameworks capture conformance hierarchical direct mistakes)
+files=("$A" "$A" "$D" "$D" "$F" "$C" "$K" "$H" "$R" "$M")
 # An empty -k expression selects every test of the file.
-exprs=("not peer_never_calls" "peer_never_calls" "every_collective" "split_group or default_backend" "" "" "" "" "")
+exprs=("not peer_never_calls" "peer_never_calls" "every_collective" "split_group or default_backend" "" "" "" "" "" "")
 pids=()
 for i in "${!names[@]}"; do
   timeout "$limit" "$py" -m pytest "${files[$i]}" -k "${exprs[$i]}" -v -rA --durations=10 \

@@ -1,8 +1,10 @@
 """TORCH_SDMA_* environment knobs (docs/api.md), read when a group is created into the group's
 ProcessGroupSDMA.Options, whose defaults live in C++ (csrc/backend/sdma_options.hpp). A bad value is an error naming
 the variable."""
+import difflib
 import os
 import re
+import warnings
 from typing import Optional
 
 from . import _C
@@ -10,6 +12,38 @@ from . import _C
 _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 # The C++ side cuts staging into page-sized pieces (csrc/transport/staging_geometry.hpp).
 _PAGE = 4096
+# Every TORCH_SDMA_* variable torch_sdma reads, at run time or when it is built (setup.py): any other is a misspelling.
+KNOWN_VARIABLES = (
+    "TORCH_SDMA_DISABLE",
+    "TORCH_SDMA_STAGING_BYTES",
+    "TORCH_SDMA_MIN_BYTES",
+    "TORCH_SDMA_MIN_BYTES_ACROSS_NODES",
+    "TORCH_SDMA_SLOTS",
+    "TORCH_SDMA_CHUNK_BYTES",
+    "TORCH_SDMA_LOG",
+    "TORCH_SDMA_DIRECT",
+    "TORCH_SDMA_DIRECT_PEER_WAIT_US",
+    "TORCH_SDMA_TEST_PSEUDO_NODES",
+    "TORCH_SDMA_TEST_FAULT",
+    "TORCH_SDMA_TEST_SYNC_ON_CALLER",
+    "TORCH_SDMA_TEST_UNORDERED",
+    "TORCH_SDMA_CHECK_PLANT_WRONG_BYTE",
+    "TORCH_SDMA_BUILD_CUDA",
+    "TORCH_SDMA_KEEP_CXX",
+)
+_warned_unknown = set()
+
+
+def warn_unknown_variables() -> None:
+    """One warning per unknown TORCH_SDMA_* variable and process, naming the closest knob: a misspelt knob would
+    otherwise leave its default in force without a word."""
+    for name in sorted(os.environ):
+        if not name.startswith("TORCH_SDMA_") or name in KNOWN_VARIABLES or name in _warned_unknown:
+            continue
+        _warned_unknown.add(name)
+        close = difflib.get_close_matches(name, KNOWN_VARIABLES, n=1, cutoff=0.0)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        warnings.warn(f"torch_sdma: {name} is not a torch_sdma variable and is ignored{hint}", stacklevel=3)
 
 
 def _parse_bool(name: str, default: Optional[bool]) -> Optional[bool]:
@@ -45,6 +79,7 @@ def _parse_int(name: str, default: int) -> int:
 
 def options_from_env(group_size: int) -> "_C.ProcessGroupSDMA.Options":
     """The knobs as the environment sets them, over the C++ defaults. One byte-count variable sets both devices."""
+    warn_unknown_variables()
     o = _C.ProcessGroupSDMA.Options()
     o.disable = _parse_bool("TORCH_SDMA_DISABLE", o.disable)
     o.staging_bytes_cuda = _parse_bytes("TORCH_SDMA_STAGING_BYTES", o.staging_bytes_cuda)

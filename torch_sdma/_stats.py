@@ -14,6 +14,10 @@ def _sdma_backends(group: Optional[dist.ProcessGroup]):
         except RuntimeError:
             continue
         if hasattr(backend, "_sdma_stats") and all(backend is not b for b in seen):
+            if backend._sdma_destroyed:
+                # A handle kept across destroy_process_group: its numbers would describe a group that is gone.
+                raise ValueError(f"torch_sdma: group '{backend._sdma_group_name}' was destroyed "
+                                 "(destroy_process_group); it has no stats or path any more")
             seen.append(backend)
     return seen
 

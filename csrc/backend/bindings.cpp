@@ -143,6 +143,9 @@ PYBIND11_MODULE(_C, m) {
              return out;
            })
       .def("_sdma_reset_stats", &sdma::ProcessGroupSDMA::resetStats)
+      .def_property_readonly("_sdma_destroyed", &sdma::ProcessGroupSDMA::destroyed)
+      .def_property_readonly("_sdma_group_name",
+                             [](const sdma::ProcessGroupSDMA& self) { return self.options().groupName; })
       .def("_sdma_path", [](const sdma::ProcessGroupSDMA& self,
                             const std::string& device) { return self.pathFor(deviceType(device)).key(); })
       // (kind, reason): kind "dma", "inner", or "" when the group does not serve that device.

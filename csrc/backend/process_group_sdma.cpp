@@ -1,5 +1,6 @@
 #include "backend/process_group_sdma.hpp"
 
+#include <torch/csrc/distributed/c10d/debug.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <c10/util/Logging.h>
@@ -10,6 +11,8 @@
 
 #include <algorithm>
 
+#include "backend/settings_agreement.hpp"
+#include "backend/store_size_check.hpp"
 #include "work/coalesced_work.hpp"
 
 namespace sdma {
@@ -48,7 +51,7 @@ ProcessGroupSDMA::ProcessGroupSDMA(const c10::intrusive_ptr<c10d::Store>& store,
                                    c10::intrusive_ptr<c10d::Backend> innerCuda, std::string cudaUnavailable,
                                    InnerBackendFactory railBackends)
     : Backend(rank, size),
-      sdmaStore_(c10::make_intrusive<c10d::PrefixStore>("sdma/", store)),
+      sdmaStore_(c10::make_intrusive<GroupTimeoutStore>("sdma/", store, options.timeout)),
       options_(std::move(options)),
       innerCpu_(std::move(innerCpu)),
       innerCuda_(std::move(innerCuda)),
@@ -56,6 +59,8 @@ ProcessGroupSDMA::ProcessGroupSDMA(const c10::intrusive_ptr<c10d::Store>& store,
       railBackends_(std::move(railBackends)),
       traceGroup_(traceGroupOf(options_, rank, size)),
       self_(rank) {
+  // Before anything is mapped or connected, so that a refused group leaves nothing behind.
+  agreeOnSettings(*sdmaStore_, rank, size, options_);
   if (!options_.disable) {
     // The node layout follows from this one exchange alone, by one rule, so every member derives the same.
     members_ = exchangeIdentities(*sdmaStore_, "members", rank, size, "", options_.testPseudoNode);
@@ -169,6 +174,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::trackCoalesced(c10::intrusive_p
 template <typename InnerCall>
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::delegate(const CollectiveNames& names, const TracedCollective& traced,
                                                           int64_t bytes, InnerCall&& innerCall) {
+  refuseIfDestroyed(names.stats);
   const auto& tensors = traced.inputs.empty() ? traced.outputs : traced.inputs;
   auto& inner = innerFor(tensors, names.stats);
   ++seq_;
@@ -291,6 +297,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::alltoall(std::vector<at::Tensor
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
   const TracedCollective traced{kSend, tensors, kNoTensors, kNoSplits, kNoSplits, nullptr, "->", getRank(), dstRank};
+  refuseIfDestroyed("send");
   if (dstRank == getRank()) {
     ++seq_;
     recordPath("self:send", tensorBytes(tensors));
@@ -302,6 +309,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::send(std::vector<at::Tensor>& t
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
   const TracedCollective traced{kRecv, kNoTensors, tensors, kNoSplits, kNoSplits, nullptr, "<-", getRank(), srcRank};
+  refuseIfDestroyed("recv");
   if (srcRank == getRank()) {
     ++seq_;
     recordPath("self:recv", tensorBytes(tensors));
@@ -317,6 +325,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::recvAnysource(std::vector<at::T
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::barrier(const c10d::BarrierOptions& opts) {
+  refuseIfDestroyed("barrier");
   // NCCL's barrier is an all-reduce on a GPU; prefer it when the caller names a GPU or there is no CPU backend.
   const bool onGpu = innerCuda_ && (!innerCpu_ || !opts.device_ids.empty() || (opts.device && opts.device->is_cuda()));
   auto& inner = innerFor(at::Device(onGpu ? at::kCUDA : at::kCPU), "barrier");
@@ -327,6 +336,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::barrier(const c10d::BarrierOpti
 }
 
 void ProcessGroupSDMA::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
+  refuseIfDestroyed("monitored_barrier");
   auto& inner = innerCpu_ ? innerCpu_ : innerFor(at::Device(at::kCUDA), "monitoredBarrier");
   ++seq_;
   recordPath("delegated:monitoredBarrier", 0);
@@ -434,10 +444,32 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allgatherCollective(const Colle
                                                                      const TracedCollective& traced,
                                                                      const c10d::AllgatherOptions& opts,
                                                                      InnerCall&& innerCall) {
-  const CollectivePath path = choosePath(planned);
+  refuseIfDestroyed(names.stats);
+  const std::string& connectFailure = devicePath(planned.device).connectFailure;
+  TORCH_CHECK(connectFailure.empty(), "torch_sdma: ", describe(names.stats, opType, opts).describe(),
+              " refused: an earlier collective on this group failed: ", connectFailure);
+  CollectivePath path;
+  try {
+    path = choosePath(planned);
+  } catch (const c10::DistBackendError& e) {
+    // A peer that never came to the group's first all-gather, where the transport connects: named in the words
+    // a later call's timeout uses. The peers may be anywhere in the connect, so the device's all-gathers end here.
+    std::string why = e.what_without_backtrace();
+    const std::string prefix = "torch_sdma: ";
+    if (why.rfind(prefix, 0) == 0) {
+      why = why.substr(prefix.size());
+    }
+    devicePath(planned.device).connectFailure =
+        "torch_sdma: " + describe(names.stats, opType, opts).describe() + " failed while connecting the group: " + why;
+    C10_THROW_ERROR(DistBackendError, devicePath(planned.device).connectFailure);
+  }
   const auto bytes = static_cast<int64_t>(planned.outputBytes);
   if (path.isDma()) {
     const CollectiveInfo info = describe(names.stats, opType, opts);
+    // The CPU path and the GPU direct path compare sizes themselves, at every call (docs/errors.md).
+    if (planned.device.is_cuda() && !path.isDirect() && c10d::debug_level() == c10d::DebugLevel::Detail) {
+      compareSizesThroughStore(*sdmaStore_, info, planned.plan.bytesPerRank, planned.outputs.front().scalar_type());
+    }
     auto work = runTraced(traceGroup_, getGroupDesc(), info.seq, traced,
                           [&] { return devicePath(planned.device).runner->run(planned, path, opts.asyncOp, info); });
     recordPath(path.key(), bytes);
@@ -528,6 +560,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allgather_coalesced(std::vector
 // Control.
 
 void ProcessGroupSDMA::startCoalescing() {
+  refuseIfDestroyed("coalescing");
   coalescing_ = true;
   coalescedWorks_.clear();
   self_.beginBatch();
@@ -647,6 +680,7 @@ void ProcessGroupSDMA::eagerConnectSingleDevice(at::Device device) {
 
 void ProcessGroupSDMA::setTimeout(std::chrono::milliseconds timeout) {
   options_.timeout = timeout;
+  sdmaStore_->setGroupTimeout(timeout);
   for (auto* inner : {&innerCpu_, &innerCuda_}) {
     if (*inner) {
       try {
@@ -666,7 +700,14 @@ void ProcessGroupSDMA::abort() {
   }
 }
 
+void ProcessGroupSDMA::refuseIfDestroyed(const char* op) const {
+  // After shutdown the inner backends are gone too; calling into them crashes the process.
+  TORCH_CHECK_VALUE(!destroyed_, "torch_sdma: ", op, " on group '", options_.groupName,
+                    "', which was destroyed (destroy_process_group); collectives need a group that is still alive");
+}
+
 void ProcessGroupSDMA::shutdown() {
+  destroyed_ = true;
   // The runners' destructors wait for collectives in flight (bounded by the timeout), then free staging.
   cudaPath_.runner.reset();
   hostPath_.runner.reset();

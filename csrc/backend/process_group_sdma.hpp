@@ -26,6 +26,7 @@
 #include "collective/collective_path.hpp"
 #include "collective/node_layout.hpp"
 #include "runner/allgather_runner.hpp"
+#include "transport/group_timeout_store.hpp"
 #include "transport/peer_rendezvous.hpp"
 
 namespace sdma {
@@ -120,6 +121,10 @@ class ProcessGroupSDMA : public c10d::Backend {
     return options_;
   }
   std::map<std::string, std::pair<int64_t, int64_t>> stats() const;
+  // shutdown() ran (destroy_process_group): the group runs nothing more.
+  bool destroyed() const {
+    return destroyed_;
+  }
   void resetStats();
   CollectivePath pathFor(c10::DeviceType device) const;
   // The path predicted when the group was created (for its log line); Unknown if the group does not serve
@@ -139,6 +144,7 @@ class ProcessGroupSDMA : public c10d::Backend {
     CollectivePath atCreation;
     CollectivePath decided;
     std::unique_ptr<AllgatherRunner> runner;
+    std::string connectFailure;  // why connecting failed (a peer never came): later all-gathers are refused
   };
   DevicePath& devicePath(const at::Device& device) {
     return device.is_cuda() ? cudaPath_ : hostPath_;
@@ -158,6 +164,8 @@ class ProcessGroupSDMA : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Backend>& innerFor(const at::Device& device, const char* op);
   c10::intrusive_ptr<c10d::Backend>& innerFor(const std::vector<at::Tensor>& tensors, const char* op);
+  // Throws a ValueError naming `op` once the group was shut down (destroy_process_group).
+  void refuseIfDestroyed(const char* op) const;
   // Connects the device's transport on first use.
   CollectivePath choosePath(const PlannedAllgather& planned);
   void connect(const at::Device& device);
@@ -179,7 +187,7 @@ class ProcessGroupSDMA : public c10d::Backend {
   void recordPath(const std::string& key, int64_t bytes);
   c10::intrusive_ptr<c10d::Work> trackCoalesced(c10::intrusive_ptr<c10d::Work> work);
 
-  const c10::intrusive_ptr<c10d::Store> sdmaStore_;  // our own keys, apart from the inner backends'
+  const c10::intrusive_ptr<GroupTimeoutStore> sdmaStore_;  // our own keys, apart from the inner backends'
   SdmaOptions options_;
   c10::intrusive_ptr<c10d::Backend> innerCpu_;
   c10::intrusive_ptr<c10d::Backend> innerCuda_;
@@ -191,6 +199,7 @@ class ProcessGroupSDMA : public c10d::Backend {
   NodeLayout layout_;
   uint64_t seq_ = 0;
   SelfExchange self_;
+  bool destroyed_ = false;  // shutdown() ran
 
   DevicePath cudaPath_;
   DevicePath hostPath_;

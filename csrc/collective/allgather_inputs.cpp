@@ -150,7 +150,11 @@ PlannedAllgather planAllgatherList(const std::vector<std::vector<at::Tensor>>& o
     checkSingleTensor(out, device);
     checkSameType(out, input);
     if (out.numel() != input.numel()) {
-      // NCCL gathers uneven lists with a broadcast per rank; so does the inner backend.
+      // NCCL gathers uneven lists with a broadcast per rank; so does the inner backend. Gloo, the inner backend of
+      // CPU tensors, takes none: say so here, in our words, rather than in gloo's about a group that is ours.
+      TORCH_CHECK_WITH(ValueError, device.is_cuda(), "all_gather: output tensor ", &out - outs.data(), " has ",
+                       out.numel(), " elements but the input has ", input.numel(),
+                       "; on CPU tensors every output tensor must have the input's size");
       p.notForDma = "output tensors of uneven size";
     }
     p.plan.outputByRank.push_back({{bytesOf(out), n}});

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
 
 #include <string>
 
@@ -20,9 +21,16 @@ inline std::string messageOf(const std::exception& e) {
 
 class GroupFailure {
  public:
-  void record(std::string reason) {
+  // `reason` may be an exception's what(), which for a c10::Error carries its C++ backtrace: that goes to the log
+  // (at INFO level: TORCH_CPP_LOG_LEVEL=INFO), and the refusals of later calls quote only the message, as one
+  // paragraph.
+  void record(const std::string& reason) {
     if (reason_.empty()) {
-      reason_ = std::move(reason);
+      const size_t backtrace = reason.find(kBacktraceStart);
+      if (backtrace != std::string::npos) {
+        LOG(INFO) << "torch_sdma: the failure that stops the group, with its backtrace: " << reason;
+      }
+      reason_ = reason.substr(0, backtrace);
     }
   }
   bool happened() const {
@@ -38,6 +46,8 @@ class GroupFailure {
   }
 
  private:
+  // How c10::Error::what() begins the backtrace it appends to the message.
+  static constexpr const char* kBacktraceStart = "\nException raised from ";
   std::string reason_;
 };
 

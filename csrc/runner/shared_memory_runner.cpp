@@ -75,6 +75,7 @@ c10::intrusive_ptr<c10d::Work> SharedMemoryRunner::run(PlannedAllgather& planned
     std::lock_guard<std::mutex> lock(mutex_);
     failure_.refuse(info);
   }
+  transport_->recordSizeCheck(plan.bytesPerRank, planned.outputs.front().scalar_type());
   ArrivalMailbox* mailbox = transport_->mailbox();
   if (mailbox && plan.outputBase && plan.bytesPerRank > 0) {
     const uint64_t serial = ++directSerial_;

@@ -86,7 +86,13 @@ std::unique_ptr<HostShmTransport> HostShmTransport::connect(c10d::Store& store, 
     *whyNot = reason;
     return nullptr;  // the destructor unmaps what was mapped
   }
-  const auto names = exchangeWithGroup(store, "shm/name", rank, size, myName);
+  std::vector<std::string> names;
+  try {
+    names = exchangeWithGroup(store, "shm/name", rank, size, myName);
+  } catch (...) {
+    shm_unlink(myName.c_str());  // a peer that never came must not leave our segment in /dev/shm
+    throw;
+  }
   for (int q = 0; q < size && error.empty(); ++q) {
     if (q != rank) {
       t->base_[q] = mapSegment(names[q], t->segmentBytes_, /*create=*/false, &error);
@@ -117,7 +123,8 @@ HostShmTransport::HostShmTransport(int rank, int size, const StagingGeometry& ge
   groupRank_ = rank;
   const size_t words = kFlagKinds * static_cast<size_t>(size) * geometry.slots;
   flagWordBytes_ = roundUp(words * sizeof(uint32_t), kPageBytes);
-  flagBytes_ = flagWordBytes_ + (direct ? roundUp(ArrivalMailbox::bytesFor(size, kMailboxDepth), kPageBytes) : 0);
+  announcementsAt_ = flagWordBytes_ + (direct ? roundUp(ArrivalMailbox::bytesFor(size, kMailboxDepth), kPageBytes) : 0);
+  flagBytes_ = announcementsAt_ + roundUp(2 * static_cast<size_t>(size) * sizeof(SizeAnnouncement), kPageBytes);
   segmentBytes_ = flagBytes_ + geometry.bytes();
 }
 
@@ -217,6 +224,52 @@ void HostShmTransport::recordTask(Task task) {
                        std::make_shared<const Task>(std::move(task))});
 }
 
+void HostShmTransport::recordSizeCheck(size_t bytesPerRank, c10::ScalarType dtype) {
+  // The op carries the serial in `value` and the dtype in `slot`.
+  recorded_.push_back(
+      {Op::Kind::CompareSizes, nullptr, nullptr, bytesPerRank, Flag::Ready, static_cast<int>(dtype), ++sizeSerial_});
+}
+
+HostShmTransport::SizeAnnouncement* HostShmTransport::announcement(int owner, int src, uint32_t serial) const {
+  return reinterpret_cast<SizeAnnouncement*>(base_[owner] + announcementsAt_) + 2 * src + serial % 2;
+}
+
+void HostShmTransport::compareSizes(const Op& op, std::chrono::steady_clock::time_point deadline,
+                                    const std::string& description) {
+  for (int q = 0; q < size_; ++q) {
+    if (q != rank_) {
+      SizeAnnouncement* a = announcement(q, rank_, op.value);
+      a->bytes = op.bytes;
+      a->dtype = static_cast<uint32_t>(op.slot);
+      __atomic_store_n(&a->serial, op.value, __ATOMIC_RELEASE);
+    }
+  }
+  const auto start = std::chrono::steady_clock::now();
+  for (int q = 0; q < size_; ++q) {
+    while (q != rank_ && __atomic_load_n(&announcement(rank_, q, op.value)->serial, __ATOMIC_ACQUIRE) != op.value) {
+      const auto now = std::chrono::steady_clock::now();
+      TORCH_CHECK_WITH(DistBackendError, processAlive(pids_[q]), "torch_sdma: ", description, " failed: group rank ",
+                       groupRankOf_[q], " (pid ", pids_[q], ") exited while this rank was waiting for it");
+      TORCH_CHECK_WITH(DistBackendError, now < deadline, "torch_sdma: ", description, " timed out after ",
+                       std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count(),
+                       " ms waiting for group ranks [", groupRankOf_[q], "], which never reached it");
+      std::this_thread::sleep_for(std::chrono::microseconds(now - start < std::chrono::milliseconds(2) ? 0 : 50));
+    }
+  }
+  bool differ = false;
+  std::string sizes;
+  for (int q = 0; q < size_; ++q) {
+    const uint64_t bytes = q == rank_ ? op.bytes : announcement(rank_, q, op.value)->bytes;
+    const auto dtype = static_cast<c10::ScalarType>(q == rank_ ? op.slot : announcement(rank_, q, op.value)->dtype);
+    differ = differ || bytes != op.bytes || dtype != static_cast<c10::ScalarType>(op.slot);
+    sizes += (sizes.empty() ? "" : ", ") + std::string("group rank ") + std::to_string(groupRankOf_[q]) + " " +
+             std::to_string(bytes) + " bytes of " + c10::toString(dtype);
+  }
+  TORCH_CHECK_WITH(DistBackendError, !differ, "torch_sdma: ", description,
+                   " failed: the ranks passed inputs of different sizes or dtypes (bytes per rank: ", sizes,
+                   "); every rank must pass an input of the same size and dtype, and nothing was copied");
+}
+
 void HostShmTransport::setGroup(std::vector<int> groupRankOf, std::vector<MemberIdentity> group) {
   groupRankOf_ = std::move(groupRankOf);
   group_ = std::move(group);
@@ -261,6 +314,9 @@ void HostShmTransport::execute(const std::vector<Op>& ops, std::chrono::steady_c
         break;
       case Op::Kind::RunTask:
         (*op.task)(deadline, description);
+        break;
+      case Op::Kind::CompareSizes:
+        compareSizes(op, deadline, description);
         break;
     }
   }

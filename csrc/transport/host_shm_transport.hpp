@@ -13,6 +13,8 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <c10/core/ScalarType.h>
+
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -32,7 +34,7 @@ class HostShmTransport : public Transport, public DirectTransport {
   using Task = std::function<void(std::chrono::steady_clock::time_point deadline, const std::string& description)>;
 
   struct Op {
-    enum class Kind { Copy, Signal, Wait, Reset, CopyToPeer, CopyFromPeer, RunTask } kind;
+    enum class Kind { Copy, Signal, Wait, Reset, CopyToPeer, CopyFromPeer, RunTask, CompareSizes } kind;
     char* dst;
     const char* src;
     size_t bytes;
@@ -91,6 +93,10 @@ class HostShmTransport : public Transport, public DirectTransport {
 
   // Records `task` to run in its place among the operations.
   void recordTask(Task task);
+  // Records, as the collective's first operation, a comparison of what every member passed: this rank's bytes per
+  // rank and dtype go to every peer, and the collective fails on every member, naming each one's size, unless all
+  // are equal. Nothing has been copied when it fails, so no member returns wrong bytes.
+  void recordSizeCheck(size_t bytesPerRank, c10::ScalarType dtype);
   // The transport spans one node of a larger group: `groupRankOf[member]` is each member's group rank, `group` every
   // group member's identity. Messages then name group ranks, and a wait also gives up once a group member on this host
   // has exited (it may be what the awaited peer waits for, through the inner backend).
@@ -106,6 +112,16 @@ class HostShmTransport : public Transport, public DirectTransport {
  private:
   HostShmTransport(int rank, int size, const StagingGeometry& geometry, bool direct);
   void copyWithPeer(const Op& op, const std::string& description);
+  // One member's announcement of a collective's size, in each peer's segment. Two rows per member, by the serial's
+  // parity: a member announces collective n+1 only once it finished n, which needs every peer past its comparison
+  // for n, so it can run at most one collective ahead of the slowest peer's comparison.
+  struct SizeAnnouncement {
+    uint64_t bytes;
+    uint32_t dtype;
+    uint32_t serial;  // written last (release): 0 until the first announcement
+  };
+  SizeAnnouncement* announcement(int owner, int src, uint32_t serial) const;
+  void compareSizes(const Op& op, std::chrono::steady_clock::time_point deadline, const std::string& description);
   uint32_t* flagWord(int owner, Flag flag, int src, int slot) const;
   void waitFor(const Op& op, std::chrono::steady_clock::time_point deadline, const std::string& description);
 
@@ -115,7 +131,9 @@ class HostShmTransport : public Transport, public DirectTransport {
   size_t flagBytes_ = 0;  // flags, then the mailbox (if direct): where staging starts
   size_t flagWordBytes_ = 0;
   size_t segmentBytes_ = 0;
-  std::vector<char*> base_;  // every member's segment, mapped here; base_[rank_] is our own
+  size_t announcementsAt_ = 0;  // where the size announcements start in a segment
+  uint32_t sizeSerial_ = 0;     // collectives whose sizes this rank announced
+  std::vector<char*> base_;     // every member's segment, mapped here; base_[rank_] is our own
   std::vector<int> pids_;
   std::vector<Op> recorded_;
   std::vector<int> groupRankOf_;       // member -> group rank (the identity unless setGroup)

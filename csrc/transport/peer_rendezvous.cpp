@@ -6,7 +6,10 @@
 
 #include <c10/util/Exception.h>
 
+#include "collective/rank_list.hpp"
+
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <fstream>
 
@@ -16,12 +19,30 @@ std::vector<std::string> exchangeWithGroup(c10d::Store& store, const std::string
                                            const std::string& mine) {
   store.set(key + "/" + std::to_string(rank), std::vector<uint8_t>(mine.begin(), mine.end()));
   std::vector<std::string> all(size);
+  const auto start = std::chrono::steady_clock::now();
   for (int r = 0; r < size; ++r) {
     if (r == rank) {
       all[r] = mine;
       continue;
     }
-    auto v = store.get(key + "/" + std::to_string(r));
+    std::vector<uint8_t> v;
+    try {
+      v = store.get(key + "/" + std::to_string(r));
+    } catch (const c10::DistStoreError&) {
+      // The store's own message names one key; say which members never came, as a timeout inside a collective does.
+      std::vector<int> missing;
+      for (int q = 0; q < size; ++q) {
+        if (q != rank && !store.check({key + "/" + std::to_string(q)})) {
+          missing.push_back(q);
+        }
+      }
+      const auto waited =
+          std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+      C10_THROW_ERROR(DistBackendError, "torch_sdma: " + key + " timed out after " + std::to_string(waited) +
+                                            " ms waiting for group ranks " +
+                                            rankList(missing.empty() ? std::vector<int>{r} : missing) +
+                                            ", which never reached it");
+    }
     all[r].assign(v.begin(), v.end());
   }
   return all;

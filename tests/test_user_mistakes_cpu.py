@@ -1,0 +1,271 @@
+"""A user's mistake gives a clear Python error on every rank, within the group's timeout, and nothing worse: no rank
+killed by a signal, no wrong bytes returned, nothing left in /dev/shm (docs/errors.md). CPU ranks in real processes;
+the GPU twins are in test_user_mistakes_cuda.py."""
+import os
+import signal
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from checks.data import assert_bytes_equal, poison_, rand, raw
+from mp_harness import run_group
+
+PG_TIMEOUT_S = 8.0
+SLACK_S = 25.0  # scheduling on a loaded 2-core CI machine
+BACKTRACE = "Exception raised from"
+
+
+def shm_entries():
+    try:
+        return {n for n in os.listdir("/dev/shm") if n.startswith("torch_sdma")}
+    except FileNotFoundError:
+        return set()
+
+
+def shm_maps():
+    with open("/proc/self/maps") as f:
+        return [line.split(None, 5)[5].strip() for line in f if "/dev/shm/" in line and len(line.split(None, 5)) == 6]
+
+
+def _error_of(fn):
+    t0 = time.monotonic()
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001
+        return {"error": f"{type(e).__name__}: {e}", "elapsed": time.monotonic() - t0}
+    return {"error": None, "elapsed": time.monotonic() - t0}
+
+
+# ------------------------------------------------------------------------------------------------ rank bodies
+def knobs_differ_body(ctx):
+    """init_process_group with a knob set on rank 0 only: refused on every rank, before anything is mapped."""
+    r = _error_of(lambda: ctx.init_pg("sdma"))
+    r["maps"] = shm_maps()
+    return r
+
+
+def sizes_differ_body(ctx, form, async_op):
+    """Each rank passes an input of its own size: the call fails on every rank, and the outputs keep their
+    poison (no byte of another rank's mismatched input lands anywhere)."""
+    W, rank, dev = ctx.world, ctx.rank, ctx.device
+    n = 1024 * (rank + 1)
+    x = rand("differ", rank, (n,), torch.float32, device=dev)
+    if form == "into_tensor":
+        outs = [poison_(torch.empty(W * n, device=dev))]
+        call = lambda: dist.all_gather_into_tensor(outs[0], x, async_op=async_op)  # noqa: E731
+    else:
+        outs = [poison_(torch.empty(n, device=dev)) for _ in range(W)]
+        call = lambda: dist.all_gather(outs, x, async_op=async_op)  # noqa: E731
+
+    def run():
+        w = call()
+        if async_op:
+            w.wait()
+
+    r = _error_of(run)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    r["untouched"] = all(bool((raw(o) == 0xA5).all()) for o in outs)
+    # The group is now failed: a valid call is refused, in one paragraph.
+    y = rand("after", rank, (256,), torch.float32, device=dev)
+    r["after"] = _error_of(lambda: dist.all_gather_into_tensor(torch.empty(W * 256, device=dev), y))["error"]
+    return r
+
+
+def sizes_agree_body(ctx):
+    """The size check passes what it should: equal sizes on the same group, bit-exact, several times."""
+    W, rank, dev = ctx.world, ctx.rank, ctx.device
+    for i, n in enumerate((1, 1000, 70000, 3)):
+        x = rand(f"agree{i}", rank, (n,), torch.float32, device=dev)
+        expected = torch.cat([raw(rand(f"agree{i}", q, (n,), torch.float32)) for q in range(W)])
+        out = poison_(torch.empty(W * n, device=dev), expected)
+        dist.all_gather_into_tensor(out, x)
+        assert_bytes_equal(out, expected, f"all-gather {i}")
+    return {"error": None}
+
+
+def destroyed_body(ctx):
+    """Collectives, stats() and group_path() on a destroyed subgroup and on a WORLD handle kept across
+    destroy_process_group: each a Python error, never a crash."""
+    import torch_sdma
+
+    W, rank, dev = ctx.world, ctx.rank, ctx.device
+    g = dist.new_group()
+    x = rand("d", rank, (100,), torch.float32, device=dev)
+    dist.all_gather_into_tensor(torch.empty(W * 100, device=dev), x, group=g)
+    dist.destroy_process_group(g)
+    errors = {
+        "subgroup all_gather_into_tensor": _error_of(
+            lambda: dist.all_gather_into_tensor(torch.empty(W * 100, device=dev), x, group=g))["error"],
+        "subgroup all_reduce": _error_of(lambda: dist.all_reduce(x.clone(), group=g))["error"],
+        # Past torch's own check of the group map, straight to the backend.
+        "subgroup ProcessGroup._allgather_base": _error_of(
+            lambda: g._allgather_base(torch.empty(W * 100, device=dev), x).wait())["error"],
+        "subgroup ProcessGroup.allreduce": _error_of(lambda: g.allreduce([x.clone()]).wait())["error"],
+        "subgroup stats": _error_of(lambda: torch_sdma.stats(g))["error"],
+        "subgroup group_path": _error_of(lambda: torch_sdma.group_path(g, dev.type))["error"],
+    }
+    world = dist.group.WORLD
+    dist.all_gather_into_tensor(torch.empty(W * 100, device=dev), x, group=world)
+    dist.destroy_process_group()
+    errors["WORLD all_gather_into_tensor"] = _error_of(
+        lambda: dist.all_gather_into_tensor(torch.empty(W * 100, device=dev), x, group=world))["error"]
+    errors["WORLD ProcessGroup._allgather_base"] = _error_of(
+        lambda: world._allgather_base(torch.empty(W * 100, device=dev), x).wait())["error"]
+    errors["WORLD stats"] = _error_of(lambda: torch_sdma.stats(world))["error"]
+    return errors
+
+
+def first_call_missing_body(ctx):
+    """Rank 1 never makes the group's first all-gather (where the transport connects)."""
+    W, rank = ctx.world, ctx.rank
+    if rank == 1:
+        deadline = time.monotonic() + PG_TIMEOUT_S + SLACK_S + 30
+        while time.monotonic() < deadline and not ctx.store.check(["pub/done"]):
+            time.sleep(0.1)
+        return {"victim": True}
+    x = rand("first", rank, (4096,), torch.float32, device=ctx.device)
+    r = _error_of(lambda: dist.all_gather_into_tensor(torch.empty(W * 4096, device=ctx.device), x))
+    # The peers may be anywhere inside the connect: the next all-gather is refused at once, not tried again.
+    r["after"] = _error_of(lambda: dist.all_gather_into_tensor(torch.empty(W * 4096, device=ctx.device), x))
+    ctx.publish("done", 1)
+    return r
+
+
+def misspelt_knob_body(ctx):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ctx.init_pg("sdma")
+        dist.new_group()  # a second group: still one warning per process
+    W, rank = ctx.world, ctx.rank
+    x = rand("m", rank, (300,), torch.float32)
+    out = poison_(torch.empty(W * 300))
+    dist.all_gather_into_tensor(out, x)
+    assert_bytes_equal(out, torch.cat([raw(rand("m", q, (300,), torch.float32)) for q in range(W)]), "after")
+    return {"warnings": [str(w.message) for w in caught if "TORCH_SDMA" in str(w.message)]}
+
+
+def list_element_wrong_size_body(ctx):
+    W, rank = ctx.world, ctx.rank
+    x = rand("l", rank, (10,), torch.float32)
+    outs = [torch.empty(10) for _ in range(W)]
+    outs[1] = torch.empty(11)
+    return _error_of(lambda: dist.all_gather(outs, x))
+
+
+# ------------------------------------------------------------------------------------------------ checks
+def run_mistake(body, init=None, kwargs=None, per_rank_env=None, env=None, cuda=False):
+    """Runs `body` on two ranks; every rank must end with a result (no signal death) and /dev/shm must hold no new
+    entry of ours. Returns each rank's value."""
+    before = shm_entries()
+    res = run_group(body, 2, init, kwargs=kwargs, env=env, per_rank_env=per_rank_env,
+                    timeout=PG_TIMEOUT_S + SLACK_S + 90, pg_timeout_s=PG_TIMEOUT_S, grace=PG_TIMEOUT_S + SLACK_S,
+                    destroy=False, hard_exit=True, cuda=cuda)
+    problems = []
+    for r in res.ranks:
+        if r.exitcode is not None and r.exitcode < 0:
+            problems.append(f"rank {r.rank} killed by {signal.Signals(-r.exitcode).name}")
+        elif r.status != "ok":
+            problems.append(f"rank {r.rank}: {r.error}")
+    # Other groups on this host (other test runs) create segments too, and unlink them within moments: only an entry
+    # that stays is a leak.
+    left = shm_entries() - before
+    for _ in range(10):
+        if not left:
+            break
+        time.sleep(0.5)
+        left &= shm_entries()
+    if left:
+        problems.append(f"left in /dev/shm: {sorted(left)}")
+    assert not problems, "\n".join(problems) + "\n" + res.describe()
+    return [r.value for r in res.ranks]
+
+
+def one_paragraph(msg):
+    assert BACKTRACE not in msg, f"a C++ backtrace inside the message: {msg!r}"
+    assert "\n" not in msg.strip(), f"not one paragraph: {msg!r}"
+
+
+@pytest.mark.parametrize("knob,rank0,rank1_shows", [
+    ("TORCH_SDMA_STAGING_BYTES", "64K", "group rank 0 has 65536, group rank 1 has 33554432"),
+    ("TORCH_SDMA_STAGING_BYTES", "64M", "group rank 0 has 67108864, group rank 1 has 33554432"),
+    ("TORCH_SDMA_SLOTS", "4", "group rank 0 has 4, group rank 1 has 2"),
+    ("TORCH_SDMA_CHUNK_BYTES", "8K", "group rank 0 has 8192, group rank 1 has 0"),
+    ("TORCH_SDMA_DIRECT", "1", "group rank 0 has 1, group rank 1 has 0"),
+    ("TORCH_SDMA_DISABLE", "1", "group rank 0 has 1, group rank 1 has 0"),
+    ("TORCH_SDMA_MIN_BYTES", "1M", "group rank 0 has 1048576, group rank 1 has 0"),
+])
+def test_knob_set_on_one_rank_refuses_the_group(knob, rank0, rank1_shows):
+    values = run_mistake(knobs_differ_body, per_rank_env={0: {knob: rank0}})
+    for rank, v in enumerate(values):
+        err = v["error"]
+        assert err is not None, f"rank {rank}: the group formed although {knob} differs"
+        assert err.startswith("ValueError: torch_sdma: group"), f"rank {rank}: {err}"
+        assert knob in err and rank1_shows in err, f"rank {rank}: {err}"
+        one_paragraph(err)
+        assert v["elapsed"] < PG_TIMEOUT_S + SLACK_S, (rank, v)
+        assert not [m for m in v["maps"] if "torch_sdma" in m], f"rank {rank} still maps {v['maps']}"
+
+
+@pytest.mark.parametrize("form,async_op,direct", [
+    ("into_tensor", False, "0"), ("into_tensor", True, "0"), ("list", False, "0"), ("into_tensor", False, "1"),
+])
+def test_sizes_differ_fail_every_rank(form, async_op, direct):
+    values = run_mistake(sizes_differ_body, "sdma", kwargs={"form": form, "async_op": async_op},
+                  env={"TORCH_SDMA_DIRECT": direct})
+    for rank, v in enumerate(values):
+        err = v["error"]
+        assert err is not None, f"rank {rank}: no error although the ranks passed different sizes"
+        assert "different sizes" in err, f"rank {rank}: {err}"
+        assert "group rank 0 4096 bytes of Float" in err and "group rank 1 8192 bytes of Float" in err, err
+        one_paragraph(err)
+        assert v["untouched"], f"rank {rank}: bytes landed in the output of a failed call"
+        after = v["after"]
+        assert after is not None and "an earlier collective on this group failed" in after, (rank, after)
+        one_paragraph(after)
+        assert len(after) < 1200, f"rank {rank}: {len(after)} characters: {after!r}"
+
+
+def test_equal_sizes_pass_the_size_check():
+    run_mistake(sizes_agree_body, "sdma")
+
+
+def test_destroyed_group_raises():
+    for rank, errors in enumerate(run_mistake(destroyed_body, "sdma")):
+        for what, err in errors.items():
+            assert err is not None, f"rank {rank}: {what} on a destroyed group did not raise"
+            # torch answers the public API itself (the group left its map); the backend answers the rest.
+            torch_words = ("not initialized in the world group map", "not been initialized")
+            assert "was destroyed" in err or ("ProcessGroup." not in what and any(w in err for w in torch_words)), (
+                f"rank {rank}: {what}: {err}")
+            one_paragraph(err)
+
+
+def test_peer_missing_at_the_first_call_is_named():
+    v = run_mistake(first_call_missing_body, "sdma")[0]
+    err = v["error"]
+    assert err is not None, "the first all-gather succeeded without rank 1"
+    assert "all_gather_into_tensor" in err and "group ranks [1]" in err and "never reached it" in err, err
+    one_paragraph(err)
+    assert v["elapsed"] < PG_TIMEOUT_S + SLACK_S, v
+    after = v["after"]
+    assert after["error"] is not None and "refused: an earlier collective on this group failed" in after["error"], v
+    assert after["elapsed"] < 1.0, after
+
+
+def test_misspelt_knob_warns_once_naming_the_closest():
+    for rank, v in enumerate(run_mistake(misspelt_knob_body, env={"TORCH_SDMA_STAGNG_BYTES": "64K"})):
+        assert len(v["warnings"]) == 1, (rank, v)
+        assert "TORCH_SDMA_STAGNG_BYTES" in v["warnings"][0] and "TORCH_SDMA_STAGING_BYTES" in v["warnings"][0], v
+
+
+def test_list_element_of_the_wrong_size_is_named_in_our_words():
+    for rank, v in enumerate(run_mistake(list_element_wrong_size_body, "sdma")):
+        err = v["error"]
+        assert err is not None and err.startswith("ValueError: all_gather: output tensor 1 has 11 elements"), err
+        assert "Gloo" not in err, err
+        one_paragraph(err)

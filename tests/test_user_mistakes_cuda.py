@@ -1,0 +1,74 @@
+"""The GPU twins of test_user_mistakes_cpu.py (2 GPUs, or one shared by two ranks with SDMA_TEST_SHARE_GPU=1;
+skipped elsewhere): the same mistakes on CUDA tensors give the same errors on every rank, no signal death, no wrong
+bytes, nothing left in /dev/shm."""
+import pytest
+from test_user_mistakes_cpu import (
+    PG_TIMEOUT_S,
+    SLACK_S,
+    destroyed_body,
+    first_call_missing_body,
+    knobs_differ_body,
+    one_paragraph,
+    run_mistake,
+    sizes_agree_body,
+    sizes_differ_body,
+)
+
+from conftest import cuda_count
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(cuda_count() < 2, reason="needs 2 CUDA devices")]
+
+
+@pytest.mark.parametrize("knob,rank0,rank1_shows", [
+    ("TORCH_SDMA_STAGING_BYTES", "64M", "group rank 0 has 67108864, group rank 1 has 268435456"),
+    ("TORCH_SDMA_SLOTS", "4", "group rank 0 has 4, group rank 1 has 2"),
+    ("TORCH_SDMA_CHUNK_BYTES", "8K", "group rank 0 has 8192, group rank 1 has 0"),
+    ("TORCH_SDMA_DIRECT", "0", "group rank 0 has 0, group rank 1 has 1"),
+    ("TORCH_SDMA_DISABLE", "1", "group rank 0 has 1, group rank 1 has 0"),
+    ("TORCH_SDMA_MIN_BYTES", "1M", "group rank 0 has 1048576, group rank 1 has 0"),
+])
+def test_knob_set_on_one_rank_refuses_the_group(knob, rank0, rank1_shows):
+    values = run_mistake(knobs_differ_body, per_rank_env={0: {knob: rank0}}, cuda=True)
+    for rank, v in enumerate(values):
+        err = v["error"]
+        assert err is not None and err.startswith("ValueError: torch_sdma: group"), f"rank {rank}: {err}"
+        assert knob in err and rank1_shows in err, f"rank {rank}: {err}"
+        one_paragraph(err)
+
+
+# The direct path (the default on CUDA) compares sizes at every call; staging only under DETAIL (docs/errors.md).
+@pytest.mark.parametrize("form,async_op,env", [
+    ("into_tensor", False, {}),
+    ("into_tensor", True, {}),
+    ("into_tensor", False, {"TORCH_SDMA_DIRECT": "0", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}),
+    ("list", False, {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}),
+])
+def test_sizes_differ_fail_every_rank(form, async_op, env):
+    values = run_mistake(sizes_differ_body, "sdma", kwargs={"form": form, "async_op": async_op}, env=env,
+                         cuda=True)
+    for rank, v in enumerate(values):
+        err = v["error"]
+        assert err is not None and "different sizes" in err, f"rank {rank}: {err}"
+        assert "4096 bytes" in err and "8192 bytes" in err, err
+        one_paragraph(err)
+        assert v["untouched"], f"rank {rank}: bytes landed in the output of a failed call"
+
+
+@pytest.mark.parametrize("env", [{}, {"TORCH_SDMA_DIRECT": "0", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}])
+def test_equal_sizes_pass_the_size_check(env):
+    run_mistake(sizes_agree_body, "sdma", env=env, cuda=True)
+
+
+def test_destroyed_group_raises():
+    for rank, errors in enumerate(run_mistake(destroyed_body, "sdma", cuda=True)):
+        for what, err in errors.items():
+            assert err is not None, f"rank {rank}: {what} on a destroyed group did not raise"
+            one_paragraph(err)
+
+
+def test_peer_missing_at_the_first_call_is_named():
+    v = run_mistake(first_call_missing_body, "sdma", cuda=True)[0]
+    err = v["error"]
+    assert err is not None and "group ranks [1]" in err and "never reached it" in err, err
+    one_paragraph(err)
+    assert v["elapsed"] < PG_TIMEOUT_S + SLACK_S, v
