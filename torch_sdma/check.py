@@ -144,11 +144,11 @@ class Check:
         self.mode = args.mode if args.mode != "auto" else ("gpu" if gpus else "cpu")
         timeout = datetime.timedelta(seconds=args.timeout)
         if self.mode == "gpu":
-            if self.local_rank >= gpus:
+            if self.local_rank >= gpus and not args.share_gpu:
                 raise SystemExit(f"torch_sdma.check: FAIL: local rank {self.local_rank} but {gpus} visible GPUs: "
-                                 f"run one process per GPU (--nproc_per_node {gpus})")
-            torch.cuda.set_device(self.local_rank)
-            self.device = torch.device("cuda", self.local_rank)
+                                 f"run one process per GPU (--nproc_per_node {gpus}), or --share-gpu")
+            torch.cuda.set_device(self.local_rank % gpus)
+            self.device = torch.device("cuda", self.local_rank % gpus)
             self.backend, self.base_name = "cpu:gloo,cuda:sdma", "nccl"
         else:
             self.device, self.backend, self.base_name = torch.device("cpu"), "cpu:sdma", "gloo"
@@ -423,7 +423,11 @@ class Check:
         self.registration()
         self.hardware_queues()
         if self.sweep() and not self.args.skip_busbw:
-            self.busbw()
+            if self.args.share_gpu and self.mode == "gpu":
+                # NCCL refuses two ranks on one GPU, and ranks that time-slice one GPU's engines time nothing.
+                self.say("busbw: skipped, ranks share GPUs (--share-gpu)")
+            else:
+                self.busbw()
         self.watchdog.enter("report")
         failures = self.gather_all(self.failures)
         unique = list(dict.fromkeys(sum(failures, [])))
@@ -449,6 +453,9 @@ def parse_args(argv=None):
                    help="busbw output sizes, e.g. 64K,1M,16M (default: 1M,64M,256M on GPUs, 64K,1M,16M on CPU)")
     p.add_argument("--rounds", type=int, default=3, help="timed rounds per size and backend")
     p.add_argument("--skip-busbw", action="store_true", help="the registration, paths and bit-exact sweep only")
+    p.add_argument("--share-gpu", action="store_true", default=os.environ.get("SDMA_TEST_SHARE_GPU") == "1",
+                   help="more ranks than GPUs, ranks placed round-robin (correctness only: no busbw, since NCCL "
+                        "refuses two ranks on one GPU); also set by SDMA_TEST_SHARE_GPU=1")
     p.add_argument("--report", help="also write the report to this file (rank 0)")
     p.add_argument("--nproc", type=int, help="outside torchrun: ranks to start (default: GPUs, or 2 without)")
     return p.parse_args(argv)

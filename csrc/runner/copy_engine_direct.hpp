@@ -33,11 +33,16 @@ constexpr size_t kCopyEngineBytesPerUs = 400000;
 struct SizeMismatch : std::runtime_error {
   SizeMismatch(int peer, uint64_t peerBytes, uint64_t ownBytes)
       : std::runtime_error("sizes differ between ranks"), peer(peer), peerBytes(peerBytes), ownBytes(ownBytes) {}
-  // In the words torch's collective fingerprint check uses, with both sizes.
+  // In the words of the other paths' size checks (docs/errors.md), both sizes in group-rank order.
   std::string describe(int rank) const {
-    return "Detected mismatch between collectives on ranks: group rank " + std::to_string(peer) + " passed " +
-           std::to_string(peerBytes) + " bytes per rank and group rank " + std::to_string(rank) + " passed " +
-           std::to_string(ownBytes) + " bytes per rank to the same all-gather; every rank must pass the same size";
+    const bool peerFirst = peer < rank;
+    const auto entry = [](int r, uint64_t bytes) {
+      return "group rank " + std::to_string(r) + " " + std::to_string(bytes) + " bytes";
+    };
+    return "the ranks passed inputs of different sizes (bytes per rank: " +
+           (peerFirst ? entry(peer, peerBytes) + ", " + entry(rank, ownBytes)
+                      : entry(rank, ownBytes) + ", " + entry(peer, peerBytes)) +
+           "); every rank must pass the same size";
   }
   int peer;
   uint64_t peerBytes;

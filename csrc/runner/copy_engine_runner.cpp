@@ -498,7 +498,7 @@ std::string CopyEngineRunner::sizeMismatchOf(const InFlight& inFlight) const {
     }
     const uint64_t theirs = direct_->peerPostedOtherSize(q, inFlight.directSerial, inFlight.bytesPerRank);
     if (theirs != 0) {
-      return "failed: " + SizeMismatch(q, theirs, inFlight.bytesPerRank).describe(rank_);
+      return "failed: " + SizeMismatch(q, theirs, inFlight.bytesPerRank).describe(rank_) + ",";
     }
   }
   return "";
