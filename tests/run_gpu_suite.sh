@@ -1,6 +1,6 @@
 #!/bin/bash
-# The GPU tests in ten groups, nine at once and then the direct group alone, each under its own time limit and
-# costs one group's limit (not the whole window) and a killed pytest still leaves the groups that finished.
+# The GPU tests in ten groups, nine at once and then the direct group alone, each under its own time limit and with
+# its own log, so that one hang costs one group's limit and a killed pytest still leaves the groups that finished.
 # Usage: tests/run_gpu_suite.sh LOG_DIR [python]. Exit status: 0 only if every group passed.
 set -u
 logs=${1:?log directory}
