@@ -21,7 +21,7 @@ files=("$A" "$A" "$D" "$D" "$F" "$C" "$K" "$H" "$R" "$M")
 exprs=("not peer_never_calls" "peer_never_calls" "every_collective" "split_group or default_backend" "" "" "" "" "" "")
 # The direct group checks that freed device memory comes back by reading the GPU's free memory, which every other
 # process on the GPU moves: it runs alone, after the rest.
-alone=direct
+alone=${GPU_SUITE_ALONE-direct}  # GPU_SUITE_ALONE= runs every group at once
 run_group() {
   timeout "$limit" "$py" -m pytest "${files[$1]}" -k "${exprs[$1]}" -v -rA --durations=10 \
     > "$logs/gpu_${names[$1]}.log" 2>&1
