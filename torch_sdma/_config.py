@@ -97,6 +97,7 @@ def options_from_env(group_size: int) -> "_C.ProcessGroupSDMA.Options":
         o.direct_cuda = o.direct_cpu = direct
     elif _C._caching_allocator_uses_expandable_segments():
         o.direct_cuda = False
+        o.direct_cuda_from_allocator = True
     o.direct_peer_wait_us = _parse_int("TORCH_SDMA_DIRECT_PEER_WAIT_US", o.direct_peer_wait_us)
     validate(o, group_size)
     return o

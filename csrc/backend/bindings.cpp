@@ -109,6 +109,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("direct_peer_wait_us", &sdma::SdmaOptions::directPeerWaitUs)
       .def_readwrite("direct_cuda", &sdma::SdmaOptions::directCuda)
       .def_readwrite("direct_cpu", &sdma::SdmaOptions::directCpu)
+      .def_readwrite("direct_cuda_from_allocator", &sdma::SdmaOptions::directCudaFromAllocator)
       .def_readwrite("log", &sdma::SdmaOptions::log)
       .def_readwrite("test_pseudo_node", &sdma::SdmaOptions::testPseudoNode)
       .def_readwrite("_timeout", &sdma::SdmaOptions::timeout)

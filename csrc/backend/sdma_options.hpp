@@ -48,6 +48,9 @@ struct SdmaOptions {
   // either way and staging is faster.
   bool directCuda = true;
   bool directCpu = false;
+  // TORCH_SDMA_DIRECT unset and this rank's caching allocator makes expandable segments: directCuda was turned off
+  // here, not by the user. The members still agree on the knob (unset); the group agrees on staging when it connects.
+  bool directCudaFromAllocator = false;
   int64_t directPeerWaitUs = kDefaultDirectPeerWaitUs;  // TORCH_SDMA_DIRECT_PEER_WAIT_US
   bool log = true;  // TORCH_SDMA_LOG: one line per group at creation (written by the Python side)
   // TORCH_SDMA_TEST_PSEUDO_NODES (tests only): the pseudo-node of its host this process is placed on, "" for none.

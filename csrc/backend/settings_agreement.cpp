@@ -39,7 +39,9 @@ std::string settingsThatMustAgree(const SdmaOptions& o) {
   s << "TORCH_SDMA_SLOTS=" << o.slots << "\n";
   s << "TORCH_SDMA_CHUNK_BYTES=" << o.chunkBytes << "\n";
   // The direct path and staging exchange different things per call.
-  s << "TORCH_SDMA_DIRECT (CUDA)=" << (o.directCuda ? 1 : 0) << "\n";
+  // What the user set: a rank whose allocator turned the direct path off took the default, and the group then
+  // agrees on staging when it connects (one member that cannot map its peers' memory keeps them all off it).
+  s << "TORCH_SDMA_DIRECT (CUDA)=" << (o.directCuda || o.directCudaFromAllocator ? 1 : 0) << "\n";
   s << "TORCH_SDMA_DIRECT (CPU)=" << (o.directCpu ? 1 : 0) << "\n";
   return s.str();
 }
