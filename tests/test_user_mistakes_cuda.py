@@ -36,12 +36,15 @@ def test_knob_set_on_one_rank_refuses_the_group(knob, rank0, rank1_shows):
         one_paragraph(err)
 
 
-# The direct path (the default on CUDA) compares sizes at every call; staging only under DETAIL (docs/errors.md).
+# The direct path (the default on CUDA) compares sizes at every call; staging only under DETAIL (docs/errors.md),
+# where on one GPU shared by two ranks the calls completed without an error: open, and strict, so that a fix shows.
+DETAIL_STAGING_OPEN = pytest.mark.xfail(strict=True, reason="GPU staging's size check under DETAIL did not fire")
 @pytest.mark.parametrize("form,async_op,env", [
     ("into_tensor", False, {}),
     ("into_tensor", True, {}),
-    ("into_tensor", False, {"TORCH_SDMA_DIRECT": "0", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}),
-    ("list", False, {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}),
+    pytest.param("into_tensor", False, {"TORCH_SDMA_DIRECT": "0", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"},
+                 marks=DETAIL_STAGING_OPEN),
+    pytest.param("list", False, {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, marks=DETAIL_STAGING_OPEN),
 ])
 def test_sizes_differ_fail_every_rank(form, async_op, env):
     values = run_mistake(sizes_differ_body, "sdma", kwargs={"form": form, "async_op": async_op}, env=env,
