@@ -211,6 +211,30 @@ def test_knob_set_on_one_rank_refuses_the_group(knob, rank0, rank1_shows):
         assert not [m for m in v["maps"] if "torch_sdma" in m], f"rank {rank} still maps {v['maps']}"
 
 
+def allocator_differs_body(ctx):
+    """Only rank 1's caching allocator makes expandable segments: not a knob the user set, so the group forms, and
+    bit-exact all-gathers follow."""
+    r = _error_of(lambda: ctx.init_pg("sdma"))
+    if r["error"] is None:
+        o = dist.group.WORLD._get_backend(torch.device("cpu"))._sdma_options
+        r["direct"] = (o.direct_cuda, o.direct_cuda_from_allocator)
+        W, rank = ctx.world, ctx.rank
+        x = rand("alloc", rank, (3000,), torch.float32)
+        expected = torch.cat([raw(rand("alloc", q, (3000,), torch.float32)) for q in range(W)])
+        out = poison_(torch.empty(W * 3000), expected)
+        dist.all_gather_into_tensor(out, x)
+        assert_bytes_equal(out, expected, "after the allocators differed")
+    return r
+
+
+def test_an_allocator_difference_is_not_a_knob_difference():
+    expandable = {1: {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}}
+    values = run_mistake(allocator_differs_body, per_rank_env=expandable,
+                         env={"TORCH_SDMA_DIRECT": None, "PYTORCH_CUDA_ALLOC_CONF": None})
+    assert [v["error"] for v in values] == [None, None], values
+    assert [tuple(v["direct"]) for v in values] == [(True, False), (False, True)], values
+
+
 @pytest.mark.parametrize("form,async_op,direct", [
     ("into_tensor", False, "0"), ("into_tensor", True, "0"), ("list", False, "0"), ("into_tensor", False, "1"),
 ])
