@@ -397,10 +397,10 @@ void CopyEngineRunner::watchdogLoop() {
     std::string failure;
     if (!done) {
       const auto now = std::chrono::steady_clock::now();
-      if (oldest.directSerial != 0) {
-        failure = sizeMismatchOf(oldest);
-      }
-      if (!failure.empty()) {
+      // A peer that posted another size never comes: no point waiting out the timeout for it.
+      const std::string mismatch = oldest.directSerial != 0 ? sizeMismatchOf(oldest) : "";
+      if (!mismatch.empty()) {
+        failure = mismatch;
       } else if (now > oldest.deadline()) {
         failure = "timed out";
       } else if (now - oldest.enqueuedAt > kLivenessCheckAfter) {

@@ -45,13 +45,12 @@ std::string CopyEngineTransport::checkGroupReachable(c10d::Store& store, const s
 
 std::unique_ptr<CopyEngineTransport> CopyEngineTransport::connect(c10d::Store& store, int rank, int size, int device,
                                                                   const StagingGeometry& geometry,
-                                                                  const std::vector<MemberIdentity>& members,
-                                                                  uint32_t flagBase) {
+                                                                  const std::vector<MemberIdentity>& members) {
   std::unique_ptr<CopyEngineTransport> t(new CopyEngineTransport(rank, size, device, geometry));
   t->peerPids_ = pidsOf(members);
   const size_t bytes = t->flagBytes_ + geometry.bytes();
-  if (!t->mapWithVmm(store, bytes, flagBase)) {
-    t->mapWithLegacyIpc(store, bytes, flagBase);
+  if (!t->mapWithVmm(store, bytes)) {
+    t->mapWithLegacyIpc(store, bytes);
   }
 
   // Precomputed per (flag, slot), so the per-call path does no address arithmetic beyond indexing.
@@ -84,20 +83,15 @@ CopyEngineTransport::CopyEngineTransport(int rank, int size, int device, const S
   laneJoin_ = gpu::createEvent();
 }
 
-void CopyEngineTransport::initFlags(char* flags, uint32_t value) {
+void CopyEngineTransport::initFlags(char* flags) {
   gpu::memsetSync(flags, 0, flagBytes_, service_);
-  if (value != 0) {
-    const std::vector<uint32_t> values(kFlagKinds * static_cast<size_t>(size_) * geometry_.slots, value);
-    gpu::copyFromHostAsync(flags, values.data(), values.size() * sizeof(uint32_t), service_);
-    gpu::syncStream(service_);
-  }
 }
 
-bool CopyEngineTransport::mapWithVmm(c10d::Store& store, size_t bytes, uint32_t flagBase) {
+bool CopyEngineTransport::mapWithVmm(c10d::Store& store, size_t bytes) {
   std::vector<gpu::SharedAllocation> maps(size_);
   std::string error = gpu::allocateShareable(device_, bytes, &maps[rank_]);
   if (error.empty()) {
-    initFlags(static_cast<char*>(maps[rank_].ptr), flagBase);
+    initFlags(static_cast<char*>(maps[rank_].ptr));
   }
   auto releaseAll = [&] {
     for (auto& m : maps) {
@@ -137,9 +131,9 @@ bool CopyEngineTransport::mapWithVmm(c10d::Store& store, size_t bytes, uint32_t 
   return true;
 }
 
-void CopyEngineTransport::mapWithLegacyIpc(c10d::Store& store, size_t bytes, uint32_t flagBase) {
+void CopyEngineTransport::mapWithLegacyIpc(c10d::Store& store, size_t bytes) {
   base_ = static_cast<char*>(gpu::mallocDevice(bytes));
-  initFlags(base_, flagBase);
+  initFlags(base_);
   const gpu::IpcHandle own = gpu::exportIpc(base_);
   const auto handles = exchangeWithGroup(store, "ce/ipc", rank_, size_, std::string(own.bytes, gpu::kIpcHandleBytes));
   for (int q = 0; q < size_; ++q) {

@@ -28,12 +28,10 @@ class CopyEngineTransport : public Transport, public DirectTransport {
   // Collective: every member of the group calls it together, after checkGroupReachable said "" to all. Allocates
   // this rank's staging and flags for `geometry` and maps every member's (VMM memory shared as file descriptors;
   // legacy CUDA IPC where some member cannot). Keys are taken under `store`, which must be fresh per connection.
-  // Every flag starts at `flagBase`, before any peer can write one: a transport that replaces an outgrown one
-  // mid-run starts where the serials carried on it stand, so that none looks reached or wraps (flagReached).
+  // Every flag starts at 0, before any peer can write one.
   static std::unique_ptr<CopyEngineTransport> connect(c10d::Store& store, int rank, int size, int device,
                                                       const StagingGeometry& geometry,
-                                                      const std::vector<MemberIdentity>& members,
-                                                      uint32_t flagBase = 0);
+                                                      const std::vector<MemberIdentity>& members);
   ~CopyEngineTransport() override;
 
   int rank() const override {
@@ -76,11 +74,11 @@ class CopyEngineTransport : public Transport, public DirectTransport {
  private:
   CopyEngineTransport(int rank, int size, int device, const StagingGeometry& geometry);
   // Collective. Returns false, having released what it took, when some member could not do it.
-  bool mapWithVmm(c10d::Store& store, size_t bytes, uint32_t flagBase);
+  bool mapWithVmm(c10d::Store& store, size_t bytes);
   // Collective; the fallback when VMM was refused (it throws, rather than return, if even this fails).
-  void mapWithLegacyIpc(c10d::Store& store, size_t bytes, uint32_t flagBase);
-  // Sets every flag word of this rank's to `value`, before the peers know the memory.
-  void initFlags(char* flags, uint32_t value);
+  void mapWithLegacyIpc(c10d::Store& store, size_t bytes);
+  // Zeroes every flag word of this rank's, before the peers know the memory.
+  void initFlags(char* flags);
   size_t flagIndex(Flag flag, int src, int slot) const;
   std::vector<gpu::FlagOp>& pendingFor(Lane lane);
 
