@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from checks.data import coalescing_manager
+
 warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
 warnings.filterwarnings("ignore", category=UserWarning, module="torch.distributed")
 
@@ -299,7 +301,7 @@ class Soak:
                     exp = torch.cat([_bytes(p) for p in parts])
                     outs.append(_poisoned_like(exp, (W * x.numel(),), x.dtype, dev))
                     item.checks.append((f"tensor {k}", outs[-1], exp))
-                with _coalescing(g, dev, a) as cm:
+                with coalescing_manager(g, dev, a) as cm:
                     for x, o in zip(xs, outs):
                         dist.all_gather_into_tensor(o, x, group=g)
                 item.work = cm if a else None
@@ -469,17 +471,6 @@ class Soak:
         if problems:
             raise SoakFailure(f"soak on rank {self.rank}, seed {self.opts.seed}: " + "; ".join(problems))
         raise SoakFailure(f"soak on rank {self.rank}, seed {self.opts.seed}: a peer's resources did not come back")
-
-
-@contextlib.contextmanager
-def _coalescing(group, device, async_op):
-    """torch's coalescing manager, never leaving the group in 'coalescing' state after an error."""
-    try:
-        with dist._coalescing_manager(group=group, device=device, async_ops=async_op) as cm:
-            yield cm
-    except BaseException:
-        dist.distributed_c10d._world.pg_coalesce_state.pop(group, None)
-        raise
 
 
 def _fd_count():
