@@ -51,13 +51,20 @@ from allgather_peers import (
     SymmMemAllGather,
     expected_output,
     free_port,
-    gpu_seconds_per_call,
     hashed_bytes,
     nccl_ce_unavailable,
     run_nccl_ce,
 )
 
-from torch_sdma.check import GATHER_SINGLE, SINGLE, human_bytes, new_group_with_env, parse_bytes, path_moved
+from torch_sdma.check import (
+    GATHER_SINGLE,
+    SINGLE,
+    human_bytes,
+    new_group_with_env,
+    parse_bytes,
+    path_moved,
+    seconds_per_call,
+)
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 DEFAULT_SIZES = [4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, 1 * MIB, 4 * MIB, 8 * MIB, 16 * MIB, 64 * MIB,
@@ -184,13 +191,7 @@ class Bench:
         return max(a.min_iters, min(a.max_iters, ITER_BUDGET[self.mode] // out_bytes))
 
     def time_calls(self, fn, iters):
-        """Seconds per call of `fn` (which blocks or enqueues on the current stream), averaged over iters."""
-        if self.mode == "gpu":
-            return gpu_seconds_per_call(fn, iters)
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        return (time.perf_counter() - t0) / iters
+        return seconds_per_call(fn, iters, self.mode == "gpu")
 
 
 PAIR_KINDS = ("each_pushing_own", "one_moving_both")

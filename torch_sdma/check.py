@@ -77,6 +77,16 @@ def expected_output(world, n_bytes, device):
     return torch.cat([hashed_bytes(r, n_bytes, device) for r in range(world)])
 
 
+def seconds_per_call(fn, iters, gpu):
+    """Seconds per call of `fn` (which blocks, or on a GPU enqueues on the current stream), averaged over `iters`."""
+    if gpu:
+        return gpu_seconds_per_call(fn, iters)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - t0) / iters
+
+
 def gpu_seconds_per_call(fn, iters):
     """Seconds per call of `fn` (which enqueues on the current stream), by CUDA events around `iters` calls."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -350,12 +360,7 @@ class Check:
 
     # ------------------------------------------------------------------------------------------------- busbw
     def time_calls(self, fn, iters):
-        if self.mode == "gpu":
-            return gpu_seconds_per_call(fn, iters)
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        return (time.perf_counter() - t0) / iters
+        return seconds_per_call(fn, iters, self.mode == "gpu")
 
     def ce_limit(self, n):
         """Seconds of a plain copy-engine push of this rank's n bytes into every peer (unordered, not an
