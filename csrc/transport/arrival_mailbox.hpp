@@ -105,7 +105,10 @@ class ArrivalMailbox {
                                   std::chrono::microseconds peerWait = std::chrono::microseconds(0),
                                   std::chrono::microseconds lateWait = std::chrono::microseconds(0)) {
     waitUntilPeersRead(serial - std::min<uint64_t>(serial, depth_), timeout);
+    // A seqlock's write: a peer's watchdog may be reading the post for serial - depth this moment.
     Slot& own = slot(rank_, serial);
+    own.serial.store(0, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
     own.post = mine;
     for (int q = 0; q < size_; ++q) {
       claim(rank_, serial, q).store(kOpen, std::memory_order_relaxed);
@@ -173,9 +176,11 @@ class ArrivalMailbox {
     if (theirs.serial.load(std::memory_order_acquire) != serial) {
       return 0;
     }
-    const uint64_t bytes = theirs.post.bytes;
-    // The slot is reused only depth serials later; read again so that a reuse between the two loads counts as gone.
-    if (theirs.serial.load(std::memory_order_acquire) != serial) {
+    const uint64_t bytes = __atomic_load_n(&theirs.post.bytes, __ATOMIC_RELAXED);
+    // Overwritten depth serials later (arrive() clears the serial first): read it again, so that bytes of a later
+    // post count as gone.
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (theirs.serial.load(std::memory_order_relaxed) != serial) {
       return 0;
     }
     return bytes != bytesPerRank ? bytes : 0;
