@@ -59,8 +59,7 @@ from torch.utils import cpp_extension  # noqa: E402
 ROOT = os.path.dirname(os.path.abspath(__file__))
 # One list per layer (csrc/README.md); the vendor layer and the copy-engine runner only where the GPU code is built.
 SOURCES = {
-    "backend": ["process_group_sdma.cpp", "bindings.cpp", "self_exchange.cpp", "settings_agreement.cpp",
-                "store_size_check.cpp"],
+    "backend": ["process_group_sdma.cpp", "bindings.cpp", "self_exchange.cpp", "settings_agreement.cpp"],
     "collective": [
         "allgather_inputs.cpp",
         "byte_spans.cpp",

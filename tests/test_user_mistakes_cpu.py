@@ -47,8 +47,8 @@ def knobs_differ_body(ctx):
 
 
 def sizes_differ_body(ctx, form, async_op):
-    """Each rank passes an input of its own size: the call fails on every rank, and the outputs keep their
-    poison (no byte of another rank's mismatched input lands anywhere)."""
+    """Each rank passes an input of its own size: the call fails on every rank. `refused_at_call`: the call itself
+    raised (nothing was enqueued), so that the outputs must keep their poison where no peer writes them."""
     W, rank, dev = ctx.world, ctx.rank, ctx.device
     n = 1024 * (rank + 1)
     x = rand("differ", rank, (n,), torch.float32, device=dev)
@@ -59,12 +59,16 @@ def sizes_differ_body(ctx, form, async_op):
         outs = [poison_(torch.empty(n, device=dev)) for _ in range(W)]
         call = lambda: dist.all_gather(outs, x, async_op=async_op)  # noqa: E731
 
+    returned = []
+
     def run():
         w = call()
+        returned.append(True)
         if async_op:
             w.wait()
 
     r = _error_of(run)
+    r["refused_at_call"] = r["error"] is not None and not returned
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     r["untouched"] = all(bool((raw(o) == 0xA5).all()) for o in outs)

@@ -12,7 +12,6 @@
 #include <algorithm>
 
 #include "backend/settings_agreement.hpp"
-#include "backend/store_size_check.hpp"
 #include "work/coalesced_work.hpp"
 
 namespace sdma {
@@ -466,10 +465,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allgatherCollective(const Colle
   const auto bytes = static_cast<int64_t>(planned.outputBytes);
   if (path.isDma()) {
     const CollectiveInfo info = describe(names.stats, opType, opts);
-    // The CPU path and the GPU direct path compare sizes themselves, at every call (docs/errors.md).
-    if (planned.device.is_cuda() && !path.isDirect() && c10d::debug_level() == c10d::DebugLevel::Detail) {
-      compareSizesThroughStore(*sdmaStore_, info, planned.plan.bytesPerRank, planned.outputs.front().scalar_type());
-    }
     auto work = runTraced(traceGroup_, getGroupDesc(), info.seq, traced,
                           [&] { return devicePath(planned.device).runner->run(planned, path, opts.asyncOp, info); });
     recordPath(path.key(), bytes);

@@ -16,6 +16,7 @@
 #include "collective/allgather_plan.hpp"
 #include "collective/direct_allgather.hpp"
 #include "runner/allgather_runner.hpp"
+#include "runner/size_mismatch.hpp"
 #include "transport/arrival_mailbox.hpp"
 #include "transport/copy_engine_transport.hpp"
 #include "transport/peer_segments.hpp"
@@ -27,27 +28,6 @@ namespace sdma {
 // directions copies bytesPerRank once more per peer on its own GPU, at about this rate (H200 over NVLink: 390 GB/s).
 // So a 1 GiB all-gather of two ranks waits up to 1.3 ms, one of 16 MiB 21 us, capped by the knob.
 constexpr size_t kCopyEngineBytesPerUs = 400000;
-
-// Two ranks passed different sizes to the same direct all-gather: the rank that reads the other's post throws this
-// before it enqueues anything; the other one's watchdog finds the same in the mailbox and fails the collective.
-struct SizeMismatch : std::runtime_error {
-  SizeMismatch(int peer, uint64_t peerBytes, uint64_t ownBytes)
-      : std::runtime_error("sizes differ between ranks"), peer(peer), peerBytes(peerBytes), ownBytes(ownBytes) {}
-  // In the words of the other paths' size checks (docs/errors.md), both sizes in group-rank order.
-  std::string describe(int rank) const {
-    const bool peerFirst = peer < rank;
-    const auto entry = [](int r, uint64_t bytes) {
-      return "group rank " + std::to_string(r) + " " + std::to_string(bytes) + " bytes";
-    };
-    return "the ranks passed inputs of different sizes (bytes per rank: " +
-           (peerFirst ? entry(peer, peerBytes) + ", " + entry(rank, ownBytes)
-                      : entry(rank, ownBytes) + ", " + entry(peer, peerBytes)) +
-           "); every rank must pass the same size";
-  }
-  int peer;
-  uint64_t peerBytes;
-  uint64_t ownBytes;
-};
 
 class CopyEngineDirect {
  public:

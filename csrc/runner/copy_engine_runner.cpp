@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -17,7 +18,9 @@
 #include "collective/hierarchical_allgather.hpp"
 #include "collective/rank_list.hpp"
 #include "collective/staging_allgather.hpp"
+#include "runner/size_mismatch.hpp"
 #include "runner/test_faults.hpp"
+#include "transport/host_shared_memory.hpp"
 #include "transport/peer_rendezvous.hpp"
 #include "work/gpu_work.hpp"
 
@@ -29,6 +32,8 @@ constexpr auto kPollInterval = std::chrono::milliseconds(5);
 constexpr auto kLivenessCheckAfter = std::chrono::milliseconds(1000);
 // Staging grows in powers of two from here, so a group connects a handful of times at most.
 constexpr size_t kSmallestSegment = size_t{1} << 20;
+// Eager staging all-gathers a rank's CPU may run ahead of a peer's before it waits for it (call_size_board.hpp).
+constexpr int kSizeBoardDepth = 1024;
 
 // The largest chunk `plan` is cut into at `geometry` (a message smaller than a segment is one chunk of its size).
 size_t largestChunk(const AllgatherPlan& plan, const StagingGeometry& geometry) {
@@ -112,6 +117,14 @@ CopyEngineRunner::CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int ra
   pushDone_ = gpu::createEvent();
   capturedFork_ = gpu::createEvent();
   capturedJoin_ = gpu::createEvent();
+  {
+    c10d::PrefixStore boardStore("sizes/", store_);
+    sizeBoardBytes_ = CallSizeBoard::bytesFor(size_, kSizeBoardDepth);
+    std::string why;
+    sizeBoardMemory_ = mapGroupRegion(boardStore, "board", rank_, size_, sizeBoardBytes_, &why);
+    TORCH_CHECK(sizeBoardMemory_, "torch_sdma: the board of all-gather sizes could not be shared: ", why);
+    sizeBoard_ = std::make_unique<CallSizeBoard>(sizeBoardMemory_, rank_, size_, kSizeBoardDepth);
+  }
   watchdog_ = GuardedThread(
       [this] {
         gpu::ignoreOtherThreadsCaptures();
@@ -137,6 +150,8 @@ CopyEngineRunner::~CopyEngineRunner() {
   // in flight any more).
   railStaging_.reset();
   direct_.reset();
+  sizeBoard_.reset();
+  unmapSegment(sizeBoardMemory_, sizeBoardBytes_);
   for (gpu::Stream s : {pushStream_, drainStream_, capturedPushStream_, networkStream_}) {
     if (s) {
       gpu::destroyStream(s);
@@ -231,11 +246,15 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::run(PlannedAllgather& planned, 
   std::unique_lock<std::mutex> lock(mutex_);
   failure_.refuse(info);
   if (path.isCaptured()) {  // pathFor asked the driver about this stream a moment ago
+    // Checked at capture: a replay moves what the capture recorded.
+    postStagingSize(plan, info);
     return enqueueCaptured(planned, info, caller);
   }
   if (path.isDirect()) {
     return enqueueDirect(planned, asyncOp, info, caller, lock);
   }
+  // Before stagingFor: a rank that passed a larger size would connect a larger transport, alone.
+  const uint64_t stagingSerial = postStagingSize(plan, info);
   CopyEngineTransport& transport = stagingFor(plan);
   const bool pipelined = chunksOf(plan, transport) > 1;
 
@@ -263,7 +282,30 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::run(PlannedAllgather& planned, 
   inFlight.rail = railStaging_;
   inFlight.firstSerial = first;
   inFlight.lastSerial = static_cast<uint32_t>(chunks_);
+  inFlight.stagingSerial = stagingSerial;
+  inFlight.bytesPerRank = plan.bytesPerRank;
   return track(planned, asyncOp, drain, std::move(inFlight), lock);
+}
+
+uint64_t CopyEngineRunner::postStagingSize(const AllgatherPlan& plan, const CollectiveInfo& info) {
+  const uint64_t serial = ++stagingCalls_;
+  CallSizeBoard::Differing differing;
+  try {
+    differing = sizeBoard_->post(serial, plan.bytesPerRank, info.timeout);
+  } catch (const std::exception& e) {
+    const std::string reason = info.describe() + " failed: " + e.what();
+    failure_.record(reason);
+    C10_THROW_ERROR(DistBackendError, "torch_sdma: " + reason);
+  }
+  if (differing.peer >= 0) {
+    // Nothing enqueued here; a peer that did not read this rank's post sees the mismatch in its watchdog.
+    const std::string reason =
+        info.describe() + " failed: " +
+        SizeMismatch(groupRankOf(differing.peer), differing.peerBytes, plan.bytesPerRank).describe(groupRankOf(rank_));
+    failure_.record(reason);
+    C10_THROW_ERROR(DistBackendError, "torch_sdma: " + reason);
+  }
+  return serial;
 }
 
 void CopyEngineRunner::forkFromCaller(gpu::Stream caller, gpu::Stream push, gpu::Stream drain) {
@@ -398,7 +440,7 @@ void CopyEngineRunner::watchdogLoop() {
     if (!done) {
       const auto now = std::chrono::steady_clock::now();
       // A peer that posted another size never comes: no point waiting out the timeout for it.
-      const std::string mismatch = oldest.directSerial != 0 ? sizeMismatchOf(oldest) : "";
+      const std::string mismatch = sizeMismatchOf(oldest);
       if (!mismatch.empty()) {
         failure = mismatch;
       } else if (now > oldest.deadline()) {
@@ -496,9 +538,18 @@ std::string CopyEngineRunner::sizeMismatchOf(const InFlight& inFlight) const {
     if (q == rank_) {
       continue;
     }
-    const uint64_t theirs = direct_->peerPostedOtherSize(q, inFlight.directSerial, inFlight.bytesPerRank);
-    if (theirs != 0) {
-      return "failed: " + SizeMismatch(q, theirs, inFlight.bytesPerRank).describe(rank_) + ",";
+    std::optional<uint64_t> theirs;
+    if (inFlight.directSerial != 0) {
+      // The direct path runs only messages of at least one byte.
+      if (const uint64_t bytes = direct_->peerPostedOtherSize(q, inFlight.directSerial, inFlight.bytesPerRank)) {
+        theirs = bytes;
+      }
+    } else if (inFlight.stagingSerial != 0) {
+      theirs = sizeBoard_->peerPostedOtherSize(q, inFlight.stagingSerial, inFlight.bytesPerRank);
+    }
+    if (theirs) {
+      return "failed: " + SizeMismatch(groupRankOf(q), *theirs, inFlight.bytesPerRank).describe(groupRankOf(rank_)) +
+             ",";
     }
   }
   return "";

@@ -33,6 +33,7 @@
 #include "runner/gpu_rail_allgather.hpp"
 #include "runner/group_failure.hpp"
 #include "runner/guarded_thread.hpp"
+#include "transport/call_size_board.hpp"
 #include "transport/copy_engine_transport.hpp"
 #include "work/gpu_completion.hpp"
 
@@ -71,8 +72,10 @@ class CopyEngineRunner : public AllgatherRunner {
     uint32_t firstSerial;                            // chunk serials as the flags carry them
     uint32_t lastSerial;
     // The direct path: the mailbox's serial (0 elsewhere), by which the watchdog reads who reached the collective
-    // from what each peer posted, and the bytes per rank this rank posted for it.
+    // from what each peer posted. Staging: the size board's serial (0 elsewhere). And the bytes per rank this rank
+    // posted, which the watchdog compares with the peers' posts.
     uint64_t directSerial = 0;
+    uint64_t stagingSerial = 0;
     uint64_t bytesPerRank = 0;
     std::chrono::steady_clock::time_point enqueuedAt;
     // A peer has reached the collective when its `reached` flag for firstSerial is there, and finished it when its
@@ -114,8 +117,11 @@ class CopyEngineRunner : public AllgatherRunner {
   void watchdogLoop();
   // Names the peers that never reached (or stalled in) the stuck collective, releases the streams, fails all.
   void failInFlight(const InFlight& stuck, const std::string& cause);
-  // The direct path: a peer that posted another size for the collective, named with both sizes ("" if none).
+  // A peer that posted another size for the collective (the direct path's mailbox, staging's size board), named with
+  // both sizes ("" if none).
   std::string sizeMismatchOf(const InFlight& inFlight) const;
+  // Staging: posts this call's size on the board; throws, with nothing enqueued, where a peer posted another.
+  uint64_t postStagingSize(const AllgatherPlan& plan, const CollectiveInfo& info);
   // The watchdog itself failed: every collective in flight fails with its message; nothing touches the GPU.
   void abandonInFlight(const std::string& why);
   void drainOnShutdown();
@@ -145,6 +151,11 @@ class CopyEngineRunner : public AllgatherRunner {
   gpu::Event capturedJoin_ = nullptr;
   std::shared_ptr<EventPool> endEvents_ = std::make_shared<EventPool>();
   uint64_t chunks_ = 0;  // chunks enqueued on staging_ (the last one's serial); guarded by mutex_
+  // Eager staging all-gathers post their sizes here (call_size_board.hpp); the last one's serial, guarded by mutex_.
+  size_t sizeBoardBytes_ = 0;
+  char* sizeBoardMemory_ = nullptr;
+  std::unique_ptr<CallSizeBoard> sizeBoard_;
+  uint64_t stagingCalls_ = 0;
   // The eager collectives' order across streams: where the last one ended, and its completion, whose end event a
   // Drain lane on another stream waits for (held here so that its event is not reused meanwhile); guarded by mutex_
   CallOrder<gpu::Stream> callOrder_;
