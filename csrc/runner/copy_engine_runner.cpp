@@ -215,11 +215,18 @@ std::unique_ptr<CopyEngineTransport> CopyEngineRunner::connectTransport(const St
   return CopyEngineTransport::connect(*store, rank_, size_, device_, geometry, members_);
 }
 
+size_t CopyEngineRunner::segmentBytesFor(const AllgatherPlan& plan) const {
+  return hierarchy_ ? std::max(kPageBytes, hierarchicalSegmentBytes(plan, cap_, hierarchy_->layout.nodeCount()))
+                    : largestChunk(plan, cap_);
+}
+
+bool CopyEngineRunner::stagingMustGrow(const AllgatherPlan& plan) const {
+  return !staging_ || staging_->geometry().chunkBytes < segmentBytesFor(plan);
+}
+
 CopyEngineTransport& CopyEngineRunner::stagingFor(const AllgatherPlan& plan) {
-  const size_t needed = hierarchy_
-                            ? std::max(kPageBytes, hierarchicalSegmentBytes(plan, cap_, hierarchy_->layout.nodeCount()))
-                            : largestChunk(plan, cap_);
-  if (!staging_ || staging_->geometry().chunkBytes < needed) {
+  const size_t needed = segmentBytesFor(plan);
+  if (stagingMustGrow(plan)) {
     size_t segment = kSmallestSegment;
     while (segment < needed) {
       segment *= 2;
@@ -247,14 +254,14 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::run(PlannedAllgather& planned, 
   failure_.refuse(info);
   if (path.isCaptured()) {  // pathFor asked the driver about this stream a moment ago
     // Checked at capture: a replay moves what the capture recorded.
-    postStagingSize(plan, info);
+    postStagingSize(plan, info, /*connects=*/!captured_);
     return enqueueCaptured(planned, info, caller);
   }
   if (path.isDirect()) {
     return enqueueDirect(planned, asyncOp, info, caller, lock);
   }
   // Before stagingFor: a rank that passed a larger size would connect a larger transport, alone.
-  const uint64_t stagingSerial = postStagingSize(plan, info);
+  const uint64_t stagingSerial = postStagingSize(plan, info, /*connects=*/stagingMustGrow(plan));
   CopyEngineTransport& transport = stagingFor(plan);
   const bool pipelined = chunksOf(plan, transport) > 1;
 
@@ -287,11 +294,17 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::run(PlannedAllgather& planned, 
   return track(planned, asyncOp, drain, std::move(inFlight), lock);
 }
 
-uint64_t CopyEngineRunner::postStagingSize(const AllgatherPlan& plan, const CollectiveInfo& info) {
+uint64_t CopyEngineRunner::postStagingSize(const AllgatherPlan& plan, const CollectiveInfo& info, bool connects) {
   const uint64_t serial = ++stagingCalls_;
   CallSizeBoard::Differing differing;
   try {
-    differing = sizeBoard_->post(serial, plan.bytesPerRank, info.timeout);
+    differing = sizeBoard_->post(serial, plan.bytesPerRank, info.timeout, /*waitForPeers=*/connects);
+  } catch (const CallSizeBoard::PeerNeverPosted& e) {
+    const std::string reason = info.describe() + " timed out after " + std::to_string(e.waited.count()) +
+                               " ms waiting for group ranks [" + std::to_string(groupRankOf(e.peer)) +
+                               "], which never reached it";
+    failure_.record(reason);
+    C10_THROW_ERROR(DistBackendError, "torch_sdma: " + reason);
   } catch (const std::exception& e) {
     const std::string reason = info.describe() + " failed: " + e.what();
     failure_.record(reason);

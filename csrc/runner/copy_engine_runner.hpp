@@ -97,6 +97,9 @@ class CopyEngineRunner : public AllgatherRunner {
   // Collective (every member makes the same call for the same message): a transport whose segments hold the
   // chunks `plan` is cut into at the cap's geometry, connecting a larger one when the current one is too small.
   CopyEngineTransport& stagingFor(const AllgatherPlan& plan);
+  // Whether stagingFor(plan) connects a transport, and the segment it needs.
+  bool stagingMustGrow(const AllgatherPlan& plan) const;
+  size_t segmentBytesFor(const AllgatherPlan& plan) const;
   // The chunks `plan` is cut into on `transport`, by the flat or the hierarchical schedule.
   size_t chunksOf(const AllgatherPlan& plan, const CopyEngineTransport& transport) const;
   // "group rank 3" for a member of the transport (a rank of this node, when hierarchical).
@@ -120,8 +123,9 @@ class CopyEngineRunner : public AllgatherRunner {
   // A peer that posted another size for the collective (the direct path's mailbox, staging's size board), named with
   // both sizes ("" if none).
   std::string sizeMismatchOf(const InFlight& inFlight) const;
-  // Staging: posts this call's size on the board; throws, with nothing enqueued, where a peer posted another.
-  uint64_t postStagingSize(const AllgatherPlan& plan, const CollectiveInfo& info);
+  // Staging: posts this call's size on the board; throws, with nothing enqueued, where a peer posted another. A call
+  // that `connects` staging first waits for every peer's post (call_size_board.hpp).
+  uint64_t postStagingSize(const AllgatherPlan& plan, const CollectiveInfo& info, bool connects);
   // The watchdog itself failed: every collective in flight fails with its message; nothing touches the GPU.
   void abandonInFlight(const std::string& why);
   void drainOnShutdown();

@@ -27,6 +27,14 @@ namespace sdma {
 
 class CallSizeBoard {
  public:
+  // post() waited for a peer that never posted the serial within the timeout.
+  struct PeerNeverPosted : std::runtime_error {
+    PeerNeverPosted(int peer, std::chrono::milliseconds waited)
+        : std::runtime_error("a peer never posted its size"), peer(peer), waited(waited) {}
+    int peer;
+    std::chrono::milliseconds waited;
+  };
+
   static size_t bytesFor(int worldSize, int depth) {
     return (sizeof(Header) + sizeof(Post) * static_cast<size_t>(depth)) * static_cast<size_t>(worldSize);
   }
@@ -47,11 +55,13 @@ class CallSizeBoard {
   };
 
   // Posts `bytes` for `serial`, then reads every peer's post for it. Returns the first peer found with another size.
-  // Waits only while some peer has not yet read this rank's post for serial - depth, and past `timeout` throws.
-  // Called by one thread at a time.
-  Differing post(uint64_t serial, uint64_t bytes, std::chrono::milliseconds timeout) {
+  // Waits while some peer has not yet read this rank's post for serial - depth, and, with `waitForPeers`, until
+  // every peer has posted for `serial` (a call that connects memory meets its peers anyway, so that a rank with
+  // another size is found before, not inside, the connect); past `timeout` throws. Called by one thread at a time.
+  Differing post(uint64_t serial, uint64_t bytes, std::chrono::milliseconds timeout, bool waitForPeers = false) {
+    const auto start = std::chrono::steady_clock::now();
     if (serial > depth_) {
-      waitUntilPeersRead(serial - depth_, timeout);
+      waitUntilPeersRead(serial - depth_, start + timeout);
     }
     // A seqlock's write: a watchdog may be reading the post for serial - depth this moment.
     Post& own = postOf(rank_, serial);
@@ -66,6 +76,9 @@ class CallSizeBoard {
       }
       // A peer's post for `serial` is overwritten only after this rank's readUpTo reaches it, which comes below.
       const Post& theirs = postOf(q, serial);
+      if (waitForPeers) {
+        waitUntilPosted(q, serial, start, timeout);
+      }
       if (theirs.serial.load(std::memory_order_seq_cst) == serial) {
         const uint64_t b = theirs.bytes.load(std::memory_order_relaxed);
         if (b != bytes) {
@@ -112,8 +125,18 @@ class CallSizeBoard {
     return posts_[static_cast<size_t>(owner) * depth_ + serial % depth_];
   }
 
-  void waitUntilPeersRead(uint64_t serial, std::chrono::milliseconds timeout) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
+  void waitUntilPosted(int q, uint64_t serial, std::chrono::steady_clock::time_point start,
+                       std::chrono::milliseconds timeout) {
+    while (postOf(q, serial).serial.load(std::memory_order_seq_cst) != serial) {
+      const auto waited = std::chrono::steady_clock::now() - start;
+      if (waited > timeout) {
+        throw PeerNeverPosted(q, std::chrono::duration_cast<std::chrono::milliseconds>(waited));
+      }
+      std::this_thread::yield();
+    }
+  }
+
+  void waitUntilPeersRead(uint64_t serial, std::chrono::steady_clock::time_point deadline) {
     for (int q = 0; q < size_; ++q) {
       while (q != rank_ && headers_[q].readUpTo.load(std::memory_order_acquire) < serial) {
         if (std::chrono::steady_clock::now() > deadline) {

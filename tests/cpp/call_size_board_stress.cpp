@@ -2,7 +2,8 @@
 //
 // Mismatch trials: W ranks post the sizes of CALLS all-gathers with random delays (now and then one falls far behind,
 // so that small ring depths make ranks reuse posts and wait); every size differs from call to call, and at one call
-// chosen per trial one rank posts another size. The parent checks the rules staging's size check relies on:
+// chosen per trial one rank posts another size; now and then a rank waits for every peer's post first, as a call that
+// connects staging does. The parent checks the rules staging's size check relies on:
 // - before that call no rank ever found another size;
 // - at it at least one rank did (that rank refuses the call, so no rank can complete it);
 // - every rank that found nothing there finds the other size afterwards, as its watchdog does (peerPostedOtherSize).
@@ -68,7 +69,9 @@ bool mismatchTrial(int W, int calls, int depth, unsigned seed, int* refusers) {
         // Every other trial the odd rank passes an empty input: 0 bytes is a size like any other.
         const uint64_t other = (seed & 1) ? 0 : sizeOf(s) + 8;
         const uint64_t mine = s == bad && r == badRank ? other : sizeOf(s);
-        const auto found = board.post(s, mine, std::chrono::milliseconds(20000));
+        // Now and then a call connects memory, and its rank waits for every peer's post (as staging that grows).
+        const bool connects = std::uniform_int_distribution<int>(0, 4)(rng) == 0;
+        const auto found = board.post(s, mine, std::chrono::milliseconds(20000), connects);
         unsigned char& o = outcome[r * (calls + 1) + s];
         if (found.peer >= 0) {
           o = kFoundOther;
@@ -156,7 +159,8 @@ bool agreeingRun(int W, int calls, int depth, unsigned seed) {
       bool ok = true;
       for (uint64_t s = 1; s <= uint64_t(calls); ++s) {
         randomDelay(rng);
-        if (board.post(s, sizeOf(s), std::chrono::milliseconds(20000)).peer >= 0) {
+        const bool connects = std::uniform_int_distribution<int>(0, 4)(rng) == 0;
+        if (board.post(s, sizeOf(s), std::chrono::milliseconds(20000), connects).peer >= 0) {
           fprintf(stderr, "rank %d: serial %llu found another size where all agree\n", r,
                   static_cast<unsigned long long>(s));
           ok = false;
