@@ -11,7 +11,6 @@
 
 #include "collective/staging_allgather.hpp"
 #include "transport/freed_allocations.hpp"
-#include "transport/host_shared_memory.hpp"
 #include "transport/peer_rendezvous.hpp"
 
 namespace sdma {
@@ -51,15 +50,12 @@ CopyEngineDirect::CopyEngineDirect(const c10::intrusive_ptr<c10d::Store>& groupS
       options_(options),
       peerSegments_(device, pidsOf(members)) {
   c10d::PrefixStore store("direct/", groupStore);
-  mailboxBytes_ = ArrivalMailbox::bytesFor(size, kMailboxDepth);
-  std::string why;
-  mailboxMemory_ = mapGroupRegion(store, "mailbox", rank, size, mailboxBytes_, &why);
-  TORCH_CHECK(mailboxMemory_, "torch_sdma: the direct path's arrival mailbox could not be shared: ", why);
-  mailbox_ = std::make_unique<ArrivalMailbox>(mailboxMemory_, rank, size, kMailboxDepth);
-  retiredBytes_ = RetiredSegmentLog::bytesFor(size);
-  retiredMemory_ = mapGroupRegion(store, "retired", rank, size, retiredBytes_, &why);
-  TORCH_CHECK(retiredMemory_, "torch_sdma: the direct path's retired-allocation log could not be shared: ", why);
-  retired_ = std::make_unique<RetiredSegmentLog>(retiredMemory_, rank, size);
+  mailboxRegion_ = GroupRegion(store, "mailbox", rank, size, ArrivalMailbox::bytesFor(size, kMailboxDepth),
+                               "the direct path's arrival mailbox");
+  mailbox_ = std::make_unique<ArrivalMailbox>(mailboxRegion_.data(), rank, size, kMailboxDepth);
+  retiredRegion_ = GroupRegion(store, "retired", rank, size, RetiredSegmentLog::bytesFor(size),
+                               "the direct path's retired-allocation log");
+  retired_ = std::make_unique<RetiredSegmentLog>(retiredRegion_.data(), rank, size);
   // One page of one slot: only the flags are used.
   c10d::PrefixStore flagStore("direct/ce/", groupStore);
   transport_ = CopyEngineTransport::connect(flagStore, rank, size, device, StagingGeometry::fit(size, 1, kPageBytes, 0),
@@ -67,12 +63,7 @@ CopyEngineDirect::CopyEngineDirect(const c10::intrusive_ptr<c10d::Store>& groupS
   watchCachingAllocatorFrees();
 }
 
-CopyEngineDirect::~CopyEngineDirect() {
-  mailbox_.reset();
-  unmapSegment(mailboxMemory_, mailboxBytes_);
-  retired_.reset();
-  unmapSegment(retiredMemory_, retiredBytes_);
-}
+CopyEngineDirect::~CopyEngineDirect() = default;
 
 size_t CopyEngineDirect::heldBytes() const {
   return bounce_ ? bounce_->bytes() : 0;

@@ -19,6 +19,7 @@
 #include "runner/size_mismatch.hpp"
 #include "transport/arrival_mailbox.hpp"
 #include "transport/copy_engine_transport.hpp"
+#include "transport/group_region.hpp"
 #include "transport/peer_segments.hpp"
 #include "transport/retired_segments.hpp"
 
@@ -90,11 +91,9 @@ class CopyEngineDirect {
   // Arrived and Done (slot 0 of a one-page staging that nothing else uses), connected with the group's first direct
   // all-gather.
   std::shared_ptr<CopyEngineTransport> transport_;
-  char* mailboxMemory_ = nullptr;
-  size_t mailboxBytes_ = 0;
+  GroupRegion mailboxRegion_;
   std::unique_ptr<ArrivalMailbox> mailbox_;
-  char* retiredMemory_ = nullptr;
-  size_t retiredBytes_ = 0;
+  GroupRegion retiredRegion_;
   std::unique_ptr<RetiredSegmentLog> retired_;
   SegmentExporter exporter_;
   PeerSegmentMap peerSegments_;

@@ -20,7 +20,6 @@
 #include "collective/staging_allgather.hpp"
 #include "runner/size_mismatch.hpp"
 #include "runner/test_faults.hpp"
-#include "transport/host_shared_memory.hpp"
 #include "transport/peer_rendezvous.hpp"
 #include "work/gpu_work.hpp"
 
@@ -119,11 +118,9 @@ CopyEngineRunner::CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int ra
   capturedJoin_ = gpu::createEvent();
   {
     c10d::PrefixStore boardStore("sizes/", store_);
-    sizeBoardBytes_ = CallSizeBoard::bytesFor(size_, kSizeBoardDepth);
-    std::string why;
-    sizeBoardMemory_ = mapGroupRegion(boardStore, "board", rank_, size_, sizeBoardBytes_, &why);
-    TORCH_CHECK(sizeBoardMemory_, "torch_sdma: the board of all-gather sizes could not be shared: ", why);
-    sizeBoard_ = std::make_unique<CallSizeBoard>(sizeBoardMemory_, rank_, size_, kSizeBoardDepth);
+    sizeBoardRegion_ = GroupRegion(boardStore, "board", rank_, size_, CallSizeBoard::bytesFor(size_, kSizeBoardDepth),
+                                   "the board of all-gather sizes");
+    sizeBoard_ = std::make_unique<CallSizeBoard>(sizeBoardRegion_.data(), rank_, size_, kSizeBoardDepth);
   }
   watchdog_ = GuardedThread(
       [this] {
@@ -151,7 +148,7 @@ CopyEngineRunner::~CopyEngineRunner() {
   railStaging_.reset();
   direct_.reset();
   sizeBoard_.reset();
-  unmapSegment(sizeBoardMemory_, sizeBoardBytes_);
+  sizeBoardRegion_ = GroupRegion();
   for (gpu::Stream s : {pushStream_, drainStream_, capturedPushStream_, networkStream_}) {
     if (s) {
       gpu::destroyStream(s);

@@ -35,6 +35,7 @@
 #include "runner/guarded_thread.hpp"
 #include "transport/call_size_board.hpp"
 #include "transport/copy_engine_transport.hpp"
+#include "transport/group_region.hpp"
 #include "work/gpu_completion.hpp"
 
 namespace sdma {
@@ -156,8 +157,7 @@ class CopyEngineRunner : public AllgatherRunner {
   std::shared_ptr<EventPool> endEvents_ = std::make_shared<EventPool>();
   uint64_t chunks_ = 0;  // chunks enqueued on staging_ (the last one's serial); guarded by mutex_
   // Eager staging all-gathers post their sizes here (call_size_board.hpp); the last one's serial, guarded by mutex_.
-  size_t sizeBoardBytes_ = 0;
-  char* sizeBoardMemory_ = nullptr;
+  GroupRegion sizeBoardRegion_;
   std::unique_ptr<CallSizeBoard> sizeBoard_;
   uint64_t stagingCalls_ = 0;
   // The eager collectives' order across streams: where the last one ended, and its completion, whose end event a
