@@ -70,7 +70,7 @@ SOURCES = {
         "hierarchical_allgather.cpp",
     ],
     "transport": ["peer_rendezvous.cpp", "host_shared_memory.cpp", "host_shm_transport.cpp"],
-    "runner": ["shared_memory_runner.cpp", "host_rail_allgather.cpp"],
+    "runner": ["shared_memory_runner.cpp", "host_rail_allgather.cpp", "kept_for_life.cpp"],
     "work": ["host_work.cpp", "self_p2p_work.cpp"],
 }
 GPU_SOURCES = {
@@ -81,7 +81,7 @@ GPU_SOURCES = {
         "shareable_allocations.cpp",
         "freed_allocations.cpp",
     ],
-    "runner": ["copy_engine_runner.cpp", "copy_engine_direct.cpp", "gpu_rail_allgather.cpp"],
+    "runner": ["copy_engine_runner.cpp", "copy_engine_direct.cpp", "gpu_rail_allgather.cpp", "graph_held_transports.cpp"],
     "work": ["gpu_work.cpp", "gpu_completion.cpp"],
 }
 CPU_ONLY_SOURCES = {"runner": ["copy_engine_runner_absent.cpp"]}

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The GPU tests in ten groups, nine at once and then the direct group alone, each under its own time limit and with
+# The GPU tests in eleven groups, ten at once and then the direct group alone, each under its own time limit and with
 # its own log, so that one hang costs one group's limit and a killed pytest still leaves the groups that finished.
 # Usage: tests/run_gpu_suite.sh LOG_DIR [python]. Exit status: 0 only if every group passed.
 set -u
@@ -15,10 +15,11 @@ K=tests/test_conformance_cuda.py
 H=tests/test_hierarchical_cuda.py
 R=tests/test_direct_cuda.py
 M=tests/test_user_mistakes_cuda.py
-names=(allgather failure delegation split_mesh frameworks capture conformance hierarchical direct mistakes)
-files=("$A" "$A" "$D" "$D" "$F" "$C" "$K" "$H" "$R" "$M")
+L=tests/test_fault_release_cuda.py
+names=(allgather failure delegation split_mesh frameworks capture conformance hierarchical direct mistakes release)
+files=("$A" "$A" "$D" "$D" "$F" "$C" "$K" "$H" "$R" "$M" "$L")
 # An empty -k expression selects every test of the file.
-exprs=("not peer_never_calls" "peer_never_calls" "every_collective" "split_group or default_backend" "" "" "" "" "" "")
+exprs=("not peer_never_calls" "peer_never_calls" "every_collective" "split_group or default_backend" "" "" "" "" "" "" "")
 # The direct group checks that freed device memory comes back by reading the GPU's free memory, which every other
 # process on the GPU moves: it runs alone, after the rest.
 alone=${GPU_SUITE_ALONE-direct}  # GPU_SUITE_ALONE= runs every group at once

@@ -27,13 +27,21 @@ def stats(group: Optional[dist.ProcessGroup] = None) -> Dict[str, Dict[str, int]
     "dma:direct" also counts how this rank's pairs (one per peer per call) shared their copies:
     "pairs_each_pushing_own" (both GPUs' copy engines at work) and "pairs_one_moving_both" (one rank had posted no
     buffers within TORCH_SDMA_DIRECT_PEER_WAIT_US of the other, so the later one moved both directions, at half the
-    rate)."""
+    rate).
+    "kept_after_failures", present once a failure made this process keep memory for good (docs/errors.md): the bytes
+    and items (buffers a peer may still copy with, a destroyed group's memory that peers may still reach) held for
+    the life of the process, over all groups."""
     out: Dict[str, Dict[str, int]] = {}
     for backend in _sdma_backends(group):
         for path, v in backend._sdma_stats().items():
             acc = out.setdefault(path, {})
             for field, count in v.items():
                 acc[field] = acc.get(field, 0) + count
+    from torch_sdma import _C
+
+    kept = _C._kept_after_failures()
+    if kept["items"]:
+        out["kept_after_failures"] = dict(kept)
     return out
 
 

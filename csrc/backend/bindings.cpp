@@ -6,6 +6,7 @@
 
 #include "backend/process_group_sdma.hpp"
 #include "runner/allgather_runner.hpp"
+#include "runner/kept_for_life.hpp"
 
 namespace py = pybind11;
 
@@ -165,4 +166,8 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("options", &sdma::ProcessGroupSDMA::getBackendOptions);
 
   m.def("_caching_allocator_uses_expandable_segments", &sdma::cachingAllocatorUsesExpandableSegments);
+  m.def("_kept_after_failures", [] {
+    const sdma::KeptForLife kept = sdma::keptForLife();
+    return std::map<std::string, uint64_t>{{"bytes", kept.bytes}, {"items", kept.items}};
+  });
 }

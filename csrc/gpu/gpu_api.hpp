@@ -82,6 +82,10 @@ std::string streamMemOpsUnavailableReason();
 Stream createStream();
 // True while `stream` is being captured into a graph.
 bool streamCapturing(Stream stream);
+// While `capturing` is being captured: `release(object)` runs once the graph being captured, and every executable
+// graph made from it, is destroyed and their launches are done, on a runtime thread that may not call the GPU
+// runtime. Where the runtime cannot attach it: false, and release has run at once. Either way it runs once.
+bool releaseWithCapturedGraph(Stream capturing, void* object, void (*release)(void*));
 
 // Graph capture in global mode (torch.cuda.graph's default) forbids "unsafe" calls, such as an event query or an
 // allocation, on every thread of the process, and such a call invalidates the capture. Threads of ours call this

@@ -345,6 +345,24 @@ bool streamCapturing(Stream stream) {
   return cudaStreamIsCapturing(raw(stream), &status) == cudaSuccess && status != cudaStreamCaptureStatusNone;
 }
 
+bool releaseWithCapturedGraph(Stream capturing, void* object, void (*release)(void*)) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  cudaGraph_t graph = nullptr;
+  cudaUserObject_t held = nullptr;
+  if (cudaStreamGetCaptureInfo(raw(capturing), &status, nullptr, &graph) != cudaSuccess ||
+      status != cudaStreamCaptureStatusActive || !graph ||
+      cudaUserObjectCreate(&held, object, release, 1, cudaUserObjectNoDestructorSync) != cudaSuccess) {
+    release(object);
+    return false;
+  }
+  // The graph takes over the one reference: instantiation and launches hold it for as long as they need it.
+  if (cudaGraphRetainUserObject(graph, held, 1, cudaGraphUserObjectMove) != cudaSuccess) {
+    cudaUserObjectRelease(held, 1);  // the last reference: runs release
+    return false;
+  }
+  return true;
+}
+
 void ignoreOtherThreadsCaptures() {
   cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
   check(cudaThreadExchangeStreamCaptureMode(&mode), "cudaThreadExchangeStreamCaptureMode");

@@ -353,6 +353,29 @@ bool streamCapturing(Stream stream) {
   return hipStreamIsCapturing(raw(stream), &status) == hipSuccess && status != hipStreamCaptureStatusNone;
 }
 
+bool releaseWithCapturedGraph(Stream capturing, void* object, void (*release)(void*)) {
+#if HIP_VERSION >= 50300000  // user objects came with ROCm 5.3
+  hipStreamCaptureStatus status = hipStreamCaptureStatusNone;
+  hipGraph_t graph = nullptr;
+  hipUserObject_t held = nullptr;
+  if (hipStreamGetCaptureInfo_v2(raw(capturing), &status, nullptr, &graph, nullptr, nullptr) != hipSuccess ||
+      status != hipStreamCaptureStatusActive || !graph ||
+      hipUserObjectCreate(&held, object, release, 1, hipUserObjectNoDestructorSync) != hipSuccess) {
+    release(object);
+    return false;
+  }
+  if (hipGraphRetainUserObject(graph, held, 1, hipGraphUserObjectMove) != hipSuccess) {
+    hipUserObjectRelease(held, 1);
+    return false;
+  }
+  return true;
+#else
+  (void)capturing;
+  release(object);
+  return false;
+#endif
+}
+
 void ignoreOtherThreadsCaptures() {
   hipStreamCaptureMode mode = hipStreamCaptureModeThreadLocal;
   check(hipThreadExchangeStreamCaptureMode(&mode), "hipThreadExchangeStreamCaptureMode");

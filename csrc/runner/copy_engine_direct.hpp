@@ -63,6 +63,14 @@ class CopyEngineDirect {
   uint64_t peerPostedOtherSize(int q, uint64_t serial, uint64_t bytesPerRank) const {
     return mailbox_->peerPostedOtherSize(q, serial, bytesPerRank);
   }
+  // The Arrived and Done flags, and the serial of the last direct all-gather enqueued: what a failed group's release
+  // writes (docs/design.md, "Failures").
+  const std::shared_ptr<CopyEngineTransport>& flags() const {
+    return transport_;
+  }
+  uint64_t lastSerial() const {
+    return serial_;
+  }
   // Device memory held outside the caching allocator: the bounce area.
   size_t heldBytes() const;
   ArrivalMailbox::PairTally pairs() const {

@@ -18,6 +18,8 @@
 #include "collective/hierarchical_allgather.hpp"
 #include "collective/rank_list.hpp"
 #include "collective/staging_allgather.hpp"
+#include "runner/graph_held_transports.hpp"
+#include "runner/kept_for_life.hpp"
 #include "runner/size_mismatch.hpp"
 #include "runner/test_faults.hpp"
 #include "transport/peer_rendezvous.hpp"
@@ -27,6 +29,12 @@ namespace sdma {
 namespace {
 
 constexpr auto kPollInterval = std::chrono::milliseconds(5);
+// How often an idle watchdog reads whether a peer failed the group, so that it fails it too (docs/design.md,
+// "Failures"): the peers' lanes may be waiting for this rank's release.
+constexpr auto kIdlePoll = std::chrono::milliseconds(50);
+// What a release writes beyond the last serial: satisfies every wait for a serial that a peer may have enqueued past
+// it, while flags are compared within 2^31 of each other.
+constexpr uint32_t kReleaseAhead = uint32_t{1} << 30;
 // Before a collective has been pending this long, peers are not checked for liveness (it costs syscalls).
 constexpr auto kLivenessCheckAfter = std::chrono::milliseconds(1000);
 // Staging grows in powers of two from here, so a group connects a handful of times at most.
@@ -122,6 +130,14 @@ CopyEngineRunner::CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int ra
                                    "the board of all-gather sizes");
     sizeBoard_ = std::make_unique<CallSizeBoard>(sizeBoardRegion_.data(), rank_, size_, kSizeBoardDepth);
   }
+  {
+    c10d::PrefixStore faultStore("faults/", store_);
+    faultBoardRegion_ =
+        GroupRegion(faultStore, "board", rank_, size_, GroupFaultBoard::bytesFor(size_), "the board of failures");
+    faultBoard_ = std::make_unique<GroupFaultBoard>(faultBoardRegion_.data(), rank_, size_);
+    peerGone_.assign(size_, false);
+    peerReleased_.assign(size_, false);
+  }
   watchdog_ = GuardedThread(
       [this] {
         gpu::ignoreOtherThreadsCaptures();
@@ -131,7 +147,13 @@ CopyEngineRunner::CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int ra
 }
 
 CopyEngineRunner::~CopyEngineRunner() {
-  drainOnShutdown();
+  const bool lanesRanOut = drainOnShutdown();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!failure_.happened()) {
+      faultBoard_->publishLeft();
+    }
+  }
   watchdog_.stopAndJoin(mutex_, wake_, stop_);
   if (hierarchy_) {
     std::unique_lock<std::mutex> lock(mutex_);
@@ -140,6 +162,19 @@ CopyEngineRunner::~CopyEngineRunner() {
     hierarchy_->closeRail(failed);
   }
   c10::cuda::CUDAGuard guard(device_);
+  freeTransportsOfDestroyedGraphs();
+  // A graph that captured a collective of the group holds its transport for as long as it may replay.
+  captured_.reset();
+  if (!lanesRanOut) {
+    // Lanes of this group may still wait on its flags or copy through its mappings: they stay for the life of the
+    // process, with the streams they run on.
+    LOG(ERROR) << "torch_sdma: a failed group was destroyed before every peer released it; its GPU memory ("
+               << stagingBytes() << " bytes of staging) stays mapped for the life of the process";
+    keepForLife(staging_, staging_ ? staging_->geometry().bytes() : 0);
+    keepForLife(std::shared_ptr<CopyEngineDirect>(std::move(direct_)), 0);
+    keepForLife(railStaging_, 0);
+    return;
+  }
   for (gpu::Event e : {callerReady_, pushDone_, capturedFork_, capturedJoin_}) {
     gpu::destroyEvent(e);
   }
@@ -245,21 +280,24 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::run(PlannedAllgather& planned, 
   const AllgatherPlan& plan = planned.plan;
   c10::cuda::CUDAGuard guard(device_);
   gpu::Stream caller = c10::cuda::getCurrentCUDAStream(device_).stream();
-  // Held through the enqueue: once the watchdog has declared the group broken, nothing more is enqueued, so the
-  // serial it releases the streams up to is the last one any stream waits for.
-  std::unique_lock<std::mutex> lock(mutex_);
-  failure_.refuse(info);
+  // One enqueue at a time, in call order. Waits on the peers' CPUs (the size board, the mailbox, a connect) hold only
+  // enqueueMutex_; mutex_, which the watchdog needs, is held from the last look at the group's failure through the
+  // enqueue of the GPU work, so that a failure either refuses the call or finds it in flight.
+  std::lock_guard<std::mutex> enqueue(enqueueMutex_);
+  refuseIfFailed(info);
   if (path.isCaptured()) {  // pathFor asked the driver about this stream a moment ago
     // Checked at capture: a replay moves what the capture recorded.
     postStagingSize(plan, info, /*connects=*/!captured_);
     return enqueueCaptured(planned, info, caller);
   }
   if (path.isDirect()) {
-    return enqueueDirect(planned, asyncOp, info, caller, lock);
+    return enqueueDirect(planned, asyncOp, info, caller);
   }
   // Before stagingFor: a rank that passed a larger size would connect a larger transport, alone.
   const uint64_t stagingSerial = postStagingSize(plan, info, /*connects=*/stagingMustGrow(plan));
   CopyEngineTransport& transport = stagingFor(plan);
+  std::unique_lock<std::mutex> lock(mutex_);
+  failure_.refuse(info);  // the group failed while this call waited on its peers: nothing of it is enqueued
   const bool pipelined = chunksOf(plan, transport) > 1;
 
   // One chunk needs no second lane: everything on one stream, the fewest calls. Several chunks: pushes run on
@@ -289,6 +327,30 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::run(PlannedAllgather& planned, 
   inFlight.stagingSerial = stagingSerial;
   inFlight.bytesPerRank = plan.bytesPerRank;
   return track(planned, asyncOp, drain, std::move(inFlight), lock);
+}
+
+void CopyEngineRunner::refuseIfFailed(const CollectiveInfo& info) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  timeout_ = info.timeout;
+  if (!failure_.happened()) {
+    const int q = faultBoard_->firstFailedPeer();
+    if (q >= 0) {
+      failGroupLocked(peerFailure(q));
+    }
+  }
+  failure_.refuse(info);
+}
+
+std::string CopyEngineRunner::peerFailure(int q) const {
+  return "group rank " + std::to_string(groupRankOf(q)) + " failed the group: " + faultBoard_->reasonOf(q);
+}
+
+void CopyEngineRunner::refuseCall(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    failGroupLocked(reason);
+  }
+  C10_THROW_ERROR(DistBackendError, "torch_sdma: " + reason);
 }
 
 uint64_t CopyEngineRunner::postStagingSize(const AllgatherPlan& plan, const CollectiveInfo& info, bool connects) {
@@ -359,8 +421,7 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::track(PlannedAllgather& planned
 }
 
 c10::intrusive_ptr<c10d::Work> CopyEngineRunner::enqueueDirect(PlannedAllgather& planned, bool asyncOp,
-                                                               const CollectiveInfo& info, gpu::Stream caller,
-                                                               std::unique_lock<std::mutex>& lock) {
+                                                               const CollectiveInfo& info, gpu::Stream caller) {
   if (!direct_) {
     // Every member makes its first direct all-gather together, so they connect here together.
     direct_ = std::make_unique<CopyEngineDirect>(store_, rank_, size_, device_, members_, directOptions_);
@@ -369,15 +430,21 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::enqueueDirect(PlannedAllgather&
   try {
     arrival = direct_->arrive(planned.plan, info.timeout);
   } catch (const SizeMismatch& e) {
-    // Nothing enqueued here; a peer that did not read this rank's post sees the mismatch in its watchdog.
-    const std::string reason = info.describe() + " failed: " + e.describe(rank_);
-    failure_.record(reason);
-    C10_THROW_ERROR(DistBackendError, "torch_sdma: " + reason);
+    // Nothing enqueued here; a peer that did not read this rank's post sees the mismatch in its watchdog. A peer that
+    // read the post may copy with these buffers once this failure released it.
+    keepTensorsForLife(std::move(planned.keepAlive));
+    refuseCall(info.describe() + " failed: " + e.describe(rank_));
   } catch (const std::exception& e) {
-    // Posted or not, this rank's part of the pairing is lost: peers that count on it fail by their timeouts, and
-    // this group runs no more collectives whose pairing would be off by one.
-    failure_.record(info.describe() + " failed: " + messageOf(e));
-    throw;
+    // Posted or not, this rank's part of the pairing is lost: the group fails, and its buffers stay for any peer
+    // that read the post.
+    keepTensorsForLife(std::move(planned.keepAlive));
+    refuseCall(info.describe() + " failed: " + messageOf(e));
+  }
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (failure_.happened()) {
+    // Failed while this rank posted its buffers: a peer that read the post may copy with them once released.
+    keepTensorsForLife(std::move(planned.keepAlive));
+    failure_.refuse(info);
   }
   // Pushes over the link on one stream; pulls over it, or copies out of the landing area, on the other: two copy
   // engines at once.
@@ -420,6 +487,7 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::enqueueCaptured(PlannedAllgathe
   captured_->bindLanes(push, caller);
   scheduleCapturedAllgather(*captured_, planned.plan);
   captured_->flush();
+  holdWhileGraphLives(caller, captured_);
   if (pipelined) {
     gpu::recordEvent(capturedJoin_, push);
     gpu::streamWaitEvent(caller, capturedJoin_);
@@ -436,8 +504,20 @@ void CopyEngineRunner::watchdogLoop() {
   c10::cuda::CUDAGuard guard(device_);
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stop_) {
+    freeTransportsOfDestroyedGraphs();
+    if (failure_.happened()) {
+      const bool finished = progressAfterFailure(lock);
+      wake_.wait_for(lock, finished ? kIdlePoll : kPollInterval);
+      continue;
+    }
     if (inFlight_.empty()) {
-      wake_.wait(lock, [this] { return stop_ || !inFlight_.empty(); });
+      // Idle, but a peer's failure is looked for: its lanes may wait for this rank to fail and release them.
+      wake_.wait_for(lock, kIdlePoll, [this] { return stop_ || !inFlight_.empty() || failure_.happened(); });
+      const int q = stop_ || failure_.happened() ? -1 : faultBoard_->firstFailedPeer();
+      if (q >= 0) {
+        LOG(WARNING) << "torch_sdma: " << peerFailure(q) << "; this rank fails it too";
+        failGroupLocked(peerFailure(q));
+      }
       continue;
     }
     if (injectWatchdogFault_) {
@@ -446,41 +526,50 @@ void CopyEngineRunner::watchdogLoop() {
     InFlight oldest = inFlight_.front();
     lock.unlock();
     const bool done = oldest.completion->pollDone();
-    std::string failure;
+    std::string cause;
     if (!done) {
       const auto now = std::chrono::steady_clock::now();
+      const int failedPeer = faultBoard_->firstFailedPeer();
       // A peer that posted another size never comes: no point waiting out the timeout for it.
       const std::string mismatch = sizeMismatchOf(oldest);
-      if (!mismatch.empty()) {
-        failure = mismatch;
+      if (failedPeer >= 0) {
+        cause = "failed: " + peerFailure(failedPeer) + ";";
+      } else if (!mismatch.empty()) {
+        cause = mismatch;
       } else if (now > oldest.deadline()) {
-        failure = "timed out";
+        cause = "timed out";
       } else if (now - oldest.enqueuedAt > kLivenessCheckAfter) {
         for (int q = 0; q < size_; ++q) {
           if (q != rank_ && !processAlive(members_[q].pid)) {
-            failure = "failed: group rank " + std::to_string(groupRankOf(q)) + " (pid " +
-                      std::to_string(members_[q].pid) + ") exited";
+            cause = "failed: group rank " + std::to_string(groupRankOf(q)) + " (pid " +
+                    std::to_string(members_[q].pid) + ") exited";
             break;
           }
         }
       }
     }
+    const std::string reason = cause.empty() ? "" : describeFailure(oldest, cause);
+    lock.lock();
+    // An enqueue that was refused meanwhile may have failed the group: the calls in flight then moved to failed_.
+    const bool stillOldest =
+        !failure_.happened() && !inFlight_.empty() && inFlight_.front().completion == oldest.completion;
+    if (!stillOldest) {
+      continue;
+    }
     if (done) {
-      lock.lock();
       inFlight_.pop_front();
       continue;
     }
-    if (!failure.empty()) {
-      failInFlight(oldest, failure);
-      lock.lock();
+    if (!reason.empty()) {
+      LOG(ERROR) << "torch_sdma: " << reason;
+      failGroupLocked(reason);
       continue;
     }
-    lock.lock();
     wake_.wait_for(lock, kPollInterval);
   }
 }
 
-void CopyEngineRunner::failInFlight(const InFlight& stuck, const std::string& cause) {
+std::string CopyEngineRunner::describeFailure(const InFlight& stuck, const std::string& cause) {
   const auto reached = stuck.transport->readFlags(stuck.reached);
   const auto finished = stuck.transport->readFlags(stuck.finished);
   const int slots = stuck.transport->geometry().slots;
@@ -513,34 +602,113 @@ void CopyEngineRunner::failInFlight(const InFlight& stuck, const std::string& ca
     why << " (of this node; the gathers between nodes run on the NCCL of " << hierarchy_->railName()
         << ", whose own watchdog reports a rank missing there)";
   }
-  why << ". Its GPU streams were released; this group cannot run further all-gathers.";
-  const std::string reason = why.str();
-  LOG(ERROR) << "torch_sdma: " << reason;
+  why << ". This group runs no further collectives; its GPU streams run on until every peer has failed it too.";
+  return why.str();
+}
 
-  // First refuse new collectives, then let every stream stuck on a flag run out, then wait for the copies to
-  // stop touching user memory before the works (and the tensors they keep) are let go.
-  std::deque<InFlight> failed;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    failure_.record(reason);
-    failed.swap(inFlight_);
+void CopyEngineRunner::failGroupLocked(const std::string& reason) {
+  if (failure_.happened()) {
+    return;
   }
-  // Each transport's streams wait for serials up to the highest one of the last collective enqueued on it.
-  std::map<CopyEngineTransport*, uint32_t> lastSerial;
-  for (const auto& f : failed) {
-    lastSerial[f.transport.get()] = f.lastSerial;
+  // In this order: no call is enqueued from here on, every call in flight carries the error, and only then do the
+  // peers learn of it, so that a peer that reads the failure knows every call of this rank that may still run has
+  // failed.
+  failure_.record(reason);
+  const auto exc = std::make_exception_ptr(C10_BUILD_ERROR(DistBackendError, "torch_sdma: " + failure_.reason()));
+  for (auto& f : inFlight_) {
+    f.completion->setError(exc);
+    failed_.push_back(std::move(f));
   }
-  for (const auto& [transport, serial] : lastSerial) {
-    transport->releaseWaiters(serial);
+  inFlight_.clear();
+  faultBoard_->publishFailed(failure_.reason());
+  wake_.notify_all();
+}
+
+std::vector<std::pair<std::shared_ptr<CopyEngineTransport>, uint32_t>> CopyEngineRunner::transportsToRelease() const {
+  std::vector<std::pair<std::shared_ptr<CopyEngineTransport>, uint32_t>> out;
+  if (staging_) {
+    out.emplace_back(staging_, static_cast<uint32_t>(chunks_));
   }
-  const auto exc = std::make_exception_ptr(C10_BUILD_ERROR(DistBackendError, "torch_sdma: " + reason));
-  for (auto& f : failed) {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (!f.completion->pollDone() && std::chrono::steady_clock::now() < until) {
-      std::this_thread::sleep_for(kPollInterval);
+  if (direct_) {
+    out.emplace_back(direct_->flags(), static_cast<uint32_t>(direct_->lastSerial()));
+  }
+  return out;
+}
+
+bool CopyEngineRunner::progressAfterFailure(std::unique_lock<std::mutex>& lock) {
+  // The failed calls whose lanes ran out go, with the tensors they kept; polled without mutex_, since dropping a
+  // tensor may take the GIL, which a thread waiting for mutex_ may hold.
+  std::vector<std::shared_ptr<GpuCompletion>> pending;
+  for (const auto& f : failed_) {
+    pending.push_back(f.completion);
+  }
+  lock.unlock();
+  std::vector<bool> ended(pending.size());
+  for (size_t i = 0; i < pending.size(); ++i) {
+    ended[i] = pending[i]->pollDone();
+  }
+  lock.lock();
+  for (size_t i = 0, kept = 0; i < pending.size(); ++i) {
+    if (ended[i]) {
+      failed_.erase(failed_.begin() + static_cast<std::ptrdiff_t>(kept));
+    } else {
+      ++kept;
     }
-    f.completion->fail(exc);
   }
+  if (released_) {
+    return true;
+  }
+  std::vector<int> gone, toRelease;
+  const bool lanesRanOut = failed_.empty();
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_ || peerGone_[q] || peerReleased_[q]) {
+      continue;
+    }
+    if (!processAlive(members_[q].pid) || faultBoard_->stateOf(q) == GroupFaultBoard::kLeft) {
+      gone.push_back(q);
+    } else if (lanesRanOut && faultBoard_->failed(q)) {
+      toRelease.push_back(q);
+    }
+  }
+  if (gone.empty() && toRelease.empty()) {
+    return false;
+  }
+  // What this rank enqueued: an enqueue refused by the failure may still hold enqueueMutex_ for a moment.
+  std::unique_lock<std::mutex> enqueue(enqueueMutex_, std::try_to_lock);
+  if (!enqueue.owns_lock()) {
+    return false;
+  }
+  const auto transports = transportsToRelease();
+  enqueue.unlock();
+  lock.unlock();
+  // A peer whose process is gone writes nothing more: this rank satisfies its own waits on it. A failed peer gets
+  // the values it waits for from this rank once this rank's lanes ran out (every signal of a call it enqueued is
+  // then written).
+  for (const auto& [transport, last] : transports) {
+    for (int q : gone) {
+      transport->releaseWaitsOnGonePeer(q, last + kReleaseAhead);
+    }
+    for (int q : toRelease) {
+      transport->releasePeer(q, last + kReleaseAhead);
+    }
+  }
+  lock.lock();
+  for (int q : gone) {
+    peerGone_[q] = true;
+  }
+  for (int q : toRelease) {
+    peerReleased_[q] = true;
+  }
+  bool all = lanesRanOut;
+  for (int q = 0; q < size_; ++q) {
+    all = all && (q == rank_ || peerGone_[q] || peerReleased_[q]);
+  }
+  if (all) {
+    faultBoard_->publishReleased();
+    released_ = true;
+    wake_.notify_all();  // a destroy may be waiting for it
+  }
+  return released_;
 }
 
 std::string CopyEngineRunner::sizeMismatchOf(const InFlight& inFlight) const {
@@ -571,43 +739,45 @@ void CopyEngineRunner::abandonInFlight(const std::string& why) {
     std::lock_guard<std::mutex> lock(mutex_);
     failure_.record("its watchdog failed: " + why);
     failed.swap(inFlight_);
+    faultBoard_->publishFailed(failure_.reason());
   }
   LOG(ERROR) << "torch_sdma: the copy-engine watchdog on GPU " << device_ << " failed: " << why << "; " << failed.size()
              << " all-gathers in flight fail with it and the group runs no more";
   for (auto& f : failed) {
     const auto exc = std::make_exception_ptr(C10_BUILD_ERROR(
         DistBackendError, "torch_sdma: " + f.info.describe() + " failed: the group's watchdog thread failed: " + why));
-    // The copies may still be running: the kept tensors go only once they are known to be done.
-    bool done = false;
-    try {
-      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-      while (!(done = f.completion->pollDone()) && std::chrono::steady_clock::now() < until) {
-        std::this_thread::sleep_for(kPollInterval);
-      }
-    } catch (const std::exception&) {
-      done = false;
-    }
-    f.completion->fail(exc, /*releaseTensors=*/done);
+    // Nobody watches these lanes any more: the kept tensors stay for the life of the process.
+    f.completion->fail(exc, /*releaseTensors=*/false);
   }
 }
 
-void CopyEngineRunner::drainOnShutdown() {
-  // Staging memory is freed after this: no copy may still target it, nor be stuck waiting on a gone peer.
+bool CopyEngineRunner::drainOnShutdown() {
+  // Staging memory is freed after this: no lane of this rank may still wait on it or copy through it.
   while (true) {
     InFlight oldest;
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      if (failure_.happened()) {
+        break;
+      }
       if (inFlight_.empty()) {
-        return;
+        return true;
       }
       oldest = inFlight_.front();
     }
     if (std::chrono::steady_clock::now() > oldest.deadline()) {
-      failInFlight(oldest, "was still pending when the group was destroyed");
-      return;
+      const std::string reason = describeFailure(oldest, "was still pending when the group was destroyed");
+      LOG(ERROR) << "torch_sdma: " << reason;
+      std::lock_guard<std::mutex> lock(mutex_);
+      failGroupLocked(reason);
+      break;
     }
     std::this_thread::sleep_for(kPollInterval);
   }
+  // Failed: the watchdog releases the peers once this rank's lanes ran out, which needs the peers to fail too.
+  const auto until = std::chrono::steady_clock::now() + std::max(timeout_, std::chrono::milliseconds(1000));
+  std::unique_lock<std::mutex> lock(mutex_);
+  return wake_.wait_until(lock, until, [this] { return released_; }) || released_;
 }
 
 }  // namespace sdma

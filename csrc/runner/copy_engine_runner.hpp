@@ -35,6 +35,7 @@
 #include "runner/guarded_thread.hpp"
 #include "transport/call_size_board.hpp"
 #include "transport/copy_engine_transport.hpp"
+#include "transport/group_fault_board.hpp"
 #include "transport/group_region.hpp"
 #include "work/gpu_completion.hpp"
 
@@ -108,9 +109,13 @@ class CopyEngineRunner : public AllgatherRunner {
   std::unique_ptr<CopyEngineTransport> connectTransport(const StagingGeometry& geometry);
   c10::intrusive_ptr<c10d::Work> enqueueCaptured(PlannedAllgather& planned, const CollectiveInfo& info,
                                                  gpu::Stream caller);
-  // The direct path; called with mutex_ held.
+  // The direct path; called with enqueueMutex_ held.
   c10::intrusive_ptr<c10d::Work> enqueueDirect(PlannedAllgather& planned, bool asyncOp, const CollectiveInfo& info,
-                                               gpu::Stream caller, std::unique_lock<std::mutex>& lock);
+                                               gpu::Stream caller);
+  // Throws where the group failed, here or on a peer (which fails it here too).
+  void refuseIfFailed(const CollectiveInfo& info);
+  // "group rank 1 failed the group: <its reason>".
+  std::string peerFailure(int q) const;
   // Orders the lanes after the caller's stream (`drain` is the caller's stream for a synchronous call), and the Drain
   // lane after the group's previous eager collective where that one ended on another stream (call_order.hpp).
   void forkFromCaller(gpu::Stream caller, gpu::Stream push, gpu::Stream drain);
@@ -119,17 +124,30 @@ class CopyEngineRunner : public AllgatherRunner {
                                        std::unique_lock<std::mutex>& lock);
 
   void watchdogLoop();
-  // Names the peers that never reached (or stalled in) the stuck collective, releases the streams, fails all.
-  void failInFlight(const InFlight& stuck, const std::string& cause);
+  // Why `stuck` failed, naming the peers that never reached it or stalled inside it.
+  std::string describeFailure(const InFlight& stuck, const std::string& cause);
+  // Fails the group (docs/design.md, "Failures"), with mutex_ held: refuses every later call, sets an error on every
+  // call in flight (their tensors stay until their lanes run out), then publishes the failure to the peers.
+  void failGroupLocked(const std::string& reason);
+  // A failed group's watchdog step, with mutex_ held (released around GPU calls): drops the calls whose lanes ran
+  // out, releases the waits on peers whose process is gone, and, once every lane ran out, writes the release values
+  // into every failed peer. True once nothing is left to do.
+  bool progressAfterFailure(std::unique_lock<std::mutex>& lock);
+  // Every transport of the group with the last serial this rank enqueued on it; enqueueMutex_ or a stopped enqueue.
+  std::vector<std::pair<std::shared_ptr<CopyEngineTransport>, uint32_t>> transportsToRelease() const;
   // A peer that posted another size for the collective (the direct path's mailbox, staging's size board), named with
   // both sizes ("" if none).
   std::string sizeMismatchOf(const InFlight& inFlight) const;
   // Staging: posts this call's size on the board; throws, with nothing enqueued, where a peer posted another. A call
   // that `connects` staging first waits for every peer's post (call_size_board.hpp).
   uint64_t postStagingSize(const AllgatherPlan& plan, const CollectiveInfo& info, bool connects);
+  // Records `reason` as the group's failure and throws it: for a call refused before anything was enqueued.
+  [[noreturn]] void refuseCall(const std::string& reason);
   // The watchdog itself failed: every collective in flight fails with its message; nothing touches the GPU.
   void abandonInFlight(const std::string& why);
-  void drainOnShutdown();
+  // Waits for the calls in flight, and after a failure for the release, each within the group's timeout; false
+  // where something may still run on this group's memory.
+  bool drainOnShutdown();
 
   const c10::intrusive_ptr<c10d::Store> store_;
   const int rank_;
@@ -144,8 +162,10 @@ class CopyEngineRunner : public AllgatherRunner {
 
   std::shared_ptr<CopyEngineTransport> staging_;   // eager collectives; guarded by mutex_
   std::shared_ptr<GpuRailAllgather> railStaging_;  // the gathers between nodes on staging_ (hierarchical)
-  std::unique_ptr<CopyEngineTransport> captured_;  // captured collectives; guarded by mutex_
-  std::unique_ptr<CopyEngineDirect> direct_;       // the direct path, from its first all-gather; guarded by mutex_
+  // Captured collectives; every graph that captured one holds it too, so that it outlives the group while a graph
+  // that may replay it lives.
+  std::shared_ptr<CopyEngineTransport> captured_;
+  std::unique_ptr<CopyEngineDirect> direct_;  // the direct path, from its first all-gather; guarded by mutex_
   gpu::Stream pushStream_ = nullptr;
   gpu::Stream drainStream_ = nullptr;
   gpu::Stream capturedPushStream_ = nullptr;
@@ -165,10 +185,22 @@ class CopyEngineRunner : public AllgatherRunner {
   CallOrder<gpu::Stream> callOrder_;
   std::shared_ptr<GpuCompletion> previous_;
 
+  // Serializes enqueues (the state above: staging_, chunks_, the call order, the size board's serial); held through
+  // waits on peers' CPUs, which mutex_ never is, so that the watchdog is never stalled by them.
+  std::mutex enqueueMutex_;
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<InFlight> inFlight_;
   GroupFailure failure_;
+  std::chrono::milliseconds timeout_{0};  // the group's, from its latest call
+  // After a failure: how each member stands (host memory the members map), the failed calls whose lanes have not
+  // run out yet (their tensors kept), and, per peer, whether its process is gone or this rank released it.
+  GroupRegion faultBoardRegion_;
+  std::unique_ptr<GroupFaultBoard> faultBoard_;
+  std::deque<InFlight> failed_;
+  std::vector<bool> peerGone_;
+  std::vector<bool> peerReleased_;
+  bool released_ = false;
   bool stop_ = false;
   GuardedThread watchdog_;
 };

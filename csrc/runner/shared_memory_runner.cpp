@@ -6,6 +6,7 @@
 #include "collective/direct_allgather.hpp"
 #include "collective/hierarchical_allgather.hpp"
 #include "collective/staging_allgather.hpp"
+#include "runner/kept_for_life.hpp"
 #include "runner/test_dispatch.hpp"
 #include "runner/test_faults.hpp"
 
@@ -77,7 +78,8 @@ c10::intrusive_ptr<c10d::Work> SharedMemoryRunner::run(PlannedAllgather& planned
   }
   transport_->recordSizeCheck(plan.bytesPerRank, planned.outputs.front().scalar_type());
   ArrivalMailbox* mailbox = transport_->mailbox();
-  if (mailbox && plan.outputBase && plan.bytesPerRank > 0) {
+  const bool direct = mailbox && plan.outputBase && plan.bytesPerRank > 0;
+  if (direct) {
     const uint64_t serial = ++directSerial_;
     // One worker thread copies for this rank whichever way a pair is shared, so nobody waits for late peers, and
     // the later rank of a late pair moves both directions: landing would only add a copy (and the landing area
@@ -99,7 +101,7 @@ c10::intrusive_ptr<c10d::Work> SharedMemoryRunner::run(PlannedAllgather& planned
   }
   auto work = c10::make_intrusive<HostWork>(info, std::move(planned.outputs), std::move(planned.keepAlive));
   std::unique_lock<std::mutex> lock(mutex_);
-  Job job{transport_->takeRecorded(), work, order_.issue()};
+  Job job{transport_->takeRecorded(), work, order_.issue(), direct};
   if (syncOnCaller_ && !asyncOp) {
     runInTurn(job, lock);
     return work;
@@ -128,6 +130,11 @@ void SharedMemoryRunner::runInTurn(Job& job, std::unique_lock<std::mutex>& lock)
       failure_.record(e.what());
       lock.unlock();
     }
+  }
+  if (error && job.postedBuffers) {
+    // A late peer may still read and write these buffers by the addresses this rank posted (its copies wait only for
+    // this rank's Arrived, which may be out): they are never given back (docs/design.md, "Failures").
+    keepTensorsForLife(job.work->takeKeptTensors());
   }
   job.work->complete(error);
   lock.lock();

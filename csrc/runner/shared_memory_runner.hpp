@@ -43,6 +43,8 @@ class SharedMemoryRunner : public AllgatherRunner {
     std::vector<HostShmTransport::Op> ops;
     c10::intrusive_ptr<HostWork> work;
     uint64_t ticket;
+    // The direct path: peers copy into and out of this rank's own buffers, by the addresses it posted.
+    bool postedBuffers = false;
   };
   void workerLoop();
   // Runs `job` on the calling thread once its turn came (`lock` held; held again on return), and completes its work.

@@ -274,10 +274,22 @@ std::vector<uint32_t> CopyEngineTransport::readFlags(Flag flag) {
   return out;
 }
 
-void CopyEngineTransport::releaseWaiters(uint32_t serial) {
-  std::vector<uint32_t> values(kFlagKinds * static_cast<size_t>(size_) * geometry_.slots, serial);
-  gpu::copyFromHostAsync(base_, values.data(), values.size() * sizeof(uint32_t), service_);
+void CopyEngineTransport::writeFlagsFrom(char* flags, int src, uint32_t value) {
+  // A flag kind's words for one source are its slots, side by side.
+  const std::vector<uint32_t> values(geometry_.slots, value);
+  for (int kind = 0; kind < kFlagKinds; ++kind) {
+    gpu::copyFromHostAsync(flags + flagIndex(static_cast<Flag>(kind), src, 0) * sizeof(uint32_t), values.data(),
+                           values.size() * sizeof(uint32_t), service_);
+  }
   gpu::syncStream(service_);
+}
+
+void CopyEngineTransport::releasePeer(int peer, uint32_t value) {
+  writeFlagsFrom(peerBase_[peer], rank_, value);
+}
+
+void CopyEngineTransport::releaseWaitsOnGonePeer(int peer, uint32_t value) {
+  writeFlagsFrom(base_, peer, value);
 }
 
 }  // namespace sdma

@@ -68,8 +68,12 @@ class CopyEngineTransport : public Transport, public DirectTransport {
 
   // For the watchdog, on a private stream: the flags of a kind peers wrote here, flags[src][slot].
   std::vector<uint32_t> readFlags(Flag flag);
-  // Satisfies every wait on this rank's flags up to `serial`, so that streams stuck on a dead peer run out.
-  void releaseWaiters(uint32_t serial);
+  // The release of a failed group (docs/design.md, "Failures"), synchronous on a private stream. Sets every flag word
+  // `peer` waits on from this rank, in the peer's memory, to `value`: only once both have failed and this rank's
+  // lanes have run out.
+  void releasePeer(int peer, uint32_t value);
+  // Sets every flag word this rank waits on from `peer` to `value`: only for a peer whose process is gone.
+  void releaseWaitsOnGonePeer(int peer, uint32_t value);
 
  private:
   CopyEngineTransport(int rank, int size, int device, const StagingGeometry& geometry);
@@ -80,6 +84,8 @@ class CopyEngineTransport : public Transport, public DirectTransport {
   // Zeroes every flag word of this rank's, before the peers know the memory.
   void initFlags(char* flags);
   size_t flagIndex(Flag flag, int src, int slot) const;
+  // Every flag word from `src` in the flags at `flags` (this rank's or a peer's) set to `value`.
+  void writeFlagsFrom(char* flags, int src, uint32_t value);
   std::vector<gpu::FlagOp>& pendingFor(Lane lane);
 
   const int rank_;

@@ -63,6 +63,11 @@ void GpuCompletion::fail(std::exception_ptr error, bool releaseKept) {
   releaseTensors();
 }
 
+void GpuCompletion::setError(std::exception_ptr error) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  error_ = error;
+}
+
 std::exception_ptr GpuCompletion::error() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return error_;

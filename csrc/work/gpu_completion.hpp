@@ -62,6 +62,9 @@ class GpuCompletion {
 
   // `releaseTensors` false: the copies may still be running, so the kept tensors are never freed.
   void fail(std::exception_ptr error, bool releaseTensors = true);
+  // The call failed while its copies may still run: wait() and isCompleted() report `error` from now on, and the kept
+  // tensors stay until the end event fires (pollDone).
+  void setError(std::exception_ptr error);
   std::exception_ptr error() const;
 
  private:

@@ -21,6 +21,10 @@ class HostWork : public SdmaWork {
 
   // Marks the work finished; `error` null means success.
   void complete(std::exception_ptr error);
+  // The tensors the copies touch, handed over (a failed direct call keeps them for the life of the process).
+  std::vector<at::Tensor> takeKeptTensors() {
+    return std::move(keepAlive_);
+  }
   // When the host transport gives up waiting for peers.
   std::chrono::steady_clock::time_point deadline() const {
     return deadline_;

@@ -1,0 +1,148 @@
+"""The release of a failed group on GPUs (docs/design.md, "Failures"; 2 GPUs, or one shared by two ranks with
+SDMA_TEST_SHARE_GPU=1): a peer later than the group's timeout, on its CPU or on its GPU, gets its calls' right bytes
+or an error, never another call's bytes; no copy lands in memory allocated after the failure; the group's streams run
+out (a device synchronize returns); the rank's other groups keep gathering bit-exact; a group destroyed while a graph
+replays its all-gathers does not fault the GPU."""
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from test_user_mistakes_cpu import run_mistake
+
+from checks.data import expected_concat, poison_, rand, raw
+from conftest import cuda_count
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(cuda_count() < 2, reason="needs 2 CUDA devices")]
+
+N = 64 * 1024  # float32 elements a rank: 256 KiB
+CALLS = 3
+LATE_S = 12.0  # beyond the group timeout of test_user_mistakes_cpu.run_mistake (PG_TIMEOUT_S, 8 s)
+
+
+def _gather(form, group, name, rank, dev, async_op):
+    W = group.size()
+    x = rand(name, rank, N, torch.float32, dev)
+    if form == "list":
+        outs = [poison_(torch.empty(N, device=dev)) for _ in range(W)]
+        w = dist.all_gather(outs, x, group=group, async_op=async_op)
+        return w, lambda: torch.cat(outs)
+    out = poison_(torch.empty(W * N, device=dev))
+    w = dist.all_gather_into_tensor(out, x, group=group, async_op=async_op)
+    return w, lambda: out
+
+
+def _outcome(form, group, name, rank, dev, works_and_outputs):
+    """Per call: "error" or "exact"; anything else (bytes of another call, poison) is returned as a finding."""
+    results = []
+    for i, (w, output) in enumerate(works_and_outputs):
+        if isinstance(w, str):  # refused when called
+            results.append(f"error: {w}")
+            continue
+        try:
+            w.wait()
+            torch.cuda.current_stream().synchronize()
+        except Exception as e:  # noqa: BLE001
+            results.append(f"error: {str(e).splitlines()[0][:200]}")
+            continue
+        want = expected_concat(f"{name}{i}", range(group.size()), N, torch.float32)
+        results.append("exact" if torch.equal(raw(output()), want) else f"WRONG BYTES in call {i}")
+    return results
+
+
+def _canaries(dev, count=8):
+    return [(c, c.clone().cpu()) for c in (rand(f"canary{i}", 0, 2 * N, torch.float32, dev) for i in range(count))]
+
+
+def _canaries_intact(canaries):
+    torch.cuda.synchronize()
+    return all(torch.equal(c.cpu(), want) for c, want in canaries)
+
+
+def _other_group_exact(other, rank, dev):
+    for i in range(5):
+        w, output = _gather("into_tensor", other, f"other{i}", rank, dev, False)
+        if not torch.equal(raw(output()), expected_concat(f"other{i}", range(other.size()), N, torch.float32)):
+            return False
+    return True
+
+
+def late_peer_body(ctx, form, late, async_op):
+    rank, dev = ctx.rank, ctx.device
+    torch.cuda.set_device(dev)
+    ctx.init_pg("cpu:gloo,cuda:sdma")
+    g = dist.new_group([0, 1])
+    other = dist.new_group([0, 1])
+    for i in range(3):  # every member connected and mapped
+        _gather(form, g, f"warm{i}", rank, dev, False)
+        _gather("into_tensor", other, f"warm{i}", rank, dev, False)
+    torch.cuda.synchronize()
+    ctx.barrier_store("warm")
+    calls = []
+    if rank == 1 and late == "cpu":
+        time.sleep(LATE_S)
+    if rank == 1 and late == "gpu":
+        torch.cuda._sleep(int(LATE_S * 2e9))  # the stream holds, the CPU goes on
+    for i in range(CALLS):
+        try:
+            calls.append(_gather(form, g, f"call{i}", rank, dev, async_op))
+        except Exception as e:  # noqa: BLE001
+            calls.append((str(e).splitlines()[0][:200], None))
+    results = _outcome(form, g, "call", rank, dev, calls)
+    # Memory allocated after the failure: no late copy of the failed group may land in it.
+    canaries = _canaries(dev)
+    time.sleep(2.0)
+    ctx.barrier_store("after")
+    return {"results": results, "canaries_intact": _canaries_intact(canaries),
+            "other_group_exact": _other_group_exact(other, rank, dev)}
+
+
+@pytest.mark.parametrize("form", ["list", "into_tensor"])
+@pytest.mark.parametrize("late", ["cpu", "gpu"])
+def test_a_late_peer_gets_right_bytes_or_an_error(form, late):
+    values = run_mistake(late_peer_body, kwargs={"form": form, "late": late, "async_op": True}, cuda=True)
+    for rank, v in enumerate(values):
+        assert all(r == "exact" or r.startswith("error") for r in v["results"]), f"rank {rank}: {v}"
+        assert v["canaries_intact"], f"rank {rank}: memory allocated after the failure was written: {v}"
+        assert v["other_group_exact"], f"rank {rank}: the other group stopped gathering right: {v}"
+    assert any(r.startswith("error") for r in values[0]["results"]), f"the early rank did not time out: {values}"
+
+
+def replay_then_destroy_body(ctx):
+    rank, dev = ctx.rank, ctx.device
+    torch.cuda.set_device(dev)
+    ctx.init_pg("cpu:gloo,cuda:sdma")
+    g = dist.new_group([0, 1])
+    x = rand("graph", rank, N, torch.float32, dev)
+    out = torch.empty(2 * N, device=dev)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):  # warm-up outside the capture connects the group
+            dist.all_gather_into_tensor(out, x, group=g)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(4):
+            dist.all_gather_into_tensor(out, x, group=g)
+    poison_(out)
+    graph.replay()
+    torch.cuda.synchronize()
+    first = torch.equal(raw(out), expected_concat("graph", [0, 1], N, torch.float32))
+    ctx.barrier_store("replayed")
+    poison_(out)
+    graph.replay()  # in flight while its group goes
+    dist.destroy_process_group(g)
+    torch.cuda.synchronize()  # a fault in the replay would surface here
+    second = torch.equal(raw(out), expected_concat("graph", [0, 1], N, torch.float32))
+    del graph
+    # The GPU context is alive: a new group gathers.
+    h = dist.new_group([0, 1])
+    w, output = _gather("into_tensor", h, "afterwards", rank, dev, False)
+    after = torch.equal(raw(output()), expected_concat("afterwards", [0, 1], N, torch.float32))
+    return {"first": first, "second": second, "after": after}
+
+
+def test_destroy_while_a_replay_is_in_flight():
+    for rank, v in enumerate(run_mistake(replay_then_destroy_body, cuda=True)):
+        assert v == {"first": True, "second": True, "after": True}, f"rank {rank}: {v}"
