@@ -81,7 +81,12 @@ GPU_SOURCES = {
         "shareable_allocations.cpp",
         "freed_allocations.cpp",
     ],
-    "runner": ["copy_engine_runner.cpp", "copy_engine_direct.cpp", "gpu_rail_allgather.cpp", "graph_held_transports.cpp"],
+    "runner": [
+        "copy_engine_runner.cpp",
+        "copy_engine_direct.cpp",
+        "gpu_rail_allgather.cpp",
+        "graph_held_transports.cpp",
+    ],
     "work": ["gpu_work.cpp", "gpu_completion.cpp"],
 }
 CPU_ONLY_SOURCES = {"runner": ["copy_engine_runner_absent.cpp"]}
