@@ -3,6 +3,7 @@ SDMA_TEST_SHARE_GPU=1): a peer later than the group's timeout, on its CPU or on 
 or an error, never another call's bytes; no copy lands in memory allocated after the failure; the group's streams run
 out (a device synchronize returns); the rank's other groups keep gathering bit-exact; a group destroyed while a graph
 replays its all-gathers does not fault the GPU."""
+import datetime
 import time
 
 import pytest
@@ -42,6 +43,8 @@ def _outcome(form, group, name, rank, dev, works_and_outputs):
         try:
             w.wait()
             torch.cuda.current_stream().synchronize()
+            # A failure after the first wait() returned (it only ordered the stream) is reported by the next one.
+            w.wait()
         except Exception as e:  # noqa: BLE001
             results.append(f"error: {str(e).splitlines()[0][:200]}")
             continue
@@ -51,12 +54,12 @@ def _outcome(form, group, name, rank, dev, works_and_outputs):
 
 
 def _canaries(dev, count=8):
-    return [(c, c.clone().cpu()) for c in (rand(f"canary{i}", 0, 2 * N, torch.float32, dev) for i in range(count))]
+    return [(c, raw(c)) for c in (rand(f"canary{i}", 0, 2 * N, torch.float32, dev) for i in range(count))]
 
 
 def _canaries_intact(canaries):
     torch.cuda.synchronize()
-    return all(torch.equal(c.cpu(), want) for c, want in canaries)
+    return all(torch.equal(raw(c), want) for c, want in canaries)
 
 
 def _other_group_exact(other, rank, dev):
@@ -71,8 +74,9 @@ def late_peer_body(ctx, form, late, async_op):
     rank, dev = ctx.rank, ctx.device
     torch.cuda.set_device(dev)
     ctx.init_pg("cpu:gloo,cuda:sdma")
-    g = dist.new_group([0, 1])
-    other = dist.new_group([0, 1])
+    timeout = datetime.timedelta(seconds=ctx.pg_timeout_s)
+    g = dist.new_group([0, 1], timeout=timeout)
+    other = dist.new_group([0, 1], timeout=timeout)
     for i in range(3):  # every member connected and mapped
         _gather(form, g, f"warm{i}", rank, dev, False)
         _gather("into_tensor", other, f"warm{i}", rank, dev, False)

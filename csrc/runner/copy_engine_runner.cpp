@@ -739,6 +739,7 @@ void CopyEngineRunner::abandonInFlight(const std::string& why) {
     std::lock_guard<std::mutex> lock(mutex_);
     failure_.record("its watchdog failed: " + why);
     failed.swap(inFlight_);
+    watchdogGone_ = true;
     faultBoard_->publishFailed(failure_.reason());
   }
   LOG(ERROR) << "torch_sdma: the copy-engine watchdog on GPU " << device_ << " failed: " << why << "; " << failed.size()
@@ -777,7 +778,7 @@ bool CopyEngineRunner::drainOnShutdown() {
   // Failed: the watchdog releases the peers once this rank's lanes ran out, which needs the peers to fail too.
   const auto until = std::chrono::steady_clock::now() + std::max(timeout_, std::chrono::milliseconds(1000));
   std::unique_lock<std::mutex> lock(mutex_);
-  return wake_.wait_until(lock, until, [this] { return released_; }) || released_;
+  return wake_.wait_until(lock, until, [this] { return released_ || watchdogGone_; }) && released_;
 }
 
 }  // namespace sdma

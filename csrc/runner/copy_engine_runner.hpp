@@ -201,6 +201,7 @@ class CopyEngineRunner : public AllgatherRunner {
   std::vector<bool> peerGone_;
   std::vector<bool> peerReleased_;
   bool released_ = false;
+  bool watchdogGone_ = false;  // it failed: nobody releases the peers, and a destroy keeps the group's memory
   bool stop_ = false;
   GuardedThread watchdog_;
 };
