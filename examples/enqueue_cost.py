@@ -1,0 +1,76 @@
+"""The CPU cost of enqueueing one async all-gather on the sdma backend, per path, for comparing two builds.
+
+Run with torchrun, two ranks (on one GPU with SDMA_TEST_SHARE_GPU=1, or two):
+    torchrun --standalone --nproc_per_node 2 examples/enqueue_cost.py --label new --out results/enqueue_new.json
+Each rank times `--calls` async calls in batches of 20 (each batch waited on and synchronized, so that no queue fills
+up and throttles the calls being timed), for all_gather_into_tensor on the direct path, the same on staging
+(TORCH_SDMA_DIRECT off, through pg_options) and the list form; rank 0 prints the median and p90 in microseconds and
+writes them as JSON.
+"""
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import torch_sdma
+
+BATCH = 20
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--label", default="this build")
+    p.add_argument("--calls", type=int, default=2000)
+    p.add_argument("--bytes", type=int, default=1 << 20, help="output bytes of each all-gather")
+    p.add_argument("--out", type=Path)
+    a = p.parse_args()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+    torch.cuda.set_device(dev)
+    dist.init_process_group("cpu:gloo,cuda:sdma")
+    staging_options = torch_sdma.ProcessGroupSDMA.Options()
+    staging_options.direct_cuda = False
+    groups = {"direct": dist.new_group(list(range(world))),
+              "staging": dist.new_group(list(range(world)), pg_options=staging_options)}
+    n = a.bytes // 2 // world
+    inp = torch.randn(n, device=dev).to(torch.bfloat16)
+    out = torch.empty(n * world, dtype=torch.bfloat16, device=dev)
+    outs = list(out.chunk(world))
+    forms = {"direct": lambda g: dist.all_gather_into_tensor(out, inp, group=g, async_op=True),
+             "staging": lambda g: dist.all_gather_into_tensor(out, inp, group=g, async_op=True),
+             "list": lambda g: dist.all_gather(outs, inp, group=g, async_op=True)}
+    group_of = {"direct": groups["direct"], "staging": groups["staging"], "list": groups["direct"]}
+    samples = {name: [] for name in forms}
+    for rnd in range(max(1, a.calls // BATCH) + 1):
+        for name, call in forms.items():
+            works = []
+            for _ in range(BATCH):
+                t0 = time.perf_counter_ns()
+                works.append(call(group_of[name]))
+                if rnd > 0:  # the first round warms up
+                    samples[name].append((time.perf_counter_ns() - t0) / 1e3)
+            for w in works:
+                w.wait()
+            torch.cuda.synchronize()
+    result = {"label": a.label, "output_bytes": n * world * 2, "paths": {}}
+    for name, s in samples.items():
+        s.sort()
+        result["paths"][name] = {"calls": len(s), "median_us": statistics.median(s),
+                                 "p90_us": s[int(0.9 * (len(s) - 1))]}
+    result["stats"] = {k: v for k, v in torch_sdma.stats(groups["direct"]).items() if k.startswith("dma")}
+    if rank == 0:
+        for name, r in result["paths"].items():
+            print(f"{a.label}: {name}: median {r['median_us']:.2f} us, p90 {r['p90_us']:.2f} us ({r['calls']} calls)")
+        if a.out:
+            a.out.parent.mkdir(parents=True, exist_ok=True)
+            a.out.write_text(json.dumps(result, indent=1))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
