@@ -130,7 +130,8 @@ def episode_body(ctx, seed, episode, fault, calls, timeout_s, device_kind):
     me, kind = ctx.rank, fault["kind"]
     faulted = me == fault["rank"]
     world = dist.group.WORLD
-    violations, outcomes, canaries = [], [], []
+    violations, outcomes, canaries, done_outputs = [], [], [], []
+    landed = [0, 0]  # canaries placed, and of those on memory a failed call's output gave back
     other = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=max(30.0, 4 * timeout_s)))
 
     def check(out, expected, what):
@@ -166,6 +167,17 @@ def episode_body(ctx, seed, episode, fault, calls, timeout_s, device_kind):
     plan = _plan(seed, episode, calls)
     pending = []  # async calls in flight: (call, work, output, expected, description)
 
+    def place_canaries(c, out):
+        """The output goes back to the allocator; tensors of its size take memory now, where the allocator gives
+        it (often the output's own), and must stay as written. Counts those that did land on the output's bytes."""
+        at, size = (out.data_ptr(), out.numel()) if out is not None else (0, 0)
+        del out
+        for _ in range(CANARIES_PER_CALL):
+            t = torch.full((size,), CANARY, dtype=torch.uint8, device=device)
+            landed[0] += 1
+            landed[1] += bool(size) and t.data_ptr() < at + size and at < t.data_ptr() + size
+            canaries.append((c, t))
+
     def settle(c, work, out, expected, what):
         """Waits for one call; checks its bytes, or where it raised puts canaries where its output was."""
         try:
@@ -174,17 +186,17 @@ def episode_body(ctx, seed, episode, fault, calls, timeout_s, device_kind):
             _sync(device)
         except Exception as e:  # noqa: BLE001
             outcomes.append(_first_line(e))
-            # The output goes back to the allocator now; whatever takes its place must stay as written.
-            size = out.numel()
-            del out, work
-            canaries.extend((c, torch.full((size,), CANARY, dtype=torch.uint8, device=device))
-                            for _ in range(CANARIES_PER_CALL))
+            del work
+            place_canaries(c, out)
             return
         if out.numel() == 0 and faulted and kind == "zero_size":
             outcomes.append("ok (zero-size, nothing to check)")
             return
         outcomes.append("ok")
         check(out, expected, what)
+        # The call ended without error: nothing may write into its output from now on.
+        out.fill_(CANARY)
+        done_outputs.append((c, out))
 
     def settle_pending():
         while pending:
@@ -210,16 +222,15 @@ def episode_body(ctx, seed, episode, fault, calls, timeout_s, device_kind):
                 if kind == "sigkill":
                     os.kill(os.getpid(), signal.SIGKILL)
                 os._exit(0)
+        if out is None:
+            out = torch.full((2 * n,), POISON, dtype=torch.uint8, device=device)
         what = (f"call {c} ({n} B a rank, {'async' if async_op else 'sync'}, "
                 f"{'list' if list_form else 'into tensor'})")
         try:
             work, out, expected = _issue(world, n, seed, episode, c, me, device, async_op, list_form, inp, out)
         except Exception as e:  # noqa: BLE001  (a sync call's error, or a refusal)
             outcomes.append(_first_line(e))
-            size = 2 * n if out is None else out.numel()
-            del out
-            canaries.extend((c, torch.full((size,), CANARY, dtype=torch.uint8, device=device))
-                            for _ in range(CANARIES_PER_CALL))
+            place_canaries(c, out)
             continue
         pending.append((c, work, out, expected, what))
         del work, out, expected
@@ -236,6 +247,10 @@ def episode_body(ctx, seed, episode, fault, calls, timeout_s, device_kind):
         if not bool((t == CANARY).all()):
             violations.append(f"a canary allocated after call {c} raised was written: "
                               f"{int((t != CANARY).sum())} bytes changed")
+    for c, t in done_outputs:
+        if not bool((t == CANARY).all()):
+            violations.append(f"the output of call {c}, which had returned without error, was written afterwards: "
+                              f"{int((t != CANARY).sum())} bytes changed")
     if kind not in LEAVING:
         for c in range(3):
             try:
@@ -243,7 +258,7 @@ def episode_body(ctx, seed, episode, fault, calls, timeout_s, device_kind):
                       f"other group after the fault, call {c}")
             except Exception as e:  # noqa: BLE001
                 violations.append(f"other group after the fault, call {c} raised: {_first_line(e)}")
-    return {"violations": violations, "outcomes": outcomes}
+    return {"violations": violations, "outcomes": outcomes, "canaries": landed}
 
 
 def _graph_destroy(seed, episode, me, device):
@@ -274,7 +289,8 @@ def _graph_destroy(seed, episode, me, device):
 
 
 def run_episode(seed, episode, fault, calls=8, timeout_s=2.5, device="cpu", env=None):
-    """One episode in two fresh processes. Returns (problems, per-rank outcomes)."""
+    """One episode in two fresh processes. Returns (problems, per-rank outcomes, [canaries, of them on memory a
+    failed call's output gave back])."""
     e = {"TORCH_SDMA_MIN_BYTES": "0", "TORCH_SDMA_DISABLE": None, "TORCH_SDMA_TEST_FAULT": None,
          "TORCH_SDMA_DIRECT": "1" if fault["direct"] else "0"}
     e.update(env or {})
@@ -283,7 +299,7 @@ def run_episode(seed, episode, fault, calls=8, timeout_s=2.5, device="cpu", env=
                     cuda=device == "cuda",
                     kwargs={"seed": seed, "episode": episode, "fault": fault, "calls": calls, "timeout_s": timeout_s,
                             "device_kind": device})
-    problems, outcomes = [], {}
+    problems, outcomes, landed = [], {}, [0, 0]
     for r in res.ranks:
         leaving = fault["kind"] in LEAVING and r.rank == fault["rank"]
         if r.killed_by_harness:
@@ -298,10 +314,11 @@ def run_episode(seed, episode, fault, calls=8, timeout_s=2.5, device="cpu", env=
             problems.append(f"rank {r.rank}: {r.error or 'no result'}")
             continue
         outcomes[r.rank] = r.value["outcomes"]
+        landed = [a + b for a, b in zip(landed, r.value["canaries"])]
         problems.extend(f"rank {r.rank}: {v}" for v in r.value["violations"])
         if r.teardown_error:
             problems.append(f"rank {r.rank}: destroy_process_group raised: {r.teardown_error.splitlines()[-1]}")
-    return problems, outcomes
+    return problems, outcomes, landed
 
 
 def describe(fault):
@@ -330,12 +347,13 @@ def main(argv=None):
     for i in range(args.faults):
         fault = pick_episode(args.seed, i, faults, args.calls)
         t = time.monotonic()
-        problems, outcomes = run_episode(args.seed, i, fault, args.calls, args.timeout, args.device)
+        problems, outcomes, landed = run_episode(args.seed, i, fault, args.calls, args.timeout, args.device)
         status = "FAIL" if problems else "ok"
         failed += bool(problems)
         raised = {r: sum(not o.startswith("ok") for o in v) for r, v in outcomes.items()}
         print(f"seed {args.seed} episode {i}: {describe(fault)}: {status} in {time.monotonic() - t:.1f} s "
-              f"(calls raised per rank {raised})", flush=True)
+              f"(calls raised per rank {raised}; canaries on a failed call's memory {landed[1]} of {landed[0]})",
+              flush=True)
         for pr in problems:
             print("    " + pr.replace("\n", "\n    "), flush=True)
     print(f"{args.faults - failed} of {args.faults} episodes ok in {time.monotonic() - t0:.0f} s", flush=True)

@@ -35,7 +35,7 @@ FAULTS = [
 
 @pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f"{f['kind']}-{'direct' if f['direct'] else 'staging'}")
 def test_fault_keeps_the_rules(fault):
-    problems, outcomes = run_episode(SEED, fault["at"], fault, calls=8, timeout_s=TIMEOUT_S)
+    problems, outcomes, _ = run_episode(SEED, fault["at"], fault, calls=8, timeout_s=TIMEOUT_S)
     assert not problems, f"{describe(fault)}:\n" + "\n".join(problems)
     for rank, seen in outcomes.items():
         if fault["kind"] in ("late_cpu", "zero_size", "exit_in_flight", "sigkill"):
