@@ -108,6 +108,12 @@ soak: build
 	$(PY) -m torch.distributed.run --standalone --nproc_per_node $(if $(filter 0 1,$(NGPU)),2,$(NGPU)) \
 	  tests/soak_allgather.py $(SOAK_ARGS)
 
+# The fault soak (tests/soak_faults.py): two ranks, on the GPU where there is one (both on it), else the CPU; one fault
+# an episode, e.g. make soak-faults SOAK_ARGS="--faults 40 --seed 7".
+.PHONY: soak-faults
+soak-faults: build
+	$(PY) tests/soak_faults.py $(SOAK_ARGS)
+
 # On a GPU machine, in two steps that each fit a 10-minute window; logs go to $(LOGS).
 LOGS ?= results
 gpu-tests: build

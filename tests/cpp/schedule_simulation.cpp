@@ -12,6 +12,10 @@
 // ordering rule (sdma::CallOrder) and its fences from the caller's stream it must print "ok <cases>"; --unordered
 // drops the rule (a case then fails with a hang, an early completion or bytes not bit-exact), --unforked the fences
 // (a lane then reads an input before the caller's stream wrote it): what the model exists to catch.
+//
+// schedule_simulation SEED CASES --faults [--old-release] runs the model of the fault protocol (FaultCase below, with
+// csrc/collective/fault_release.hpp): it must print "ok <cases>"; with --old-release (every failed rank passing its
+// own waits) it runs every case and prints "caught N of CASES cases: <kind> <count>; ..." and exits 1.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -26,6 +30,7 @@
 
 #include "collective/captured_allgather.hpp"
 #include "collective/direct_allgather.hpp"
+#include "collective/fault_release.hpp"
 #include "collective/hierarchical_allgather.hpp"
 #include "collective/staging_allgather.hpp"
 #include "runner/call_order.hpp"
@@ -1187,25 +1192,443 @@ class CallsInFlight {
   std::vector<std::unique_ptr<Call>> calls_;
   std::string what_;
 };
+
+// Failures: a model check of the fault protocol (csrc/collective/fault_release.hpp) on the real schedules. Two ranks,
+// one group with a staging and a direct transport each, up to five calls a rank enqueues in turn on its push and
+// drain lanes (async calls; staging or direct, every form staging takes, zero-size calls among them). Enqueues,
+// lane operations and the protocol's own steps run in one random interleaving, so a rank's calls may be enqueued
+// long after the peer's (a rank may start late, and may stop for good after some prefix). Faults, each case some:
+// a rank's watchdog declares the group failed at a random moment (its timeout, a size mismatch, a peer that exited);
+// a call the ranks take different paths for (a zero-size call through staging on one rank and direct on the other,
+// or different sizes), of which, as the call board guarantees, the rank that posts second reads the first's post and
+// refuses (it fails; the buffers it posted it keeps for good), and the first may refuse too or go on, its peer then
+// late for it; and a rank stuck behind a late peer, which its watchdog ends when nothing else can move. The fake
+// watchdog releases waits by one of two rules:
+//   New (the protocol): a failing rank stops enqueueing, errors its calls in flight, publishes "failed"; a healthy
+//   rank refuses to enqueue once a peer published it, and its watchdog fails when it sees it; a failed rank whose
+//   calls all ended writes releaseValue(last serial) into every flag word a failed peer waits on from it.
+//   Old (before it): a failing rank writes the serial of its last call enqueued into every flag word of its own.
+// Checked: (a) a call that ends without error holds bit-exact bytes when it ends; (b) no copy reads or writes a
+// rank's buffers of a call after that call ended there, or buffers the rank never posted; (c) once every rank failed,
+// every lane runs out (no hang); (d) a case without faults runs every call without error and without a timeout.
+enum class ReleaseRule { New, Old };
+
+class FaultCase {
+ public:
+  FaultCase(std::mt19937& rng, int caseNo, ReleaseRule rule) : rng_(rng), rule_(rule) {
+    StagingGeometry sg;
+    sg.worldSize = kW;
+    sg.slots = pick(0, 1) ? 2 : 4;
+    sg.chunkBytes = std::uniform_int_distribution<size_t>(1, 128)(rng_);
+    sg.pipelineChunkBytes = pick(0, 1) ? 0 : std::uniform_int_distribution<size_t>(1, 40)(rng_);
+    StagingGeometry dg;
+    dg.worldSize = kW;
+    dg.slots = pick(0, 1) ? 2 : 4;
+    dg.chunkBytes = 64;
+    dg.packs = false;
+    const uint64_t start = pick(0, 3) == 0 ? 0xFFFFFFF0u : 0;
+    const uint32_t bases[] = {0, 0xfffffffdu, static_cast<uint32_t>(rng_())};
+    const uint32_t flagBase = bases[pick(0, 2)];
+    for (int i = 0; i < kW; ++i) {
+      staging_.ranks.push_back(std::make_unique<FakeTransport>(&staging_, i, sg));
+      FakeTransport& t = *staging_.ranks.back();
+      for (int q = 0; q < kW; ++q)
+        for (int s = 0; s < sg.slots; ++s)
+          t.flag(Flag::Credit, q, s) = t.flag(Flag::Ready, q, s) = static_cast<uint32_t>(start);
+      direct_.ranks.push_back(std::make_unique<FakeTransport>(&direct_, i, dg, flagBase));
+      chunks_[i] = start;
+      directSerial_[i] = flagBase;
+    }
+    calls_ = pick(1, 5);
+    faultFree_ = pick(0, 3) == 0;
+    what_ = "faults case " + std::to_string(caseNo) + " (" + (rule_ == ReleaseRule::New ? "new" : "old") +
+            " rule, staging slots=" + std::to_string(sg.slots) + " segment=" + std::to_string(sg.chunkBytes) +
+            " chunk=" + std::to_string(sg.pipelineChunkBytes) + ", direct slots=" + std::to_string(dg.slots);
+    for (int r = 0; r < kW; ++r) {
+      limit_[r] = calls_;
+      delay_[r] = 0;
+    }
+    if (pick(0, 1)) {
+      const int late = pick(0, kW - 1);
+      delay_[late] = pick(1, 120);
+      what_ += ", rank " + std::to_string(late) + " starts after step " + std::to_string(delay_[late]);
+    }
+    if (!faultFree_) {
+      if (pick(0, 2) == 0) {
+        const int r = pick(0, kW - 1);
+        limit_[r] = pick(0, calls_ - 1);
+        what_ += ", rank " + std::to_string(r) + " enqueues only " + std::to_string(limit_[r]) + " calls";
+      }
+      if (pick(0, 1)) {
+        faultRank_ = pick(0, kW - 1);
+        faultStep_ = pick(0, 150);
+        what_ += ", rank " + std::to_string(faultRank_) + " fails at step " + std::to_string(faultStep_);
+      }
+    }
+    what_ += "; calls:";
+    for (int c = 0; c < calls_; ++c) {
+      Planned p;
+      p.bytes = pick(0, 4) == 0 ? 0 : std::uniform_int_distribution<size_t>(1, 200)(rng_);
+      const bool direct = pick(0, 1);
+      p.form = direct ? (pick(0, 1) ? Form::IntoTensor : Form::InPlace) : static_cast<Form>(pick(0, 3));
+      for (int r = 0; r < kW; ++r)
+        p.direct[r] = direct;
+      if (!faultFree_ && pick(0, 5) == 0) {
+        // Paths apart: a zero-size call through staging on one rank and direct on the other, or sizes apart.
+        p.diverges = true;
+        const int other = pick(0, kW - 1);
+        if (p.form == Form::IntoTensor || p.form == Form::InPlace)
+          p.direct[other] = !p.direct[other];
+        p.firstAlsoRefuses = pick(0, 2) == 0;
+      }
+      p.buffers = makeCollective(p.form, kW, p.bytes, rng_);
+      p.original = p.buffers.inputs;
+      if (p.form == Form::InPlace)
+        for (int i = 0; i < kW; ++i)
+          p.original[i].assign(p.buffers.plans[i].input[0].ptr, p.buffers.plans[i].input[0].ptr + p.bytes);
+      what_ += std::string(c ? "; " : " ") + formName(p.form) + " " + std::to_string(p.bytes) + "B " +
+               (p.direct[0] ? "direct" : "staging") + (p.direct[0] != p.direct[1] ? "/other path" : "") +
+               (p.diverges ? " apart" : "");
+      planned_.push_back(std::move(p));
+    }
+    what_ += ")";
+    for (int r = 0; r < kW; ++r) {
+      posted_[r].assign(calls_, Posted::No);
+      ended_[r].assign(calls_, false);
+    }
+  }
+
+  // "" when every property held, else the failure.
+  std::string run() {
+    for (int& step = step_;; ++step) {
+      if (!failure_.empty())
+        return failure_;
+      if (step == faultStep_ && !failed_[faultRank_])
+        fail(faultRank_, "its watchdog's timeout");
+      std::vector<std::function<void()>> moves;
+      for (int r = 0; r < kW; ++r) {
+        for (int q = 0; q < 2; ++q)
+          if (!queues_[r][q].steps.empty() && ready(r, queues_[r][q].steps.front()))
+            moves.push_back([this, r, q] { runHead(r, q); });
+        if (!failed_[r] && next_[r] < limit_[r] && step >= delay_[r])
+          moves.push_back([this, r] { enqueue(r); });
+        const bool peerFailed = failed_[1 - r];
+        if (rule_ == ReleaseRule::New && failsForPeer(failed_[r], peerFailed))
+          moves.push_back([this, r] { fail(r, "its watchdog saw the peer's \"failed\""); });
+        if (rule_ == ReleaseRule::New && mayReleaseInto(failed_[r], quiesced(r), peerFailed, released_[r]))
+          moves.push_back([this, r] { release(r, 1 - r); });
+      }
+      if (!moves.empty()) {
+        moves[std::uniform_int_distribution<size_t>(0, moves.size() - 1)(rng_)]();
+        continue;
+      }
+      // Nothing can move but time: a late rank's first call is still to come.
+      bool lateToCome = false;
+      for (int r = 0; r < kW; ++r)
+        lateToCome |= !failed_[r] && next_[r] < limit_[r] && step < delay_[r];
+      if (lateToCome)
+        continue;
+      // Nothing can move: a rank still healthy with a call stuck behind a late peer is failed by its timeout.
+      std::vector<int> stuck;
+      for (int r = 0; r < kW; ++r)
+        if (!failed_[r] && !quiesced(r))
+          stuck.push_back(r);
+      if (!stuck.empty()) {
+        if (faultFree_)
+          return "fault-free run timed out: a call of a case without faults was stuck (" + what_ + ")";
+        fail(stuck[std::uniform_int_distribution<size_t>(0, stuck.size() - 1)(rng_)], "a timeout while stuck");
+        continue;
+      }
+      break;
+    }
+    if (!failure_.empty())
+      return failure_;
+    for (int r = 0; r < kW; ++r)
+      if (!quiesced(r))
+        return "hang: rank " + std::to_string(r) + "'s lanes never run out after every rank failed (" + what_ + ")";
+    if (faultFree_) {
+      for (int r = 0; r < kW; ++r)
+        if (failed_[r] || next_[r] != calls_)
+          return "fault-free run failed: rank " + std::to_string(r) + " (" + what_ + ")";
+    }
+    return "";
+  }
+
+ private:
+  static constexpr int kW = 2;
+  enum class Posted { No, Enqueued, Refused };
+  struct Planned {
+    size_t bytes = 0;
+    Form form = Form::IntoTensor;
+    bool direct[kW] = {false, false};
+    bool diverges = false;          // the ranks post apart: the second poster refuses
+    bool firstAlsoRefuses = false;  // the first poster read the second's post too
+    Buffers buffers;
+    std::vector<std::vector<char>> original;
+    Pairing pairing[kW] = {Pairing::kPeerCameLate, Pairing::kPeerCameLate};
+  };
+  struct Step {
+    enum Kind { Operation, Fence, End } kind = Operation;
+    Op op{Op::Copy};
+    bool direct = false;
+    uint64_t count = 0;  // Fence: runs once the push queue ran this many steps
+    int call = -1;       // End
+    std::vector<std::pair<int, int>> touches;
+  };
+  struct Queue {
+    std::deque<Step> steps;
+    uint64_t recorded = 0, executed = 0;
+  };
+
+  int pick(int lo, int hi) {
+    return std::uniform_int_distribution<int>(lo, hi)(rng_);
+  }
+  bool quiesced(int r) const {
+    return queues_[r][0].steps.empty() && queues_[r][1].steps.empty();
+  }
+  void violation(const std::string& s) {
+    if (failure_.empty())
+      failure_ = s + " (" + what_ + ")";
+  }
+
+  std::vector<std::pair<int, int>> touchesOf(const Op& op) const {
+    std::vector<std::pair<int, int>> found;
+    auto overlaps = [](const char* p, size_t n, const std::vector<char>& v) {
+      return n > 0 && !v.empty() && p < v.data() + v.size() && v.data() < p + n;
+    };
+    for (int c = 0; c < calls_; ++c)
+      for (int i = 0; i < kW; ++i)
+        for (const std::vector<char>* v : {&planned_[c].buffers.inputs[i], &planned_[c].buffers.outputs[i]})
+          if (overlaps(op.dst, op.bytes, *v) || overlaps(op.src, op.bytes, *v)) {
+            found.push_back({i, c});
+            break;
+          }
+    return found;
+  }
+
+  void fail(int r, const std::string& why) {
+    if (failed_[r])
+      return;
+    failed_[r] = true;  // every call in flight now carries an error; "failed" is published with it
+    why_[r] = why;
+    if (rule_ == ReleaseRule::Old) {
+      // The old rule: every flag word of its own, on each transport, to the serial of the last call enqueued.
+      for (int t = 0; t < 2; ++t) {
+        FakeTransport& mine = t ? *direct_.ranks[r] : *staging_.ranks[r];
+        const uint32_t value = t ? directSerial_[r] : static_cast<uint32_t>(chunks_[r]);
+        for (int q = 0; q < kW; ++q)
+          if (q != r)
+            forEachReleasedWord(mine.geometry().slots, [&](Flag f, int s) { mine.flag(f, q, s) = value; });
+      }
+    }
+  }
+
+  void release(int r, int peer) {
+    released_[r] = true;
+    for (int t = 0; t < 2; ++t) {
+      FakeTransport& theirs = t ? *direct_.ranks[peer] : *staging_.ranks[peer];
+      const uint32_t value = releaseValue(t ? directSerial_[r] : static_cast<uint32_t>(chunks_[r]));
+      forEachReleasedWord(theirs.geometry().slots, [&](Flag f, int s) { theirs.flag(f, r, s) = value; });
+    }
+  }
+
+  void enqueue(int r) {
+    const int c = next_[r]++;
+    Planned& p = planned_[c];
+    const int peer = 1 - r;
+    if (rule_ == ReleaseRule::New && !mayEnqueue(failed_[r], failed_[peer])) {
+      fail(r, "the peer's \"failed\" read before enqueueing");
+      return;
+    }
+    if (p.diverges) {
+      const bool second = posted_[peer][c] != Posted::No;
+      if (second || p.firstAlsoRefuses) {
+        posted_[r][c] = Posted::Refused;  // its posted buffers stay with it for good
+        fail(r, "a call posted apart from the peer's");
+        return;
+      }
+    }
+    const bool direct = p.direct[r];
+    bool together = false;  // both at the mailbox at once: each pushes its own bytes, the peer's enqueue right behind
+    if (direct) {
+      if (posted_[peer][c] == Posted::Enqueued) {
+        p.pairing[r] = p.pairing[peer] == Pairing::kEachPushesOwn ? Pairing::kEachPushesOwn : Pairing::kThisCameLate;
+      } else {
+        together = !p.diverges && p.direct[peer] && posted_[peer][c] == Posted::No && next_[peer] == c &&
+                   !failed_[peer] && c < limit_[peer] && step_ >= delay_[peer] && pick(0, 2) == 0;
+        p.pairing[r] = together ? Pairing::kEachPushesOwn : Pairing::kPeerCameLate;
+      }
+    }
+    schedule(r, c);
+    if (together) {
+      ++next_[peer];
+      p.pairing[peer] = Pairing::kEachPushesOwn;
+      schedule(peer, c);
+    }
+  }
+
+  // Records rank r's call c on its lanes (its pairing already settled for the direct path).
+  void schedule(int r, int c) {
+    Planned& p = planned_[c];
+    posted_[r][c] = Posted::Enqueued;
+    const bool direct = p.direct[r];
+    FakeTransport& t = direct ? *direct_.ranks[r] : *staging_.ranks[r];
+    t.bound = [this, r, direct](int lane, const Op& op) {
+      Step s;
+      s.op = op;
+      s.direct = direct;
+      if (op.kind == Op::Copy)
+        s.touches = touchesOf(op);
+      add(r, lane, s);
+    };
+    t.boundJoin = [this, r](int into, int from) {
+      if (into == 1 && from == 0)
+        fence(r);
+    };
+    const AllgatherPlan& plan = p.buffers.plans[r];
+    if (direct) {
+      std::vector<PeerBuffers> posts(kW);
+      const int peer = 1 - r;
+      posts[peer] = {p.pairing[r], reinterpret_cast<uint64_t>(p.buffers.plans[peer].input[0].ptr),
+                     reinterpret_cast<uint64_t>(p.buffers.plans[peer].outputBase)};
+      scheduleDirectAllgather(t, plan, ++directSerial_[r], {plan.input[0].ptr, plan.outputBase}, posts);
+    } else {
+      scheduleStagingAllgather(t, plan, chunks_[r]);
+      fence(r);  // the runner's pushDone_ event
+    }
+    t.bound = nullptr;
+    t.boundJoin = nullptr;
+    Step end;
+    end.kind = Step::End;
+    end.call = c;
+    add(r, 1, end);
+  }
+  void add(int r, int q, Step s) {
+    queues_[r][q].steps.push_back(std::move(s));
+    ++queues_[r][q].recorded;
+  }
+  void fence(int r) {
+    Step s;
+    s.kind = Step::Fence;
+    s.count = queues_[r][0].recorded;
+    add(r, 1, s);
+  }
+
+  bool ready(int r, const Step& s) {
+    if (s.kind == Step::Fence)
+      return queues_[r][0].executed >= s.count;
+    if (s.kind == Step::End)
+      return true;
+    return (s.direct ? direct_ : staging_).ready(r, s.op);
+  }
+
+  void runHead(int r, int q) {
+    Step s = queues_[r][q].steps.front();
+    queues_[r][q].steps.pop_front();
+    ++queues_[r][q].executed;
+    if (s.kind == Step::Operation) {
+      for (auto [owner, call] : s.touches) {
+        if (posted_[owner][call] == Posted::No)
+          violation("a copy into or out of buffers never posted: rank " + std::to_string(r) + " touched rank " +
+                    std::to_string(owner) + "'s buffers of call " + std::to_string(call));
+        else if (ended_[owner][call])
+          violation("write after end: rank " + std::to_string(r) + " copied into or out of rank " +
+                    std::to_string(owner) + "'s buffers of call " + std::to_string(call) + " after that call ended " +
+                    "there (" + (failed_[owner] ? "with an error" : "without error") + ")");
+      }
+      (s.direct ? direct_ : staging_).execute(r, s.op);
+      return;
+    }
+    if (s.kind != Step::End)
+      return;
+    ended_[r][s.call] = true;  // its buffers go back to the allocator
+    if (failed_[r])
+      return;  // the call ends with the error
+    const Planned& p = planned_[s.call];
+    for (int q = 0; q < kW; ++q) {
+      size_t at = 0;
+      for (const ByteSpan& span : p.buffers.plans[r].outputByRank[q]) {
+        if (span.bytes > 0 && memcmp(span.ptr, p.original[q].data() + at, span.bytes) != 0) {
+          violation("wrong bytes in a call that ended without error: call " + std::to_string(s.call) + " on rank " +
+                    std::to_string(r) + " holds wrong bytes for rank " + std::to_string(q));
+          return;
+        }
+        at += span.bytes;
+      }
+    }
+  }
+
+  std::mt19937& rng_;
+  ReleaseRule rule_;
+  World staging_, direct_;
+  uint64_t chunks_[kW] = {0, 0};
+  uint32_t directSerial_[kW] = {0, 0};
+  int calls_ = 0;
+  bool faultFree_ = false;
+  int limit_[kW] = {0, 0}, delay_[kW] = {0, 0}, next_[kW] = {0, 0};
+  int faultRank_ = 0, faultStep_ = -1;
+  bool failed_[kW] = {false, false}, released_[kW] = {false, false};
+  std::string why_[kW];
+  std::vector<Planned> planned_;
+  std::vector<Posted> posted_[kW];
+  std::vector<bool> ended_[kW];
+  Queue queues_[kW][2];
+  int step_ = 0;
+  std::string failure_;
+  std::string what_;
+};
 }  // namespace
 
 int main(int argc, char** argv) {
   const bool inFlight = argc >= 4 && strcmp(argv[3], "--calls-in-flight") == 0;
-  bool unordered = false, unforked = false, usage = argc < 3 || (argc > 3 && !inFlight);
+  const bool faults = argc >= 4 && strcmp(argv[3], "--faults") == 0;
+  bool unordered = false, unforked = false, oldRelease = false;
+  bool usage = argc < 3 || (argc > 3 && !inFlight && !faults);
   for (int a = 4; a < argc; ++a) {
-    if (strcmp(argv[a], "--unordered") == 0)
+    if (inFlight && strcmp(argv[a], "--unordered") == 0)
       unordered = true;
-    else if (strcmp(argv[a], "--unforked") == 0)
+    else if (inFlight && strcmp(argv[a], "--unforked") == 0)
       unforked = true;
+    else if (faults && strcmp(argv[a], "--old-release") == 0)
+      oldRelease = true;
     else
       usage = true;
   }
   if (usage) {
-    fprintf(stderr, "usage: %s SEED CASES [--calls-in-flight [--unordered] [--unforked]]\n", argv[0]);
+    fprintf(stderr, "usage: %s SEED CASES [--calls-in-flight [--unordered] [--unforked] | --faults [--old-release]]\n",
+            argv[0]);
     return 2;
   }
   std::mt19937 rng(static_cast<unsigned>(atoi(argv[1])));
   const int cases = atoi(argv[2]);
+  if (faults) {
+    // The new rule stops at its first failure. The old one runs every case and counts what it is caught at.
+    std::map<std::string, int> caught;
+    std::string first;
+    for (int c = 0; c < cases; ++c) {
+      const std::string failure = FaultCase(rng, c, oldRelease ? ReleaseRule::Old : ReleaseRule::New).run();
+      if (failure.empty())
+        continue;
+      if (!oldRelease)
+        fail(failure);
+      if (first.empty())
+        first = failure;
+      ++caught[failure.substr(0, failure.find(':'))];
+    }
+    if (first.empty()) {
+      printf("ok %d\n", cases);
+      return 0;
+    }
+    int total = 0;
+    for (const auto& [kind, n] : caught)
+      total += n;
+    printf("caught %d of %d cases:", total, cases);
+    for (const auto& [kind, n] : caught)
+      printf(" %s %d;", kind.c_str(), n);
+    printf("\n");
+    fprintf(stderr, "FAIL: %s\n", first.c_str());
+    return 1;
+  }
   if (inFlight) {
     for (int c = 0; c < cases; ++c)
       CallsInFlight(rng, c, !unordered, !unforked).run();
