@@ -48,7 +48,7 @@ deps:
 # (setup.py), out of the checkout on PYTHONPATH.
 install: deps
 	@echo "make: pip install --no-build-isolation . into $(PY) with $(JOBS) jobs"
-	env -u PYTHONPATH MAX_JOBS=$(JOBS) $(PY) -m pip install -q --progress-bar off --no-build-isolation .
+	@env -u PYTHONPATH MAX_JOBS=$(JOBS) $(PY) -m pip install -q --progress-bar off --no-build-isolation .
 
 # Quiet: the compiler's command lines go to build/build.log, shown only when the build fails.
 build: deps
