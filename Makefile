@@ -1,17 +1,20 @@
-# Two entry points that work on a fresh machine:
-#   make test   installs what is missing, builds the extension, runs the test suite
-#   make bench  checks the node (python -m torch_sdma.check), then the all-gather benchmark (sdma against the inner
-#               backend) over every local GPU, or 2 CPU ranks; writes results/ with its plots
+# Entry points that work on a fresh machine, in any order:
+#   make install  pip install --no-build-isolation . with the interpreter below (what the README says to run)
+#   make test     installs what is missing, builds the extension in place, runs the test suite
+#   make bench    checks the node (python -m torch_sdma.check), then the all-gather benchmark (sdma against the
+#                 inner backend) over every local GPU, or 2 CPU ranks; writes results/ with its plots
 # Each step says what it does in one line; the build is quiet unless it fails (its log: build/build.log).
 #
-# An interpreter that already has torch is used as is (the GPU machines). Otherwise a venv is made with the
-# CUDA-13 build of torch $(TORCH_VERSION), so that the GPU code is compiled even where no GPU is.
+# The interpreter: $(PYTHON) (python3 on PATH: an activated venv) when it imports torch, used as it is. Otherwise a
+# venv $(VENV) is made with torch $(TORCH_VERSION) from $(TORCH_INDEX) (PyPI's CUDA-13 build unless set, so that the
+# GPU code is compiled even where no GPU is; TORCH_INDEX=https://download.pytorch.org/whl/cpu for the CPU build).
 
 SHELL         := /bin/bash
 .SHELLFLAGS   := -o pipefail -c
 PYTHON        ?= python3
 VENV          ?= .venv
 TORCH_VERSION ?= 2.14.1
+TORCH_INDEX   ?=
 PY            := $(shell $(PYTHON) -c "import torch" >/dev/null 2>&1 && echo $(PYTHON) || echo $(VENV)/bin/python)
 JOBS          ?= $(shell nproc)
 PYTEST_ARGS   ?=
@@ -24,24 +27,33 @@ export NCCL_NVLS_ENABLE := 0
 export TORCH_SYMM_MEM_DISABLE_MULTICAST := 1
 export NVSHMEM_DISABLE_NVLS := 1
 
-.PHONY: all deps build test lint lint-deps format test-torch213 hip-check bench gpu-tests gpu-frameworks clean soak
+.PHONY: all deps install build test lint lint-deps format test-torch213 hip-check bench gpu-tests gpu-frameworks clean soak
 
 all: build
 
 deps:
 	@if [ "$(PY)" = "$(VENV)/bin/python" ]; then \
-	  [ -x $(VENV)/bin/python ] || { echo "make: creating the venv $(VENV)"; $(PYTHON) -m venv $(VENV); }; \
+	  [ -x $(VENV)/bin/python ] || { \
+	    echo "make: $(PYTHON) has no torch: creating the venv $(VENV) (PYTHON=<interpreter with torch> to use yours)"; \
+	    $(PYTHON) -m venv $(VENV); }; \
 	  $(PY) -c "import torch" >/dev/null 2>&1 || { \
-	    echo "make: installing torch $(TORCH_VERSION) into $(VENV) (CUDA build, several GB: minutes, once)"; \
-	    $(PY) -m pip install -q --progress-bar off "torch==$(TORCH_VERSION)"; }; \
+	    echo "make: installing torch $(TORCH_VERSION) into $(VENV) ($(if $(TORCH_INDEX),from $(TORCH_INDEX),CUDA build, 5.5 GB): minutes, once)"; \
+	    $(PY) -m pip install -q --progress-bar off $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "torch==$(TORCH_VERSION)"; }; \
 	fi
 	@$(PY) -c "import pytest, ninja, numpy" >/dev/null 2>&1 || { \
 	  echo "make: installing pytest, ninja, numpy"; $(PY) -m pip install -q --progress-bar off pytest ninja numpy; }
 
+# The README's install, into the interpreter the other targets use, as a user runs it (without the PYTHONPATH set
+# above). It builds in build/ too: the objects are shared with `make build`, and the package's metadata stays there
+# (setup.py), out of the checkout on PYTHONPATH.
+install: deps
+	@echo "make: pip install --no-build-isolation . into $(PY) with $(JOBS) jobs"
+	@env -u PYTHONPATH MAX_JOBS=$(JOBS) $(PY) -m pip install -q --progress-bar off --no-build-isolation .
+
 # Quiet: the compiler's command lines go to build/build.log, shown only when the build fails.
 build: deps
 	@mkdir -p build
-	@echo "make: building torch_sdma._C with $(JOBS) jobs (log: build/build.log)"
+	@echo "make: building torch_sdma._C for $(PY) with $(JOBS) jobs (log: build/build.log)"
 	@MAX_JOBS=$(JOBS) $(PY) setup.py -q build_ext --inplace >build/build.log 2>&1 \
 	  || { tail -n 40 build/build.log; echo "make: the build failed; the whole log is build/build.log"; exit 1; }
 

@@ -128,8 +128,16 @@ def extension():
     return cpp_extension.CUDAExtension(**kwargs) if cuda else cpp_extension.CppExtension(**kwargs)
 
 
+# pip builds in the checkout, and setuptools writes the package's metadata (torch_sdma.egg-info) beside setup.py by
+# default. There, on a PYTHONPATH that holds the checkout (make test), it reads as an installed torch_sdma with an
+# entry point, and a later pip install of the wheel into an environment that sees it does nothing. So the metadata
+# goes under build/ with the compiler's files, where nothing looks for installed packages.
+EGG_BASE = os.path.join(ROOT, "build")
+os.makedirs(EGG_BASE, exist_ok=True)
+
 # Name, version, packages and the entry point are in pyproject.toml.
 setup(
     ext_modules=[extension()],
     cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
+    options={"egg_info": {"egg_base": os.path.relpath(EGG_BASE)}},
 )

@@ -43,12 +43,21 @@ def shm_snapshot():
 REPO = os.path.dirname(HERE)
 
 
+def pip_env(**extra):
+    """The environment for the tests' pip commands: without PYTHONPATH, which holds the checkout under make test.
+    pip would otherwise count whatever metadata an earlier install left there as torch_sdma installed, and skip
+    the install a test asks for."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(extra)
+    return env
+
+
 @functools.lru_cache(maxsize=None)
 def sdma_wheel():
     """A wheel of this checkout, built once per pytest process (the tests that install it share it):
     `pip wheel --no-build-isolation --no-deps` with the interpreter running the tests, so against its torch. pip
-    builds in the checkout, where setuptools leaves an egg-info; it is removed if it was not there before, so the
-    other tests' PYTHONPATH (the checkout) does not gain a distribution with an entry point."""
+    builds in the checkout; setup.py keeps setuptools' metadata under build/, so that the checkout, on the other
+    tests' PYTHONPATH, never reads as an installed distribution with an entry point."""
     import atexit
     import glob
     import shutil
@@ -58,15 +67,12 @@ def sdma_wheel():
     out = tempfile.mkdtemp(prefix="torch_sdma_wheel_")
     atexit.register(shutil.rmtree, out, True)  # the wheel outlives no test run
     egg_info = os.path.join(REPO, "torch_sdma.egg-info")
-    had_egg_info = os.path.exists(egg_info)
-    try:
-        p = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q",
-                            "-w", out, REPO], capture_output=True, text=True, timeout=1200,
-                           env=dict(os.environ, MAX_JOBS=os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))))
-    finally:
-        if not had_egg_info:
-            shutil.rmtree(egg_info, ignore_errors=True)
+    had_egg_info = os.path.exists(egg_info)  # an older install's leftover: the tests' pip commands ignore it
+    p = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q",
+                        "-w", out, REPO], capture_output=True, text=True, timeout=1200,
+                       env=pip_env(MAX_JOBS=os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))))
     assert p.returncode == 0, p.stdout[-6000:] + p.stderr[-6000:]
+    assert had_egg_info or not os.path.exists(egg_info), "the wheel's build left torch_sdma.egg-info in the checkout"
     wheels = glob.glob(os.path.join(out, "torch_sdma-*.whl"))
     assert len(wheels) == 1, wheels
     return wheels[0]

@@ -9,20 +9,24 @@ repository (as a user runs it after pip install), and from the source tree with 
   all_gather_single (out of place, in place, stacked, async in flight, coalesced) runs without torch's deprecation
   of all_gather_into_tensor, bit-exact, on the DMA path.
 
-The venv gets torch by a .pth line to this interpreter's site-packages, not by a download: torch is gigabytes and
-the CI machine builds against the torch it already has. torch_sdma itself comes only from the wheel (the checkout
-is not on sys.path: the commands run in a temporary folder with PYTHONPATH unset).
+The venv holds torch and nothing else: links, in a folder its .pth names, to torch and the distributions torch
+requires (read from this interpreter's metadata, so no download of gigabytes; CI builds against the torch it has),
+and no numpy, pytest or torch_sdma. The wheel is installed with its declared dependencies and no index, so a
+dependency it needs but does not declare fails the test, and one it declares but the venv lacks fails the install.
+torch_sdma comes only from the wheel (the commands run in a temporary folder with PYTHONPATH unset), whatever an
+earlier install left in the checkout.
 """
+import importlib.metadata
 import os
+import re
 import subprocess
 import sys
-import sysconfig
 import venv
 
 import pytest
 import torch
 
-from conftest import sdma_wheel
+from conftest import pip_env, sdma_wheel
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT_S = 600
@@ -31,9 +35,45 @@ PLANTED_FORM = "all_gather_single in place" if hasattr(torch.distributed, "all_g
 
 
 def _env(**extra):
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("TORCH_SDMA_")}
+    env = {k: v for k, v in pip_env().items() if not k.startswith("TORCH_SDMA_")}
     env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", **extra)
     return env
+
+
+def _distribution_name(requirement):
+    """'cuda-toolkit[cublas,cudart]==13.0.3; platform_system == "Linux"' -> ('cuda-toolkit', {'cublas', 'cudart'})."""
+    m = re.match(r"\s*([A-Za-z0-9._-]+)\s*(?:\[([^\]]*)\])?", requirement)
+    return m.group(1), {e.strip() for e in (m.group(2) or "").split(",") if e.strip()}
+
+
+def _link_torch_alone(dest):
+    """Links in `dest` to the top-level files of torch and every distribution it requires, transitively (the
+    extras it asks of them included, its own extras not): what `pip install torch` installs, from this
+    interpreter's site-packages. Returns the distributions' names."""
+    todo, seen = [("torch", set())], set()
+    while todo:
+        name, extras = todo.pop()
+        key = re.sub(r"[-_.]+", "-", name).lower()
+        if key in seen:
+            continue
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue  # a requirement whose marker excludes this platform
+        seen.add(key)
+        for req in dist.requires or []:
+            wanted = re.findall(r"extra\s*==\s*['\"]([^'\"]+)['\"]", req)
+            if wanted and not set(wanted) & extras:
+                continue
+            todo.append(_distribution_name(req))
+        for f in dist.files or []:
+            top = f.parts[0]
+            if top in ("..", "__pycache__") or top.endswith(".data"):
+                continue
+            link = os.path.join(dest, top)
+            if not os.path.lexists(link):
+                os.symlink(dist.locate_file(top), link)
+    return seen
 
 
 @pytest.fixture(scope="module")
@@ -42,12 +82,21 @@ def fresh_venv(tmp_path_factory):
     venv.EnvBuilder(with_pip=True).create(root)
     python = os.path.join(root, "bin", "python")
     site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-    # torch (and its dependencies) from this interpreter, after the venv's own packages.
-    with open(os.path.join(site, "zz_torch_from_host.pth"), "w") as f:
-        f.write(sysconfig.get_paths()["purelib"] + "\n")
-    p = subprocess.run([python, "-m", "pip", "install", "--no-deps", "--no-index", "-q", sdma_wheel()],
-                       capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, check=True, env=pip_env()).stdout.strip()
+    torch_alone = tmp_path_factory.mktemp("torch_alone")
+    names = _link_torch_alone(torch_alone)
+    assert "torch" in names and "numpy" not in names, names
+    with open(os.path.join(site, "zz_torch_alone.pth"), "w") as f:
+        f.write(f"{torch_alone}\n")
+    # The venv's own setuptools (ensurepip's) would shadow the one torch requires, at an older version.
+    p = subprocess.run([python, "-m", "pip", "uninstall", "-y", "-q", "setuptools"], capture_output=True, text=True,
+                       env=pip_env(), cwd=str(root))
+    assert p.returncode == 0, p.stdout + p.stderr
+    p = subprocess.run([python, "-c", "import torch; import numpy"], capture_output=True, text=True,
+                       env=pip_env(), cwd=str(root))
+    assert "No module named 'numpy'" in p.stderr, p.stdout + p.stderr  # torch imports, numpy does not
+    p = subprocess.run([python, "-m", "pip", "install", "--no-index", "-q", sdma_wheel()],
+                       capture_output=True, text=True, timeout=300, env=pip_env(), cwd=str(root))
     assert p.returncode == 0, p.stdout + p.stderr
     return str(root)
 
@@ -57,17 +106,33 @@ def _run(cmd, cwd, env, timeout=TIMEOUT_S):
     return p.returncode, p.stdout, p.stderr
 
 
+def _without_torchs_numpy_warning(text):
+    """torch itself warns at `import torch` where numpy is missing (two lines: the warning, its source line); the
+    check's report names it. Every other line is kept."""
+    lines, out = text.splitlines(), []
+    for i, line in enumerate(lines):
+        if "UserWarning: Failed to initialize NumPy" in line:
+            continue
+        if i and "UserWarning: Failed to initialize NumPy" in lines[i - 1]:
+            continue
+        out.append(line)
+    return "\n".join(out)
+
+
 def test_check_passes_from_installed_wheel(fresh_venv, tmp_path):
     python = os.path.join(fresh_venv, "bin", "python")
     rc, out, err = _run([python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                          "-m", "torch_sdma.check", "--sizes", "64K,1M", "--rounds", "1"], tmp_path, _env())
-    report = out + err
+    report = _without_torchs_numpy_warning(out + err)
     assert rc == 0, report[-8000:]
     assert "torch_sdma.check: PASS" in out, report[-8000:]
+    assert "numpy: not installed" in out, out
     assert f"from {fresh_venv}" in out, report[-8000:]  # the wheel's copy, not the checkout's
     assert "sdma = torch_sdma:_register" in out
     assert "WRONG" not in out and "FAIL" not in out
     assert "| 1 MiB |" in out  # the busbw table, size by size
+    for group in ("defaults", "dma", "direct", "staging"):  # group_path with no device names the CPU's path
+        assert re.search(f"^group {group}: all bytes right; torch_sdma.group_path: dma", out, re.M), out
     long_lines = [line for line in report.splitlines() if len(line) > 200]
     assert not long_lines, long_lines
     assert "Warning" not in report, report[-8000:]

@@ -17,10 +17,10 @@ What this checks:
   torch made the sdma backend for the cuda slot, and that the group initialises, all-gathers and passes a barrier.
 
 What it does not check: a copy-engine all-gather of CUDA tensors after loading by entry point (GPU machine:
-examples/torchrun_backend_string.py); a venv of its own (it reuses this interpreter's torch, so it cannot catch a
-dependency the wheel fails to declare); the hardware-queue count when CUDA starts before init_process_group; torch
-2.11-2.13, which have no such entry point (skipped there). `pip install .` and `pip install -e .` are checked by
-hand (docs/install.md).
+examples/torchrun_backend_string.py); a dependency the wheel fails to declare (it reuses this interpreter's
+packages: test_check_cpu.py installs the wheel beside torch alone); the hardware-queue count when CUDA starts
+before init_process_group; torch 2.11-2.13, which have no such entry point (skipped there). `pip install .` runs in
+CI (`make install`, then `make test` and `make bench` in the same checkout); `pip install -e .` is checked by hand.
 """
 import datetime
 import glob
@@ -32,7 +32,7 @@ import zipfile
 import pytest
 import torch
 
-from conftest import sdma_wheel
+from conftest import pip_env, sdma_wheel
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD = os.path.join(REPO, "tests", "entry_point_child.py")
@@ -51,7 +51,7 @@ def wheel():
 def site(wheel, tmp_path_factory):
     target = tmp_path_factory.mktemp("site")
     p = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), wheel],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=300, env=pip_env())
     assert p.returncode == 0, p.stdout + p.stderr
     return str(target)
 

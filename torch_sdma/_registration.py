@@ -131,6 +131,20 @@ def _queues_part() -> str:
     return f"{queues} hardware queues{source}" + (f": {hint}" if hint else "")
 
 
+def _human_bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size} {unit}"
+    return f"{n} bytes"
+
+
+def _to_inner_backend(min_bytes: int) -> str:
+    """TORCH_SDMA_MIN_BYTES in words: which all-gathers the inner backend gets instead."""
+    if min_bytes <= 0:
+        return "no size goes to the inner backend"
+    return f"outputs below {_human_bytes(min_bytes)} go to the inner backend"
+
+
 def _device_part(device: str, verdict, options, layout: str) -> str:
     """What one device's all-gathers do in this group, with only that device's settings."""
     cuda = device == "cuda"
@@ -139,10 +153,11 @@ def _device_part(device: str, verdict, options, layout: str) -> str:
     if verdict[0] != "dma":
         return part
     staging = options.staging_bytes_cuda if cuda else options.staging_bytes_cpu
-    min_bytes = options.min_bytes_cuda if cuda else options.min_bytes_cpu
+    # A CUDA group that spans nodes compares with TORCH_SDMA_MIN_BYTES_ACROSS_NODES instead (docs/multinode.md).
+    min_bytes = options.min_bytes_cpu if not cuda else \
+        options.min_bytes_cuda_across_nodes if layout else options.min_bytes_cuda
     direct = options.direct_cuda if cuda else options.direct_cpu
-    part += (f" (staging {staging >> 20} MiB per rank, inner backend below {min_bytes} bytes"
-             + (f", {options.min_bytes_cuda_across_nodes} across nodes" if cuda and layout else "")
+    part += (f" (staging {staging >> 20} MiB per rank, {_to_inner_backend(min_bytes)}"
              + f", direct path {'on' if direct else 'off'})")
     return part + ("; " + _queues_part() if cuda else "")
 

@@ -50,12 +50,19 @@ def reset_stats(group: Optional[dist.ProcessGroup] = None) -> None:
         backend._sdma_reset_stats()
 
 
-def group_path(group: Optional[dist.ProcessGroup] = None, device: str = "cuda") -> str:
-    """"dma" or "inner:<reason>" for all-gathers of `group` on `device`; "unknown" before the first one."""
-    for backend in _sdma_backends(group):
-        path = backend._sdma_path(device)
-        if path != "unknown" or backend._sdma_creation_verdict(device):
-            return path
+def group_path(group: Optional[dist.ProcessGroup] = None, device: Optional[str] = None) -> str:
+    """"dma", "dma:hierarchical" or "inner:<reason>" for all-gathers of `group` on `device` ("cuda" or "cpu");
+    "unknown" before the first one. Without a device: the device whose all-gathers the group serves, CUDA where it
+    serves both (backend string "sdma" on a machine with GPUs)."""
+    backends = _sdma_backends(group)
+    for backend in backends:
+        for served in ((device,) if device else ("cuda", "cpu")):
+            # The verdict's kind is "" for a device this backend does not serve.
+            if backend._sdma_creation_verdict(served)[0]:
+                return backend._sdma_path(served)
+    if device:  # not served by an sdma backend of this group: what it would say, as before
+        for backend in backends:
+            return backend._sdma_path(device)
     return "unknown"
 
 

@@ -22,6 +22,7 @@ import argparse
 import datetime
 import faulthandler
 import importlib.metadata
+import json
 import os
 import platform
 import statistics
@@ -119,6 +120,21 @@ def new_group_with_env(**env):
                 os.environ[k] = v
 
 
+def gather_json(obj, world, group):
+    """`obj` from every rank of `group` (a CPU group), as JSON text in uint8 tensors: lengths first, then the
+    bytes padded to the longest."""
+    mine = json.dumps(obj).encode()
+    length = torch.tensor([len(mine)], dtype=torch.int64)
+    lengths = [torch.empty_like(length) for _ in range(world)]
+    dist.all_gather(lengths, length, group=group)
+    lengths = [int(n.item()) for n in lengths]
+    padded = torch.zeros(max(lengths), dtype=torch.uint8)
+    padded[:len(mine)] = torch.tensor(list(mine), dtype=torch.uint8)
+    texts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(texts, padded, group=group)
+    return [json.loads(bytes(t[:n].tolist())) for t, n in zip(texts, lengths)]
+
+
 class Watchdog:
     """Bounds every step: past the timeout a rank prints the step and its stacks, and exits 1."""
 
@@ -190,9 +206,10 @@ class Check:
         dist.barrier(group=self.control)
 
     def gather_all(self, obj):
-        out = [None] * self.world
-        dist.all_gather_object(out, obj, group=self.control)
-        return out
+        """`obj` (anything JSON holds) from every rank, in rank order, over the control group. Not
+        all_gather_object: it unpickles through numpy, which torch does not require, and the check must run where
+        only torch and torch_sdma are installed."""
+        return gather_json(obj, self.world, self.control)
 
     # ------------------------------------------------------------------------------------------ registration
     def registration(self):
@@ -209,12 +226,18 @@ class Check:
         self.say("entry point torch.distributed.backends: "
                  + (", ".join(f"{ep.name} = {ep.value}" for ep in eps) if eps else "absent (import torch_sdma "
                                                                                   "before init_process_group)"))
+        try:
+            numpy = f"numpy {importlib.metadata.version('numpy')}"
+        except importlib.metadata.PackageNotFoundError:
+            numpy = ("numpy: not installed, which torch_sdma and this check do not need (torch warns 'Failed to "
+                     "initialize NumPy' at import)")
+        self.say(numpy)
         registered = "SDMA" in dist.Backend._plugins
         self.say(f"backend 'sdma' registered: {'yes' if registered else 'NO'}; groups use {self.backend!r}")
         if not registered:
             self.fail("the backend name 'sdma' is not registered after import torch_sdma")
         # Every rank must run the same code: a mixed install fails in ways no single rank can explain.
-        mine = (torch.__version__, version, where)
+        mine = [torch.__version__, version, where]  # a list: what JSON gives back, to compare with
         versions = self.gather_all(mine)
         if any(v[:2] != mine[:2] for v in versions):
             self.fail("ranks run different torch / torch_sdma versions: "
@@ -352,7 +375,11 @@ class Check:
             for w in all_wrong:
                 self.fail(f"WRONG BYTES: {w}")
             verdict = "all bytes right" if not all_wrong else f"{len(all_wrong)} WRONG"
-            self.say(f"group {group_name}: {verdict}")
+            # The path the group reports for the device it serves, as a user asks for it (no device named).
+            reported = torch_sdma.group_path(group)
+            self.say(f"group {group_name}: {verdict}; torch_sdma.group_path: {reported}")
+            if group_name != "defaults" and not reported.startswith("dma"):
+                self.fail(f"group {group_name} (TORCH_SDMA_MIN_BYTES=0): torch_sdma.group_path says {reported}")
             for form, path in paths.items():
                 self.say(f"  {form:<34} -> {path}")
                 if group_name != "defaults" and not path.startswith("dma"):
