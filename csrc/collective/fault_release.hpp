@@ -1,4 +1,4 @@
-// The fault protocol's pure decisions (docs/design.md, failures): when a rank of a failed group may enqueue, which of
+// The fault protocol's pure decisions (docs/design.md, "Failures"): when a rank of a failed group may enqueue, which of
 // its own waits it may let pass, and when and with what it lets a peer's waits pass. No GPU, no threads: the runners
 // apply these, and tests/cpp/schedule_simulation.cpp --faults model-checks them against the real schedules.
 //

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "collective/captured_allgather.hpp"
+#include "collective/fault_release.hpp"
 #include "collective/hierarchical_allgather.hpp"
 #include "collective/rank_list.hpp"
 #include "collective/staging_allgather.hpp"
@@ -32,9 +33,7 @@ constexpr auto kPollInterval = std::chrono::milliseconds(5);
 // How often an idle watchdog reads whether a peer failed the group, so that it fails it too (docs/design.md,
 // "Failures"): the peers' lanes may be waiting for this rank's release.
 constexpr auto kIdlePoll = std::chrono::milliseconds(50);
-// What a release writes beyond the last serial: satisfies every wait for a serial that a peer may have enqueued past
-// it, while flags are compared within 2^31 of each other.
-constexpr uint32_t kReleaseAhead = uint32_t{1} << 30;
+
 // Before a collective has been pending this long, peers are not checked for liveness (it costs syscalls).
 constexpr auto kLivenessCheckAfter = std::chrono::milliseconds(1000);
 // Staging grows in powers of two from here, so a group connects a handful of times at most.
@@ -664,9 +663,9 @@ bool CopyEngineRunner::progressAfterFailure(std::unique_lock<std::mutex>& lock) 
     if (q == rank_ || peerGone_[q] || peerReleased_[q]) {
       continue;
     }
-    if (!processAlive(members_[q].pid) || faultBoard_->stateOf(q) == GroupFaultBoard::kLeft) {
+    if (mayPassOwnWait(!processAlive(members_[q].pid) || faultBoard_->stateOf(q) == GroupFaultBoard::kLeft)) {
       gone.push_back(q);
-    } else if (lanesRanOut && faultBoard_->failed(q)) {
+    } else if (mayReleaseInto(/*failed=*/true, lanesRanOut, faultBoard_->failed(q), /*peerReleasedAlready=*/false)) {
       toRelease.push_back(q);
     }
   }
@@ -686,10 +685,10 @@ bool CopyEngineRunner::progressAfterFailure(std::unique_lock<std::mutex>& lock) 
   // then written).
   for (const auto& [transport, last] : transports) {
     for (int q : gone) {
-      transport->releaseWaitsOnGonePeer(q, last + kReleaseAhead);
+      transport->releaseWaitsOnGonePeer(q, releaseValue(last));
     }
     for (int q : toRelease) {
-      transport->releasePeer(q, last + kReleaseAhead);
+      transport->releasePeer(q, releaseValue(last));
     }
   }
   lock.lock();
