@@ -21,9 +21,10 @@ call, rank), into outputs poisoned first. The faults (FAULTS; the seed picks one
 Checked on every rank that lives: every call returned bit-exact bytes or raised (on GPU, where a failure may surface
 only with a later call of the group, wrong bytes are accepted only if a later call, or a last probe call, raises);
 tensors allocated after a call raised (canaries, of its output's size, where the allocator puts the memory the output
-gave back) are unwritten after a delay longer than the timeout; after the fault, the other group gathers bit-exact (not
-after a rank died: the other group has it too). Checked by the parent: no rank ended by a signal except the one killed,
-no rank hung past the episode's limit. Prints one line per episode and exits 1 if any failed.
+gave back) and the outputs of calls that returned (refilled with a canary) are unwritten after a delay longer than the
+timeout; after the fault, the other group gathers bit-exact (not after a rank died: the other group has it too). Checked
+by the parent: no rank ended by a signal except the one killed, no rank hung past the episode's limit. Prints one line
+per episode and exits 1 if any failed.
 """
 from __future__ import annotations
 
