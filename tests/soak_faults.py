@@ -18,11 +18,13 @@ call, rank), into outputs poisoned first. The faults (FAULTS; the seed picks one
     exit_in_flight  the rank issues an async call and exits (os._exit) with it in flight
     sigkill         the rank issues an async call and is killed by SIGKILL
     graph_destroy   (GPU) a CUDA graph of all-gathers is replayed and the group destroyed with the replay in flight
-Checked on every rank that lives: every call returned bit-exact bytes or raised; tensors allocated after a call
-raised (canaries, of its output's size, where the allocator puts the memory the output gave back) are unwritten
-after a delay longer than the timeout; after the fault, the other group gathers bit-exact (not after a rank died: the
-other group has it too). Checked by the parent: no rank ended by a signal except the one killed, no rank hung past
-the episode's limit. Prints one line per episode and exits 1 if any failed.
+Checked on every rank that lives: every call returned bit-exact bytes or raised (on GPU, where a failure may surface
+only with a later call of the group, wrong bytes are accepted only if a later call, or a last probe call, raises);
+tensors allocated after a call raised (canaries, of its output's size, where the allocator puts the memory the output
+gave back) and the outputs of calls that returned (refilled with a canary) are unwritten after a delay longer than the
+timeout; after the fault, the other group gathers bit-exact (not after a rank died: the other group has it too). Checked
+by the parent: no rank ended by a signal except the one killed, no rank hung past the episode's limit. Prints one line
+per episode and exits 1 if any failed.
 """
 from __future__ import annotations
 
@@ -130,15 +132,20 @@ def episode_body(ctx, seed, episode, fault, calls, timeout_s, device_kind):
     me, kind = ctx.rank, fault["kind"]
     faulted = me == fault["rank"]
     world = dist.group.WORLD
-    violations, outcomes, canaries, done_outputs = [], [], [], []
+    violations, outcomes, canaries, done_outputs, suspects = [], [], [], [], []
     landed = [0, 0]  # canaries placed, and of those on memory a failed call's output gave back
     other = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=max(30.0, 4 * timeout_s)))
 
-    def check(out, expected, what):
+    def check(out, expected, what, call=None):
         if not torch.equal(out.cpu(), expected.cpu()):
             bad = (out.cpu() != expected.cpu()).nonzero()
-            violations.append(f"{what}: returned without error but {bad.numel()} bytes wrong (first at "
-                              f"{bad[0].item()})")
+            found = f"{what}: returned without error but {bad.numel()} bytes wrong (first at {bad[0].item()})"
+            if call is not None and device.type == "cuda":
+                # A GPU call's failure may surface only with a later call of the group (its stream ran on):
+                # acceptable only if a later call raises.
+                suspects.append((call, len(outcomes), found))
+            else:
+                violations.append(found)
 
     # The other group connects before the fault, so that its later use checks that it survives, not its connect.
     check(*_gather(other, 64, seed, episode, -1, me, device), "other group before the fault")
@@ -193,7 +200,7 @@ def episode_body(ctx, seed, episode, fault, calls, timeout_s, device_kind):
             outcomes.append("ok (zero-size, nothing to check)")
             return
         outcomes.append("ok")
-        check(out, expected, what)
+        check(out, expected, what, call=c)
         # The call ended without error: nothing may write into its output from now on.
         out.fill_(CANARY)
         done_outputs.append((c, out))
@@ -237,6 +244,16 @@ def episode_body(ctx, seed, episode, fault, calls, timeout_s, device_kind):
         if not async_op or len(pending) >= depth:
             settle_pending()
     settle_pending()
+    # One more call on the faulted group: where an earlier call failed unseen (a GPU stream ran on), it raises.
+    try:
+        check(*_gather(world, 16, seed, episode, calls, me, device), "the last call on the faulted group",
+              call=calls)
+        outcomes.append("ok (last call)")
+    except Exception as e:  # noqa: BLE001
+        outcomes.append(_first_line(e))
+    for c, index, found in suspects:
+        if all(o.startswith("ok") for o in outcomes[index:]):
+            violations.append(found + ", and no later call of the group raised")
 
     if kind == "graph_destroy" and device.type == "cuda":
         violations.extend(_graph_destroy(seed, episode, me, device))

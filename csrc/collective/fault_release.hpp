@@ -35,9 +35,11 @@ inline bool failsForPeer(bool failed, bool anyPeerPublishedFailed) {
   return !failed && anyPeerPublishedFailed;
 }
 
-// Whether a rank may let its own wait on a peer pass: only where that peer's process is gone (nothing of it runs).
-inline bool mayPassOwnWait(bool peerProcessGone) {
-  return peerProcessGone;
+// Whether a rank may let its own waits on a peer pass (writing releaseValue of its own last serial into its own flag
+// words from that peer): only once it failed (every call it has in flight carries an error) and that peer's process
+// is gone (nothing of it runs, so nothing of it still copies or signals).
+inline bool mayPassOwnWaits(bool failed, bool peerProcessGone) {
+  return failed && peerProcessGone;
 }
 
 // Whether a rank writes the release into one peer now: it failed, every call it enqueued ended on its lanes

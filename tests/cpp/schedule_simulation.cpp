@@ -1202,11 +1202,13 @@ class CallsInFlight {
 // a call the ranks take different paths for (a zero-size call through staging on one rank and direct on the other,
 // or different sizes), of which, as the call board guarantees, the rank that posts second reads the first's post and
 // refuses (it fails; the buffers it posted it keeps for good), and the first may refuse too or go on, its peer then
-// late for it; and a rank stuck behind a late peer, which its watchdog ends when nothing else can move. The fake
-// watchdog releases waits by one of two rules:
+// late for it; a rank stuck behind a late peer, which its watchdog ends when nothing else can move; and a rank's
+// process killed at a random moment (nothing of it runs any more, its memory goes with it), which the survivor's
+// watchdog notices. The fake watchdog releases waits by one of two rules:
 //   New (the protocol): a failing rank stops enqueueing, errors its calls in flight, publishes "failed"; a healthy
 //   rank refuses to enqueue once a peer published it, and its watchdog fails when it sees it; a failed rank whose
-//   calls all ended writes releaseValue(last serial) into every flag word a failed peer waits on from it.
+//   calls all ended writes releaseValue(last serial) into every flag word a failed peer waits on from it; a failed
+//   rank whose peer's process is gone writes that value into its own flag words from that peer.
 //   Old (before it): a failing rank writes the serial of its last call enqueued into every flag word of its own.
 // Checked: (a) a call that ends without error holds bit-exact bytes when it ends; (b) no copy reads or writes a
 // rank's buffers of a call after that call ended there, or buffers the rank never posted; (c) once every rank failed,
@@ -1264,6 +1266,11 @@ class FaultCase {
         faultStep_ = pick(0, 150);
         what_ += ", rank " + std::to_string(faultRank_) + " fails at step " + std::to_string(faultStep_);
       }
+      if (pick(0, 3) == 0) {
+        deathRank_ = pick(0, kW - 1);
+        deathStep_ = pick(0, 150);
+        what_ += ", rank " + std::to_string(deathRank_) + "'s process ends at step " + std::to_string(deathStep_);
+      }
     }
     what_ += "; calls:";
     for (int c = 0; c < calls_; ++c) {
@@ -1303,15 +1310,27 @@ class FaultCase {
     for (int& step = step_;; ++step) {
       if (!failure_.empty())
         return failure_;
-      if (step == faultStep_ && !failed_[faultRank_])
+      if (step == faultStep_ && !failed_[faultRank_] && !gone_[faultRank_])
         fail(faultRank_, "its watchdog's timeout");
+      if (step == deathStep_ && !gone_[deathRank_]) {
+        // Killed: nothing of it runs any more; what it posted is gone with it.
+        gone_[deathRank_] = true;
+        queues_[deathRank_][0].steps.clear();
+        queues_[deathRank_][1].steps.clear();
+      }
       std::vector<std::function<void()>> moves;
       for (int r = 0; r < kW; ++r) {
+        if (gone_[r])
+          continue;
         for (int q = 0; q < 2; ++q)
           if (!queues_[r][q].steps.empty() && ready(r, queues_[r][q].steps.front()))
             moves.push_back([this, r, q] { runHead(r, q); });
         if (!failed_[r] && next_[r] < limit_[r] && step >= delay_[r])
           moves.push_back([this, r] { enqueue(r); });
+        if (!failed_[r] && gone_[1 - r])
+          moves.push_back([this, r] { fail(r, "its watchdog saw the peer's process gone"); });
+        if (rule_ == ReleaseRule::New && mayPassOwnWaits(failed_[r], gone_[1 - r]) && !passedOwn_[r])
+          moves.push_back([this, r] { passOwnWaits(r, 1 - r); });
         const bool peerFailed = failed_[1 - r];
         if (rule_ == ReleaseRule::New && failsForPeer(failed_[r], peerFailed))
           moves.push_back([this, r] { fail(r, "its watchdog saw the peer's \"failed\""); });
@@ -1325,13 +1344,14 @@ class FaultCase {
       // Nothing can move but time: a late rank's first call is still to come.
       bool lateToCome = false;
       for (int r = 0; r < kW; ++r)
-        lateToCome |= !failed_[r] && next_[r] < limit_[r] && step < delay_[r];
+        lateToCome |= !failed_[r] && !gone_[r] && next_[r] < limit_[r] && step < delay_[r];
+      lateToCome |= step < deathStep_ && !gone_[deathRank_];  // and a kill is still to come
       if (lateToCome)
         continue;
       // Nothing can move: a rank still healthy with a call stuck behind a late peer is failed by its timeout.
       std::vector<int> stuck;
       for (int r = 0; r < kW; ++r)
-        if (!failed_[r] && !quiesced(r))
+        if (!failed_[r] && !gone_[r] && !quiesced(r))
           stuck.push_back(r);
       if (!stuck.empty()) {
         if (faultFree_)
@@ -1423,6 +1443,16 @@ class FaultCase {
     }
   }
 
+  // A peer's process is gone: this failed rank writes its own flag words from that peer (rule 2's exception).
+  void passOwnWaits(int r, int peer) {
+    passedOwn_[r] = true;
+    for (int t = 0; t < 2; ++t) {
+      FakeTransport& mine = t ? *direct_.ranks[r] : *staging_.ranks[r];
+      const uint32_t value = releaseValue(t ? directSerial_[r] : static_cast<uint32_t>(chunks_[r]));
+      forEachReleasedWord(mine.geometry().slots, [&](Flag f, int s) { mine.flag(f, peer, s) = value; });
+    }
+  }
+
   void release(int r, int peer) {
     released_[r] = true;
     for (int t = 0; t < 2; ++t) {
@@ -1455,7 +1485,7 @@ class FaultCase {
         p.pairing[r] = p.pairing[peer] == Pairing::kEachPushesOwn ? Pairing::kEachPushesOwn : Pairing::kThisCameLate;
       } else {
         together = !p.diverges && p.direct[peer] && posted_[peer][c] == Posted::No && next_[peer] == c &&
-                   !failed_[peer] && c < limit_[peer] && step_ >= delay_[peer] && pick(0, 2) == 0;
+                   !failed_[peer] && !gone_[peer] && c < limit_[peer] && step_ >= delay_[peer] && pick(0, 2) == 0;
         p.pairing[r] = together ? Pairing::kEachPushesOwn : Pairing::kPeerCameLate;
       }
     }
@@ -1528,6 +1558,8 @@ class FaultCase {
     ++queues_[r][q].executed;
     if (s.kind == Step::Operation) {
       for (auto [owner, call] : s.touches) {
+        if (gone_[owner])
+          continue;  // its memory went with its process
         if (posted_[owner][call] == Posted::No)
           violation("a copy into or out of buffers never posted: rank " + std::to_string(r) + " touched rank " +
                     std::to_string(owner) + "'s buffers of call " + std::to_string(call));
@@ -1568,6 +1600,8 @@ class FaultCase {
   int limit_[kW] = {0, 0}, delay_[kW] = {0, 0}, next_[kW] = {0, 0};
   int faultRank_ = 0, faultStep_ = -1;
   bool failed_[kW] = {false, false}, released_[kW] = {false, false};
+  bool gone_[kW] = {false, false}, passedOwn_[kW] = {false, false};
+  int deathRank_ = 0, deathStep_ = -1;
   std::string why_[kW];
   std::vector<Planned> planned_;
   std::vector<Posted> posted_[kW];
