@@ -663,7 +663,8 @@ bool CopyEngineRunner::progressAfterFailure(std::unique_lock<std::mutex>& lock) 
     if (q == rank_ || peerGone_[q] || peerReleased_[q]) {
       continue;
     }
-    if (mayPassOwnWait(!processAlive(members_[q].pid) || faultBoard_->stateOf(q) == GroupFaultBoard::kLeft)) {
+    if (mayPassOwnWaits(/*failed=*/true,
+                        !processAlive(members_[q].pid) || faultBoard_->stateOf(q) == GroupFaultBoard::kLeft)) {
       gone.push_back(q);
     } else if (mayReleaseInto(/*failed=*/true, lanesRanOut, faultBoard_->failed(q), /*peerReleasedAlready=*/false)) {
       toRelease.push_back(q);
