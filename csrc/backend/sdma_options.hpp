@@ -16,7 +16,7 @@ namespace sdma {
 constexpr int64_t kDefaultStagingBytesCuda = int64_t{256} << 20;
 constexpr int64_t kDefaultStagingBytesCpu = int64_t{32} << 20;
 // Below this many output bytes a CUDA all-gather of a group on one node goes to NCCL. None by default: on 2x H200
-// (docs/results/2xH200.md, 2026-11-24) the direct path beat every other all-gather in place from 64 KiB to 8 MiB
+// (docs/results/2xH200.md) the direct path beat every other all-gather in place from 64 KiB to 8 MiB
 // in three benchmark runs of three, tied NCCL out of place (0.92-1.11x), and cost the CPU a third less per call.
 constexpr int64_t kDefaultMinBytesCuda = 0;
 constexpr int64_t kDefaultMinBytesCpu = 0;
