@@ -71,7 +71,7 @@ SOURCES = {
     ],
     "transport": ["peer_rendezvous.cpp", "group_timeout_store.cpp", "host_shared_memory.cpp", "host_shm_transport.cpp"],
     "runner": ["shared_memory_runner.cpp", "host_rail_allgather.cpp"],
-    "work": ["host_work.cpp", "self_p2p_work.cpp"],
+    "work": ["host_work.cpp", "self_p2p_work.cpp", "interpreter_exit.cpp"],
 }
 GPU_SOURCES = {
     "backend": ["comm_buffer_pool.cpp"],
