@@ -69,9 +69,9 @@ SOURCES = {
         "node_layout.cpp",
         "hierarchical_allgather.cpp",
     ],
-    "transport": ["peer_rendezvous.cpp", "host_shared_memory.cpp", "host_shm_transport.cpp"],
+    "transport": ["peer_rendezvous.cpp", "group_timeout_store.cpp", "host_shared_memory.cpp", "host_shm_transport.cpp"],
     "runner": ["shared_memory_runner.cpp", "host_rail_allgather.cpp", "kept_for_life.cpp"],
-    "work": ["host_work.cpp", "self_p2p_work.cpp"],
+    "work": ["host_work.cpp", "self_p2p_work.cpp", "interpreter_exit.cpp"],
 }
 GPU_SOURCES = {
     "backend": ["comm_buffer_pool.cpp"],

@@ -3,6 +3,8 @@
     import torch_sdma
     torch.distributed.init_process_group("cpu:gloo,cuda:sdma")
 """
+import atexit
+
 import torch.distributed as dist
 
 from . import _hw_queues
@@ -30,3 +32,6 @@ def _register() -> None:
 
 
 _register()
+# Before the interpreter finalizes, our threads stop letting go of tensors and running callbacks: once it does, a
+# thread that takes the GIL is ended in a way that aborts the process (csrc/work/interpreter_exit.hpp).
+atexit.register(_C._interpreter_exiting)

@@ -7,6 +7,7 @@
 #include "backend/process_group_sdma.hpp"
 #include "runner/allgather_runner.hpp"
 #include "runner/kept_for_life.hpp"
+#include "work/interpreter_exit.hpp"
 
 namespace py = pybind11;
 
@@ -68,7 +69,8 @@ sdma::InnerBackendFactory railBackendFactory(py::object make) {
     return nullptr;
   }
   std::shared_ptr<py::object> held(new py::object(std::move(make)), [](py::object* p) {
-    if (interpreterFinalizing()) {
+    sdma::InterpreterExit::DropScope scope;
+    if (!scope.open() || interpreterFinalizing()) {
       p->release();  // leaked: taking the GIL now would end this thread
       delete p;
       return;
@@ -170,4 +172,7 @@ PYBIND11_MODULE(_C, m) {
     const sdma::KeptForLife kept = sdma::keptForLife();
     return std::map<std::string, uint64_t>{{"bytes", kept.bytes}, {"items", kept.items}};
   });
+  // Registered with atexit by `import torch_sdma`: from here on no thread of ours lets go of a tensor or runs a
+  // callback. Without the GIL, so that a thread that is letting go of one while this waits can take it.
+  m.def("_interpreter_exiting", &sdma::InterpreterExit::close, py::call_guard<py::gil_scoped_release>());
 }

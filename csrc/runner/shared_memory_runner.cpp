@@ -9,6 +9,7 @@
 #include "runner/kept_for_life.hpp"
 #include "runner/test_dispatch.hpp"
 #include "runner/test_faults.hpp"
+#include "work/interpreter_exit.hpp"
 
 namespace sdma {
 
@@ -156,6 +157,11 @@ void SharedMemoryRunner::workerLoop() {
     }
     runInTurn(job, lock);
     running_.reset();
+    // The last reference to the work may be this one: let go of it outside mutex_, and not once the interpreter
+    // exits (its tensors may need the GIL).
+    lock.unlock();
+    InterpreterExit::drop(job.work);
+    lock.lock();
   }
 }
 
@@ -179,6 +185,7 @@ void SharedMemoryRunner::abandonQueued(const std::string& why) {
     work->complete(std::make_exception_ptr(C10_BUILD_ERROR(
         DistBackendError, "torch_sdma: " + work->description() + " failed: the group's worker thread failed: " + why)));
   }
+  InterpreterExit::drop(failed);
 }
 
 }  // namespace sdma

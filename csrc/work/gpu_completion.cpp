@@ -1,5 +1,7 @@
 #include "work/gpu_completion.hpp"
 
+#include "work/interpreter_exit.hpp"
+
 namespace sdma {
 
 EventPool::~EventPool() {
@@ -32,6 +34,10 @@ GpuCompletion::GpuCompletion(gpu::Event end, std::shared_ptr<EventPool> pool, st
 
 GpuCompletion::~GpuCompletion() {
   pool_->giveBack(end_);
+  // Normally released already; the watchdog may hold the last reference.
+  if (!keepAlive_.empty()) {
+    InterpreterExit::drop(keepAlive_);
+  }
 }
 
 bool GpuCompletion::pollDone() {
@@ -43,10 +49,16 @@ bool GpuCompletion::pollDone() {
 }
 
 void GpuCompletion::releaseTensors() {
-  // Destroyed outside mutex_: freeing a tensor may need the GIL, which a Python caller of error() can hold.
+  // Destroyed outside mutex_: freeing a tensor may need the GIL, which a Python caller of error() can hold. Called
+  // from the watchdog too, so kept once the interpreter exits (interpreter_exit.hpp).
   std::vector<at::Tensor> dropped;
-  std::lock_guard<std::mutex> lock(mutex_);
-  dropped.swap(keepAlive_);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    dropped.swap(keepAlive_);
+  }
+  if (!dropped.empty()) {  // a synchronous call's completion keeps nothing: no atomics on its path
+    InterpreterExit::drop(dropped);
+  }
 }
 
 void GpuCompletion::fail(std::exception_ptr error, bool releaseKept) {

@@ -1,5 +1,7 @@
 #include "work/host_work.hpp"
 
+#include "work/interpreter_exit.hpp"
+
 namespace sdma {
 
 HostWork::HostWork(const CollectiveInfo& info, std::vector<at::Tensor> outputs, std::vector<at::Tensor> keepAlive)
@@ -12,16 +14,36 @@ void HostWork::releaseKeptTensors() {
   // Dropped outside mutex_: freeing a tensor may need the GIL, which a Python caller of this work can hold
   // while it waits for mutex_.
   std::vector<at::Tensor> dropped;
-  std::lock_guard<std::mutex> lock(mutex_);
-  dropped.swap(keepAlive_);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    dropped.swap(keepAlive_);
+  }
+  if (!dropped.empty()) {
+    InterpreterExit::drop(dropped);
+  }
 }
 
-void HostWork::complete(std::exception_ptr error) {
-  releaseKeptTensors();
+void HostWork::completeFuture(const std::exception_ptr& error) {
   if (error) {
     future_->setError(error);
   } else {
     future_->markCompleted(c10::IValue(outputs_));
+  }
+}
+
+void HostWork::complete(std::exception_ptr error) {
+  {
+    InterpreterExit::DropScope scope;
+    if (scope.open()) {
+      releaseKeptTensors();
+      completeFuture(error);
+    } else {
+      // Held by this lock, nobody can take the future and add a callback before it completes.
+      std::lock_guard<std::mutex> lock(futureMutex_);
+      if (!futureHandedOut_) {
+        completeFuture(error);
+      }
+    }
   }
   finish(error);
 }
@@ -31,6 +53,8 @@ void HostWork::blockCurrentStream() {
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> HostWork::getFuture() {
+  std::lock_guard<std::mutex> lock(futureMutex_);
+  futureHandedOut_ = true;
   return future_;
 }
 

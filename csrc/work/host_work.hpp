@@ -1,10 +1,12 @@
 // The Work of an all-gather of CPU tensors: the host runner's worker completes it once the copies ran; wait()
-// blocks until then, like gloo's. Tensors the copies touch are held until then.
+// blocks until then, like gloo's. Tensors the copies touch are held until then. Once the interpreter exits, the
+// worker lets go of nothing and runs no callback (interpreter_exit.hpp).
 #pragma once
 
 #include <ATen/core/ivalue.h>
 
 #include <chrono>
+#include <mutex>
 
 #include "work/sdma_work.hpp"
 
@@ -19,7 +21,8 @@ class HostWork : public SdmaWork {
   void blockCurrentStream() override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
 
-  // Marks the work finished; `error` null means success.
+  // Marks the work finished; `error` null means success. Once the interpreter exits the kept tensors stay, and the
+  // future completes only if nobody was handed it (then nobody can have added a callback).
   void complete(std::exception_ptr error);
   // The tensors the copies touch, handed over (a failed direct call keeps them for the life of the process).
   std::vector<at::Tensor> takeKeptTensors() {
@@ -32,10 +35,13 @@ class HostWork : public SdmaWork {
 
  private:
   void releaseKeptTensors();
+  void completeFuture(const std::exception_ptr& error);
 
   std::vector<at::Tensor> keepAlive_;
   const std::chrono::steady_clock::time_point deadline_;
   const c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::mutex futureMutex_;
+  bool futureHandedOut_ = false;  // getFuture() ran: a callback, maybe Python, may wait on the future
 };
 
 }  // namespace sdma
