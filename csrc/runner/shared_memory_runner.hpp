@@ -43,6 +43,11 @@ class SharedMemoryRunner : public AllgatherRunner {
     std::vector<HostShmTransport::Op> ops;
     c10::intrusive_ptr<HostWork> work;
     uint64_t ticket;
+    // The group's call board, and what this rank posted there for the call (the worker's waits give up once a peer
+    // posted another call: call_board.hpp).
+    CallBoard* board = nullptr;
+    uint64_t seq = 0;
+    CallPost post;
   };
   void workerLoop();
   // Runs `job` on the calling thread once its turn came (`lock` held; held again on return), and completes its work.
