@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from checks.data import assert_bytes_equal, poison_, rand, raw
+from checks.data import SHARE_GPU, assert_bytes_equal, poison_, rand, raw
 from mp_harness import run_group
 
 PG_TIMEOUT_S = 8.0
@@ -90,7 +90,7 @@ def calls_differ_body(ctx, case, warm, late):
     if warm:
         out = poison_(torch.empty(W * n, device=dev))
         dist.all_gather_into_tensor(out, rand("warm", rank, (n,), torch.float32, device=dev))
-        dist.all_reduce(torch.ones(8, device=dev))
+        dist.all_reduce(torch.ones(8, device=dev if not SHARE_GPU else "cpu"))
     x = rand("differ", rank, (n,), torch.float32, device=dev)
     out = poison_(torch.empty(W * n, device=dev))
     if rank == 0:
@@ -117,7 +117,11 @@ def calls_differ_body(ctx, case, warm, late):
     if rank == late:
         time.sleep(0.3)
     r = _error_of(run)
-    r["after"] = _error_of(lambda: dist.all_reduce(torch.ones(4, device=dev)))["error"]
+    if SHARE_GPU and dev.type == "cuda":  # no NCCL: the next all-gather then
+        after = lambda: dist.all_gather_into_tensor(torch.empty(W * 4, device=dev), torch.ones(4, device=dev))  # noqa: E731
+    else:
+        after = lambda: dist.all_reduce(torch.ones(4, device=dev))  # noqa: E731
+    r["after"] = _error_of(after)["error"]
     return r
 
 

@@ -17,8 +17,8 @@ constexpr auto kIdleBeforeSleep = std::chrono::seconds(1);
 
 }  // namespace
 
-DelegatedWork::DelegatedWork(c10::intrusive_ptr<c10d::Work> inner, bool blocksCpu, const CallBoard& board,
-                             uint64_t seq, const CallPost& post, int groupSize)
+DelegatedWork::DelegatedWork(c10::intrusive_ptr<c10d::Work> inner, bool blocksCpu, const CallBoard& board, uint64_t seq,
+                             const CallPost& post, int groupSize)
     : Work(-1, inner->retrieveOpType()),
       inner_(std::move(inner)),
       blocksCpu_(blocksCpu),
@@ -32,9 +32,12 @@ std::exception_ptr DelegatedWork::boardSaysDiffering() const {
   if (!d) {
     return nullptr;
   }
-  const CollectiveInfo info{c10d::OpType::UNKNOWN, callOpName(post_.op),
-                            seq_,                  board_.groupName(),
-                            board_.groupRankOf(board_.member()), groupSize_,
+  const CollectiveInfo info{c10d::OpType::UNKNOWN,
+                            callOpName(post_.op),
+                            seq_,
+                            board_.groupName(),
+                            board_.groupRankOf(board_.member()),
+                            groupSize_,
                             std::chrono::milliseconds(0)};
   return std::make_exception_ptr(C10_BUILD_ERROR(
       DistBackendError, "torch_sdma: " + info.describe() + " failed: " + board_.describe(seq_, post_, d)));

@@ -51,6 +51,9 @@ class DelegatedWork : public c10d::Work {
     inner_->abort();
   }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFutureResult() override {
+    return inner_->getFutureResult();
+  }
   float getDuration() const override {
     return inner_->getDuration();
   }

@@ -897,6 +897,7 @@ void ProcessGroupSDMA::refuseIfDestroyed(const char* op) const {
 
 void ProcessGroupSDMA::shutdown() {
   destroyed_ = true;
+  delegatedWatch_.reset();  // before the inner backends it may abort go
   // The runners' destructors wait for collectives in flight (bounded by the timeout), then free staging.
   cudaPath_.runner.reset();
   hostPath_.runner.reset();

@@ -238,6 +238,10 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::run(PlannedAllgather& planned, 
   gpu::Stream caller = c10::cuda::getCurrentCUDAStream(device_).stream();
   // Before the lock (only this thread changes what is connected): a rank with another call would connect alone.
   if (path.isCaptured() ? !captured_ : path.isDirect() ? !direct_ : stagingMustGrow(plan)) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      failure_.refuse(info);  // a failed group's peers may never post again
+    }
     meetPeersBeforeConnecting(info);
   }
   // Held through the enqueue: once the watchdog has declared the group broken, nothing more is enqueued, so the
