@@ -49,7 +49,13 @@ std::exception_ptr DelegatedWork::failure() const {
 }
 
 bool DelegatedWork::isCompleted() {
-  return failure() || inner_->isCompleted();
+  {
+    std::lock_guard<std::mutex> lock(m_);
+    if (failure_ || innerDone_) {
+      return true;
+    }
+  }
+  return inner_->isCompleted();
 }
 
 bool DelegatedWork::isSuccess() const {
@@ -72,7 +78,8 @@ void DelegatedWork::innerFinished() {
 }
 
 bool DelegatedWork::wait(std::chrono::milliseconds timeout) {
-  if (blocksCpu_ && timeout == kNoTimeout) {
+  // Once every peer went past the call, no failure can come from the board: the inner wait alone.
+  if (blocksCpu_ && timeout == kNoTimeout && !board_.settled(seq_)) {
     // Released by whichever comes first: the inner collective's end, or the watcher's failure.
     std::unique_lock<std::mutex> lock(m_);
     if (!armed_ && !failure_) {
@@ -84,6 +91,10 @@ bool DelegatedWork::wait(std::chrono::milliseconds timeout) {
       } catch (const std::exception&) {
       }
       if (inner) {
+        {
+          std::lock_guard<std::mutex> guard(m_);
+          innerFuture_ = inner;
+        }
         auto self = c10::intrusive_ptr<DelegatedWork>::reclaim_copy(this);
         inner->addCallback([self](c10::ivalue::Future&) { self->innerFinished(); }, /*uses_future=*/false);
       } else {
@@ -92,6 +103,11 @@ bool DelegatedWork::wait(std::chrono::milliseconds timeout) {
       lock.lock();
     }
     released_.wait(lock, [this] { return failure_ || innerDone_; });
+    if (!failure_ && innerFuture_ && !innerFuture_->hasError()) {
+      // The inner future is done (the inner work marks itself done a moment later): its result is the call's, and
+      // waiting for the inner work too would put this thread to sleep a second time. An error goes the way below.
+      return true;
+    }
   }
   if (auto e = failure()) {
     std::rethrow_exception(e);

@@ -80,8 +80,9 @@ class DelegatedWork : public c10d::Work {
   std::condition_variable released_;
   std::exception_ptr failure_;
   bool innerDone_ = false;
-  bool armed_ = false;                              // a callback on the inner future tells when it is done
-  c10::intrusive_ptr<c10::ivalue::Future> future_;  // blocksCpu_: ours, completed by the inner one or failed by us
+  bool armed_ = false;                                   // a callback on the inner future tells when it is done
+  c10::intrusive_ptr<c10::ivalue::Future> innerFuture_;  // the one armed, set before armed_ is seen
+  c10::intrusive_ptr<c10::ivalue::Future> future_;       // blocksCpu_: ours, completed by the inner one or failed by us
 };
 
 class DelegatedWatch {
