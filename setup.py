@@ -59,7 +59,8 @@ from torch.utils import cpp_extension  # noqa: E402
 ROOT = os.path.dirname(os.path.abspath(__file__))
 # One list per layer (csrc/README.md); the vendor layer and the copy-engine runner only where the GPU code is built.
 SOURCES = {
-    "backend": ["process_group_sdma.cpp", "bindings.cpp", "self_exchange.cpp", "settings_agreement.cpp"],
+    "backend": ["process_group_sdma.cpp", "bindings.cpp", "self_exchange.cpp", "settings_agreement.cpp",
+                "delegated_watch.cpp"],
     "collective": [
         "allgather_inputs.cpp",
         "byte_spans.cpp",

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from checks.data import assert_bytes_equal, poison_, rand, raw
+from checks.data import SHARE_GPU, assert_bytes_equal, poison_, rand, raw
 from mp_harness import run_group
 
 PG_TIMEOUT_S = 8.0
@@ -75,6 +75,53 @@ def sizes_differ_body(ctx, form, async_op):
     # The group is now failed: a valid call is refused, in one paragraph.
     y = rand("after", rank, (256,), torch.float32, device=dev)
     r["after"] = _error_of(lambda: dist.all_gather_into_tensor(torch.empty(W * 256, device=dev), y))["error"]
+    return r
+
+
+def calls_differ_body(ctx, case, warm, late):
+    """Rank 1 makes another call than rank 0 at the same point of the group's sequence (rank 0 always an
+    all_gather_into_tensor of 1024 floats): `case` "all_reduce" or "broadcast" (a delegated collective), "zero" (the
+    same call with 0 elements), "list" (the list form). Each rank returns its error and how long the call took to
+    raise, counted from a barrier just before it; `warm`: an agreeing all-gather and all-reduce ran first; `late`: the
+    rank that makes its call 0.3 s after the other (which then cannot see it when it posts: the late one refuses, and
+    the early one's watcher must find it), or None."""
+    W, rank, dev = ctx.world, ctx.rank, ctx.device
+    n = 1024
+    if warm:
+        out = poison_(torch.empty(W * n, device=dev))
+        dist.all_gather_into_tensor(out, rand("warm", rank, (n,), torch.float32, device=dev))
+        dist.all_reduce(torch.ones(8, device=dev if not SHARE_GPU else "cpu"))
+    x = rand("differ", rank, (n,), torch.float32, device=dev)
+    out = poison_(torch.empty(W * n, device=dev))
+    if rank == 0:
+        call = lambda: dist.all_gather_into_tensor(out, x)  # noqa: E731
+    elif case == "all_reduce":
+        call = lambda: dist.all_reduce(x)  # noqa: E731
+    elif case == "broadcast":
+        call = lambda: dist.broadcast(x, src=0)  # noqa: E731
+    elif case == "zero":
+        call = lambda: dist.all_gather_into_tensor(torch.empty(0, device=dev), torch.empty(0, device=dev))  # noqa: E731
+    else:
+        call = lambda: dist.all_gather([torch.empty(n, device=dev) for _ in range(W)], x)  # noqa: E731
+
+    def run():
+        call()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        # A synchronous call whose rank did not see the other's post fails on its watchdog: the error comes with the
+        # next call.
+        dist.all_gather_into_tensor(torch.empty(W * 16, device=dev), torch.ones(16, device=dev))
+
+    ctx.store.set(f"ready{rank}", "1")
+    ctx.store.wait([f"ready{q}" for q in range(W)])
+    if rank == late:
+        time.sleep(0.3)
+    r = _error_of(run)
+    if SHARE_GPU and dev.type == "cuda":  # no NCCL: the next all-gather then
+        after = lambda: dist.all_gather_into_tensor(torch.empty(W * 4, device=dev), torch.ones(4, device=dev))  # noqa: E731
+    else:
+        after = lambda: dist.all_reduce(torch.ones(4, device=dev))  # noqa: E731
+    r["after"] = _error_of(after)["error"]
     return r
 
 
@@ -297,3 +344,43 @@ def test_list_element_of_the_wrong_size_is_named_in_our_words():
         assert err is not None and err.startswith("ValueError: all_gather: output tensor 1 has 11 elements"), err
         assert "Gloo" not in err, err
         one_paragraph(err)
+
+
+# Ranks that make different calls at the same point of the group's sequence (docs/errors.md): the rank that reads the
+# other's post on the call board refuses at once, the other one's watcher (the worker's waits for an all-gather, the
+# watcher of delegated calls for gloo's) finds the same post and fails its call in the same words.
+CALLS_DIFFER_WORDS = {
+    "all_reduce": "the ranks called different collectives: all_gather_into_tensor on rank 0 vs all_reduce on rank 1",
+    "broadcast": "the ranks called different collectives: all_gather_into_tensor on rank 0 vs broadcast on rank 1",
+    "zero": ("the ranks passed inputs of different sizes to all_gather_into_tensor (bytes per rank: group rank 0 "
+             "4096 bytes of Float, group rank 1 0 bytes of Float)"),
+    "list": "the ranks called different collectives: all_gather_into_tensor on rank 0 vs all_gather on rank 1",
+}
+
+
+@pytest.mark.parametrize("case,warm,late", [
+    ("all_reduce", True, 0),  # rank 1 is inside gloo's all_reduce: the watcher of delegated calls fails it
+    ("all_reduce", True, 1),  # rank 0's all-gather is on the worker: its waits fail it
+    ("all_reduce", False, None),  # the group's first all-gather, which connects the transport
+    ("broadcast", True, 0),
+    ("zero", True, 1),
+    ("zero", False, 0),
+    ("list", True, 1),
+])
+@pytest.mark.parametrize("direct", ["0", "1"])
+def test_calls_that_differ_are_named_on_every_rank(case, warm, late, direct):
+    values = run_mistake(calls_differ_body, "sdma", kwargs={"case": case, "warm": warm, "late": late},
+                         env={"TORCH_SDMA_DIRECT": direct})
+    seq = 3 if warm else 1
+    words = f"{CALLS_DIFFER_WORDS[case]}, sequence number {seq} of group '0'"
+    for rank, v in enumerate(values):
+        err = v["error"]
+        assert err is not None, f"rank {rank}: no error although the ranks called different collectives: {v}"
+        assert words in err, f"rank {rank}: {err!r} does not say {words!r}"
+        one_paragraph(err)
+        assert v["elapsed"] < PG_TIMEOUT_S + SLACK_S, (rank, v)
+        after = v["after"]
+        assert after is not None and "an earlier collective on this group failed" in after, (rank, after)
+    assert min(v["elapsed"] for v in values) < 1.0, values
+    if late is not None:
+        assert values[late]["elapsed"] < 1.0, values  # it saw the early rank's post

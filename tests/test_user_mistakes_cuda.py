@@ -3,8 +3,10 @@ skipped elsewhere): the same mistakes on CUDA tensors give the same errors on ev
 bytes, nothing left in /dev/shm."""
 import pytest
 from test_user_mistakes_cpu import (
+    CALLS_DIFFER_WORDS,
     PG_TIMEOUT_S,
     SLACK_S,
+    calls_differ_body,
     destroyed_body,
     first_call_missing_body,
     knobs_differ_body,
@@ -14,6 +16,7 @@ from test_user_mistakes_cpu import (
     sizes_differ_body,
 )
 
+from checks.data import SHARE_GPU
 from conftest import cuda_count
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(cuda_count() < 2, reason="needs 2 CUDA devices")]
@@ -80,3 +83,33 @@ def test_peer_missing_at_the_first_call_is_named():
     assert err is not None and "group ranks [1]" in err and "never reached it" in err, err
     one_paragraph(err)
     assert v["elapsed"] < PG_TIMEOUT_S + SLACK_S, v
+
+
+# Ranks that make different calls at one sequence number: the rank that reads the other's post on the call board
+# refuses at once; the other's copy-engine watchdog (an all-gather) or the watcher of delegated calls (NCCL's
+# all_reduce or broadcast, whose communicator it aborts) fails its call in the same words.
+@pytest.mark.parametrize("case,warm,late", [
+    ("all_reduce", True, 0),
+    ("all_reduce", True, 1),
+    ("all_reduce", False, None),
+    ("broadcast", True, 0),
+    ("zero", True, 1),
+    ("zero", False, 0),
+    ("list", True, 1),
+    ("list", True, 0),
+])
+@pytest.mark.parametrize("env", [{}, {"TORCH_SDMA_DIRECT": "0"}])
+def test_calls_that_differ_are_named_on_every_rank(case, warm, late, env):
+    if SHARE_GPU and case in ("all_reduce", "broadcast"):
+        pytest.skip("NCCL refuses two ranks on one GPU")
+    values = run_mistake(calls_differ_body, "cpu:gloo,cuda:sdma", kwargs={"case": case, "warm": warm, "late": late},
+                         env=env, cuda=True)
+    seq = 3 if warm and not SHARE_GPU else 2 if warm else 1
+    words = f"{CALLS_DIFFER_WORDS[case]}, sequence number {seq} of group '0'"
+    for rank, v in enumerate(values):
+        err = v["error"]
+        assert err is not None and words in err, f"rank {rank}: {v}"
+        one_paragraph(err)
+        assert v["elapsed"] < PG_TIMEOUT_S + SLACK_S, (rank, v)
+        assert v["after"] is not None and "an earlier collective on this group failed" in v["after"], (rank, v)
+    assert min(v["elapsed"] for v in values) < 1.0, values

@@ -13,14 +13,18 @@
 #include <tuple>
 #include <vector>
 
+#include "transport/call_board.hpp"
+
 namespace sdma {
 
 // How one kind of collective is named: in sdma's stats ("delegated:<stats>"), in the trace range ("sdma:<trace>",
-// NCCL's profiling title) and in record_param_comms (NCCL's collective name).
+// NCCL's profiling title), in record_param_comms (NCCL's collective name) and on the group's call board (kNone:
+// point to point, which only two ranks make and so is not posted).
 struct CollectiveNames {
   const char* stats;
   const char* trace;
   const char* comms;
+  CallOp call = CallOp::kNone;
 };
 
 // The group as record_param_comms describes it (its description comes from torch after creation, so apart).

@@ -12,10 +12,19 @@
 #include <algorithm>
 
 #include "backend/settings_agreement.hpp"
+#include "runner/group_failure.hpp"
 #include "work/coalesced_work.hpp"
 
 namespace sdma {
 namespace {
+
+// Collectives a rank's CPU may run ahead of a peer's before it waits for it (call_board.hpp). Below the arrival
+// mailboxes' depth (1024), so that a rank that got past the board never waits for a mailbox's ring.
+constexpr int kCallBoardDepth = 512;
+
+std::string scalarTypeName(uint8_t dtype) {
+  return c10::toString(static_cast<c10::ScalarType>(dtype));
+}
 
 int64_t tensorBytes(const std::vector<at::Tensor>& ts) {
   int64_t b = 0;
@@ -68,6 +77,7 @@ ProcessGroupSDMA::ProcessGroupSDMA(const c10::intrusive_ptr<c10d::Store>& store,
       nodeOfRank.push_back(m.nodeIdentity());
     }
     layout_ = NodeLayout::group(nodeOfRank);
+    createCallBoard();
   }
   // Every member runs these exchanges at creation, so the group's log line can say which path it will take.
   if (innerCuda_) {
@@ -107,7 +117,142 @@ c10::intrusive_ptr<c10d::Store> ProcessGroupSDMA::nodeStore(bool cuda) const {
       sdmaStore_);
 }
 
-ProcessGroupSDMA::~ProcessGroupSDMA() = default;
+ProcessGroupSDMA::~ProcessGroupSDMA() {
+  delegatedWatch_.reset();  // its thread calls back into this object
+}
+
+void ProcessGroupSDMA::createCallBoard() {
+  const bool spans = spansNodes();
+  if (spans && !layout_.hierarchyProblem().empty()) {
+    return;  // no node layout to share a board by; the group's all-gathers go to the inner backend
+  }
+  const int member = spans ? layout_.localIndexOf(getRank()) : getRank();
+  const int members = spans ? layout_.ranksPerNode() : getSize();
+  std::vector<int> groupRanks;
+  for (int m = 0; m < members; ++m) {
+    groupRanks.push_back(spans ? layout_.rankAt(layout_.nodeOf(getRank()), m) : m);
+  }
+  c10d::PrefixStore store(spans ? "board/node/" + std::to_string(layout_.nodeOf(getRank())) + "/" : "board/",
+                          sdmaStore_);
+  try {
+    boardRegion_ = GroupRegion(store, "calls", member, members, CallBoard::bytesFor(members, kCallBoardDepth),
+                               "the group's call board");
+  } catch (const c10::Error& e) {
+    // Every member got the same answer: none of them compares its calls with the others'.
+    LOG(WARNING) << "torch_sdma: group '" << options_.groupName
+                 << "' does not compare its collectives across ranks: " << e.what_without_backtrace();
+    return;
+  }
+  board_ = std::make_unique<CallBoard>(boardRegion_.data(), member, members, kCallBoardDepth, std::move(groupRanks),
+                                       options_.groupName, &scalarTypeName);
+}
+
+std::string ProcessGroupSDMA::boardStopReason() const {
+  const std::string failed = board_->failure();
+  if (!failed.empty()) {
+    return "an earlier collective on this group failed: " + failed;
+  }
+  for (int m = 0; m < board_->members(); ++m) {
+    const int q = board_->groupRankOf(m);
+    if (m != board_->member() && q < static_cast<int>(members_.size()) && !processAlive(members_[q].pid)) {
+      return "group rank " + std::to_string(q) + " (pid " + std::to_string(members_[q].pid) + ") exited";
+    }
+  }
+  return "";
+}
+
+void ProcessGroupSDMA::refuseIfCallsDiffered(const CollectiveInfo& info) const {
+  if (!board_) {
+    return;
+  }
+  const std::string failed = board_->failure();
+  if (C10_UNLIKELY(!failed.empty())) {
+    C10_THROW_ERROR(DistBackendError, "torch_sdma: " + info.describe() +
+                                          " refused: an earlier collective on this group failed: " + failed);
+  }
+}
+
+CollectiveInfo ProcessGroupSDMA::describeCall(const char* op, c10d::OpType opType, std::chrono::milliseconds timeout,
+                                              const CallPost& post) {
+  CollectiveInfo info{opType, op, ++seq_, options_.groupName, getRank(), getSize(), timeout};
+  info.board = board_.get();
+  info.post = post;
+  return info;
+}
+
+void ProcessGroupSDMA::postCall(const CollectiveInfo& info, bool awaitPeers) {
+  refuseIfCallsDiffered(info);
+  if (!board_) {
+    return;
+  }
+  std::string reason;
+  try {
+    const auto stop = [this] { return boardStopReason(); };
+    CallBoard::Differing d = board_->post(info.seq, info.post, info.timeout, stop);
+    if (!d && awaitPeers) {
+      d = board_->awaitPeers(info.seq, info.post, info.timeout, stop);
+    }
+    if (!d) {
+      return;
+    }
+    // Nothing was enqueued: a peer that did not read this rank's post finds this one, and says the same.
+    reason = info.describe() + " failed: " + board_->describe(info.seq, info.post, d);
+  } catch (const CallBoard::PeerNeverPosted& e) {
+    reason = info.describe() + " timed out after " + std::to_string(e.waited.count()) +
+             " ms waiting for group ranks [" + std::to_string(board_->groupRankOf(e.peer)) +
+             "], which never reached it";
+  } catch (const std::exception& e) {
+    reason = info.describe() + " failed: " + messageOf(e);
+  }
+  board_->fail(info.seq, reason);
+  C10_THROW_ERROR(DistBackendError, "torch_sdma: " + reason);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::watchDelegated(const CollectiveInfo& info,
+                                                                const c10::intrusive_ptr<c10d::Backend>& inner,
+                                                                c10::intrusive_ptr<c10d::Work> work) {
+  // Every peer already went past this call, agreeing: nothing to watch (the common case of a rank that calls last).
+  if (!board_ || board_->settled(info.seq)) {
+    return work;
+  }
+  DelegatedWatch::Call call;
+  call.seq = info.seq;
+  call.post = info.post;
+  call.deadline = std::chrono::steady_clock::now() + info.timeout;
+  // Inside a coalescing block the inner backend's works are its own business (endCoalescing returns them).
+  if (work && !coalescing_) {
+    call.work = c10::make_intrusive<DelegatedWork>(std::move(work), /*blocksCpu=*/inner == innerCpu_, *board_, info.seq,
+                                                   info.post, getSize());
+    work = call.work;
+  }
+  if (!delegatedWatch_) {
+    delegatedWatch_ = std::make_unique<DelegatedWatch>(
+        *board_, [this](const DelegatedWatch::Call& c, const std::string& words) { onDelegatedDiffering(c, words); });
+  }
+  delegatedWatch_->watch(std::move(call));
+  return work;
+}
+
+void ProcessGroupSDMA::onDelegatedDiffering(const DelegatedWatch::Call& call, const std::string& words) {
+  const CollectiveInfo info{
+      c10d::OpType::UNKNOWN, callOpName(call.post.op), call.seq, options_.groupName, getRank(), getSize(),
+      options_.timeout};
+  const std::string reason = info.describe() + " failed: " + words;
+  LOG(ERROR) << "torch_sdma: " << reason << "; the inner backend's communicator is aborted";
+  board_->fail(call.seq, reason);
+  if (call.work) {
+    call.work->fail(std::make_exception_ptr(C10_BUILD_ERROR(DistBackendError, "torch_sdma: " + reason)));
+  }
+  // Its streams and threads would wait for the peer until the inner backend's own timeout.
+  const auto& inner = call.post.route == CallPost::kInnerCuda ? innerCuda_ : innerCpu_;
+  if (inner) {
+    try {
+      inner->abort();
+    } catch (const std::exception& e) {
+      LOG(WARNING) << "torch_sdma: aborting the inner backend failed: " << e.what();
+    }
+  }
+}
 
 c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupSDMA::getBackendOptions() {
   // split_group deep-copies these and hands them back to split(); the inner NCCL backend needs its own kind.
@@ -176,10 +321,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::delegate(const CollectiveNames&
   refuseIfDestroyed(names.stats);
   const auto& tensors = traced.inputs.empty() ? traced.outputs : traced.inputs;
   auto& inner = innerFor(tensors, names.stats);
-  ++seq_;
+  const bool collective = names.call != CallOp::kNone;
+  CollectiveInfo info{};
+  if (collective) {
+    CallPost post;
+    post.op = names.call;
+    post.route = inner == innerCuda_ ? CallPost::kInnerCuda : CallPost::kInnerCpu;
+    info = describeCall(callOpName(names.call), c10d::OpType::UNKNOWN, options_.timeout, post);
+    postCall(info, /*awaitPeers=*/false);
+  }
   recordPath(std::string("delegated:") + names.stats, bytes);
-  return runTraced(traceGroup_, getGroupDesc(), seq_, traced, [&] {
+  return runTraced(traceGroup_, getGroupDesc(), collective ? info.seq : ++p2pSeq_, traced, [&] {
     auto work = innerCall(*inner);
+    if (collective) {
+      work = watchDelegated(info, inner, std::move(work));
+    }
     // Inside a coalescing block NCCL collects its own works; gloo's run at once, so endCoalescing must return them.
     return inner == innerCuda_ ? work : trackCoalesced(work);
   });
@@ -189,23 +345,27 @@ namespace {
 
 // Stats, trace and record_param_comms names of the delegated collectives (the last two as ProcessGroupNCCL names
 // them after its "nccl:" prefix).
-constexpr CollectiveNames kBroadcast{"broadcast", "broadcast", "broadcast"};
-constexpr CollectiveNames kAllreduce{"allreduce", "all_reduce", "allreduce"};
-constexpr CollectiveNames kAllreduceSparse{"allreduce_sparse", "all_reduce_sparse", "allreduce_sparse"};
-constexpr CollectiveNames kAllreduceCoalesced{"allreduce_coalesced", "allreduce_coalesced", "allreduce_coalesced"};
-constexpr CollectiveNames kReduce{"reduce", "reduce", "reduce"};
-constexpr CollectiveNames kGather{"gather", "gather", "gather"};
-constexpr CollectiveNames kScatter{"scatter", "scatter", "scatter"};
-constexpr CollectiveNames kReduceScatter{"reduce_scatter", "reduce_scatter", "reduce_scatter"};
-constexpr CollectiveNames kReduceScatterTensor{"reduce_scatter_tensor", "_reduce_scatter_base", "_reduce_scatter_base"};
+constexpr CollectiveNames kBroadcast{"broadcast", "broadcast", "broadcast", CallOp::kBroadcast};
+constexpr CollectiveNames kAllreduce{"allreduce", "all_reduce", "allreduce", CallOp::kAllreduce};
+constexpr CollectiveNames kAllreduceSparse{"allreduce_sparse", "all_reduce_sparse", "allreduce_sparse",
+                                           CallOp::kAllreduceSparse};
+constexpr CollectiveNames kAllreduceCoalesced{"allreduce_coalesced", "allreduce_coalesced", "allreduce_coalesced",
+                                              CallOp::kAllreduceCoalesced};
+constexpr CollectiveNames kReduce{"reduce", "reduce", "reduce", CallOp::kReduce};
+constexpr CollectiveNames kGather{"gather", "gather", "gather", CallOp::kGather};
+constexpr CollectiveNames kScatter{"scatter", "scatter", "scatter", CallOp::kScatter};
+constexpr CollectiveNames kReduceScatter{"reduce_scatter", "reduce_scatter", "reduce_scatter", CallOp::kReduceScatter};
+constexpr CollectiveNames kReduceScatterTensor{"reduce_scatter_tensor", "_reduce_scatter_base", "_reduce_scatter_base",
+                                               CallOp::kReduceScatterTensor};
 constexpr CollectiveNames kReduceScatterTensorCoalesced{
-    "reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_coalesced"};
-constexpr CollectiveNames kAlltoallBase{"alltoall_base", "all_to_all", "all_to_allv"};
-constexpr CollectiveNames kAlltoall{"alltoall", "all_to_all", "all_to_all"};
+    "reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_coalesced",
+    CallOp::kReduceScatterTensorCoalesced};
+constexpr CollectiveNames kAlltoallBase{"alltoall_base", "all_to_all", "all_to_allv", CallOp::kAlltoallSingle};
+constexpr CollectiveNames kAlltoall{"alltoall", "all_to_all", "all_to_all", CallOp::kAlltoall};
 constexpr CollectiveNames kSend{"send", "send", "send"};
 constexpr CollectiveNames kRecv{"recv", "recv", "recv"};
 constexpr CollectiveNames kRecvAnysource{"recvAnysource", "recv_anysource", "recvAnySource"};
-constexpr CollectiveNames kBarrier{"barrier", "barrier", "barrier"};
+constexpr CollectiveNames kBarrier{"barrier", "barrier", "barrier", CallOp::kBarrier};
 
 const std::vector<at::Tensor> kNoTensors;
 
@@ -298,9 +458,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::send(std::vector<at::Tensor>& t
   const TracedCollective traced{kSend, tensors, kNoTensors, kNoSplits, kNoSplits, nullptr, "->", getRank(), dstRank};
   refuseIfDestroyed("send");
   if (dstRank == getRank()) {
-    ++seq_;
     recordPath("self:send", tensorBytes(tensors));
-    return runTraced(traceGroup_, getGroupDesc(), seq_, traced,
+    return runTraced(traceGroup_, getGroupDesc(), ++p2pSeq_, traced,
                      [&] { return trackCoalesced(self_.send(tensors, tag)); });
   }
   return delegate(kSend, traced, tensorBytes(tensors), [&](c10d::Backend& b) { return b.send(tensors, dstRank, tag); });
@@ -310,9 +469,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::recv(std::vector<at::Tensor>& t
   const TracedCollective traced{kRecv, kNoTensors, tensors, kNoSplits, kNoSplits, nullptr, "<-", getRank(), srcRank};
   refuseIfDestroyed("recv");
   if (srcRank == getRank()) {
-    ++seq_;
     recordPath("self:recv", tensorBytes(tensors));
-    return runTraced(traceGroup_, getGroupDesc(), seq_, traced,
+    return runTraced(traceGroup_, getGroupDesc(), ++p2pSeq_, traced,
                      [&] { return trackCoalesced(self_.recv(tensors, tag)); });
   }
   return delegate(kRecv, traced, tensorBytes(tensors), [&](c10d::Backend& b) { return b.recv(tensors, srcRank, tag); });
@@ -328,16 +486,23 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::barrier(const c10d::BarrierOpti
   // NCCL's barrier is an all-reduce on a GPU; prefer it when the caller names a GPU or there is no CPU backend.
   const bool onGpu = innerCuda_ && (!innerCpu_ || !opts.device_ids.empty() || (opts.device && opts.device->is_cuda()));
   auto& inner = innerFor(at::Device(onGpu ? at::kCUDA : at::kCPU), "barrier");
-  ++seq_;
+  CallPost post;
+  post.op = CallOp::kBarrier;
+  post.route = onGpu ? CallPost::kInnerCuda : CallPost::kInnerCpu;
+  const CollectiveInfo info = describeCall("barrier", c10d::OpType::BARRIER, options_.timeout, post);
+  postCall(info, /*awaitPeers=*/false);
   recordPath("delegated:barrier", 0);
-  return runTraced(traceGroup_, getGroupDesc(), seq_, {kBarrier, kNoTensors, kNoTensors},
-                   [&] { return inner->barrier(opts); });
+  return runTraced(traceGroup_, getGroupDesc(), info.seq, {kBarrier, kNoTensors, kNoTensors},
+                   [&] { return watchDelegated(info, inner, inner->barrier(opts)); });
 }
 
 void ProcessGroupSDMA::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
   refuseIfDestroyed("monitored_barrier");
   auto& inner = innerCpu_ ? innerCpu_ : innerFor(at::Device(at::kCUDA), "monitoredBarrier");
-  ++seq_;
+  CallPost post;
+  post.op = CallOp::kMonitoredBarrier;
+  post.route = inner == innerCuda_ ? CallPost::kInnerCuda : CallPost::kInnerCpu;
+  postCall(describeCall("monitored_barrier", c10d::OpType::BARRIER, options_.timeout, post), /*awaitPeers=*/false);
   recordPath("delegated:monitoredBarrier", 0);
   inner->monitoredBarrier(opts, waitAllRanks);
 }
@@ -345,14 +510,25 @@ void ProcessGroupSDMA::monitoredBarrier(const c10d::BarrierOptions& opts, bool w
 // ---------------------------------------------------------------------------------------------------------------
 // All-gather.
 
-CollectiveInfo ProcessGroupSDMA::describe(const char* op, c10d::OpType opType, const c10d::AllgatherOptions& opts) {
-  return CollectiveInfo{opType,
-                        op,
-                        ++seq_,
-                        options_.groupName,
-                        getRank(),
-                        getSize(),
-                        opts.timeout.count() > 0 ? opts.timeout : options_.timeout};
+CallPost ProcessGroupSDMA::callPostOf(const CollectiveNames& names, const PlannedAllgather& planned) const {
+  const bool cuda = planned.device.is_cuda();
+  // What choosePath decides before it asks the runner, from the form, the sizes and the group's settings: alike on
+  // every rank that passed the same arguments. The schedule within the DMA route follows from the form alone.
+  bool inner = !planned.notForDma.empty() || options_.disable;
+  if (!inner && !planned.innerLacksForm) {
+    const auto bytes = static_cast<int64_t>(planned.outputBytes);
+    inner = (cuda && spansNodes() && bytes < options_.minBytesCudaAcrossNodes) ||
+            bytes < (cuda ? options_.minBytesCuda : options_.minBytesCpu);
+  }
+  const DevicePath& path = cuda ? cudaPath_ : hostPath_;
+  inner = inner || path.decided.isInner();  // connecting failed on every member alike
+  CallPost post;
+  post.op = names.call;
+  post.route =
+      cuda ? (inner ? CallPost::kInnerCuda : CallPost::kDmaCuda) : (inner ? CallPost::kInnerCpu : CallPost::kDmaCpu);
+  post.dtype = planned.outputs.empty() ? 0 : static_cast<uint8_t>(planned.outputs.front().scalar_type());
+  post.bytes = planned.plan.bytesPerRank;
+  return post;
 }
 
 void ProcessGroupSDMA::connect(const at::Device& device) {
@@ -410,7 +586,7 @@ std::unique_ptr<AllgatherRunner> ProcessGroupSDMA::connectHierarchical(const at:
   return runner;
 }
 
-CollectivePath ProcessGroupSDMA::choosePath(const PlannedAllgather& planned) {
+CollectivePath ProcessGroupSDMA::choosePath(const PlannedAllgather& planned, const CollectiveInfo& info) {
   if (!planned.notForDma.empty()) {
     return CollectivePath::inner(planned.notForDma);
   }
@@ -429,6 +605,8 @@ CollectivePath ProcessGroupSDMA::choosePath(const PlannedAllgather& planned) {
   }
   DevicePath& path = devicePath(planned.device);
   if (path.decided.kind == CollectivePath::Kind::Unknown) {
+    // The connect is collective: a peer that made another call would leave this rank waiting in it.
+    postCall(info, /*awaitPeers=*/true);
     connect(planned.device);
   }
   if (!path.runner) {
@@ -444,13 +622,29 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allgatherCollective(const Colle
                                                                      const c10d::AllgatherOptions& opts,
                                                                      InnerCall&& innerCall) {
   refuseIfDestroyed(names.stats);
+  const CollectiveInfo info = describeCall(
+      names.stats, opType, opts.timeout.count() > 0 ? opts.timeout : options_.timeout, callPostOf(names, planned));
   const std::string& connectFailure = devicePath(planned.device).connectFailure;
-  TORCH_CHECK(connectFailure.empty(), "torch_sdma: ", describe(names.stats, opType, opts).describe(),
+  TORCH_CHECK(connectFailure.empty(), "torch_sdma: ", info.describe(),
               " refused: an earlier collective on this group failed: ", connectFailure);
+  const auto bytes = static_cast<int64_t>(planned.outputBytes);
+  // A DMA all-gather of no bytes has no other way to meet its peers, so it waits for their posts: where all agree
+  // it is done on every rank, where one passed another size every rank finds it here.
+  const bool nothingToMove = info.post.isDma() && planned.plan.bytesPerRank == 0;
+  postCall(info, /*awaitPeers=*/nothingToMove);
+  if (nothingToMove) {
+    recordPath(devicePath(planned.device).decided.isDma() ? devicePath(planned.device).decided.key() : "dma", bytes);
+    auto done = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+    done->markCompleted(c10::IValue(std::vector<at::Tensor>{}));
+    return trackCoalesced(c10d::Work::create_from_future(done));
+  }
   CollectivePath path;
   try {
-    path = choosePath(planned);
+    path = choosePath(planned, info);
   } catch (const c10::DistBackendError& e) {
+    if (board_ && !board_->failure().empty()) {
+      throw;  // the call board's refusal, in its own words
+    }
     // A peer that never came to the group's first all-gather, where the transport connects: named in the words
     // a later call's timeout uses. The peers may be anywhere in the connect, so the device's all-gathers end here.
     std::string why = e.what_without_backtrace();
@@ -459,32 +653,32 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allgatherCollective(const Colle
       why = why.substr(prefix.size());
     }
     devicePath(planned.device).connectFailure =
-        "torch_sdma: " + describe(names.stats, opType, opts).describe() + " failed while connecting the group: " + why;
+        "torch_sdma: " + info.describe() + " failed while connecting the group: " + why;
     C10_THROW_ERROR(DistBackendError, devicePath(planned.device).connectFailure);
   }
-  const auto bytes = static_cast<int64_t>(planned.outputBytes);
   if (path.isDma()) {
-    const CollectiveInfo info = describe(names.stats, opType, opts);
     auto work = runTraced(traceGroup_, getGroupDesc(), info.seq, traced,
                           [&] { return devicePath(planned.device).runner->run(planned, path, opts.asyncOp, info); });
     recordPath(path.key(), bytes);
     return trackCoalesced(work);
   }
   auto& inner = innerFor(planned.device, names.stats);
-  ++seq_;
   recordPath(path.key(), bytes);
-  return runTraced(traceGroup_, getGroupDesc(), seq_, traced,
+  return runTraced(traceGroup_, getGroupDesc(), info.seq, traced,
                    [&] { return innerCall(*inner, InnerOperands(planned.innerGathersBytes)); });
 }
 
 namespace {
 
 // The first name is the one sdma's errors use, the others NCCL's profiling title and record_param_comms name.
-constexpr CollectiveNames kAllgatherIntoTensor{"all_gather_into_tensor", "_allgather_base", "_allgather_base"};
-constexpr CollectiveNames kAllgatherList{"all_gather", "all_gather", "all_gather"};
+constexpr CollectiveNames kAllgatherIntoTensor{"all_gather_into_tensor", "_allgather_base", "_allgather_base",
+                                               CallOp::kAllgatherIntoTensor};
+constexpr CollectiveNames kAllgatherList{"all_gather", "all_gather", "all_gather", CallOp::kAllgather};
 constexpr CollectiveNames kAllgatherIntoTensorCoalesced{
-    "allgather_into_tensor_coalesced", "all_gather_into_tensor_coalesced", "allgather_into_tensor_coalesced"};
-constexpr CollectiveNames kAllgatherCoalesced{"allgather_coalesced", "all_gather_coalesced", "allgather_coalesced"};
+    "allgather_into_tensor_coalesced", "all_gather_into_tensor_coalesced", "allgather_into_tensor_coalesced",
+    CallOp::kAllgatherIntoTensorCoalesced};
+constexpr CollectiveNames kAllgatherCoalesced{"allgather_coalesced", "all_gather_coalesced", "allgather_coalesced",
+                                              CallOp::kAllgatherCoalesced};
 
 // The outputs as the trace lists them; built only while a profiler listens (the trace is their only reader).
 std::vector<at::Tensor> tracedOutputs(const std::vector<std::vector<at::Tensor>>& lists) {
@@ -703,6 +897,7 @@ void ProcessGroupSDMA::refuseIfDestroyed(const char* op) const {
 
 void ProcessGroupSDMA::shutdown() {
   destroyed_ = true;
+  delegatedWatch_.reset();  // before the inner backends it may abort go
   // The runners' destructors wait for collectives in flight (bounded by the timeout), then free staging.
   cudaPath_.runner.reset();
   hostPath_.runner.reset();

@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "backend/collective_trace.hpp"
+#include "backend/delegated_watch.hpp"
 #ifdef TORCH_SDMA_CUDA
 #include "backend/comm_buffer_pool.hpp"
 #endif
@@ -26,6 +28,8 @@
 #include "collective/collective_path.hpp"
 #include "collective/node_layout.hpp"
 #include "runner/allgather_runner.hpp"
+#include "transport/call_board.hpp"
+#include "transport/group_region.hpp"
 #include "transport/group_timeout_store.hpp"
 #include "transport/peer_rendezvous.hpp"
 
@@ -153,6 +157,8 @@ class ProcessGroupSDMA : public c10d::Backend {
   int64_t sumOverRunners(size_t (AllgatherRunner::*bytes)() const) const;
 
   // The one shape of every all-gather form: decide the path, then run the DMA schedule or call the inner backend.
+  // The all-gather's post on the call board: the collective, its device and route, its bytes per rank.
+  CallPost callPostOf(const CollectiveNames& names, const PlannedAllgather& planned) const;
   template <typename InnerCall>
   c10::intrusive_ptr<c10d::Work> allgatherCollective(const CollectiveNames& names, c10d::OpType opType,
                                                      PlannedAllgather planned, const TracedCollective& traced,
@@ -166,8 +172,8 @@ class ProcessGroupSDMA : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend>& innerFor(const std::vector<at::Tensor>& tensors, const char* op);
   // Throws a ValueError naming `op` once the group was shut down (destroy_process_group).
   void refuseIfDestroyed(const char* op) const;
-  // Connects the device's transport on first use.
-  CollectivePath choosePath(const PlannedAllgather& planned);
+  // Connects the device's transport on first use (after meeting every peer on the call board).
+  CollectivePath choosePath(const PlannedAllgather& planned, const CollectiveInfo& info);
   void connect(const at::Device& device);
   // Collective, at creation: the path the device's all-gathers will take, for the group's log line.
   CollectivePath predictPath(bool cuda);
@@ -180,7 +186,23 @@ class ProcessGroupSDMA : public c10d::Backend {
 #ifdef TORCH_SDMA_CUDA
   std::unique_ptr<CommBufferPool> commBuffers_;  // from the first allocateTensor (a build without CUDA has none)
 #endif
-  CollectiveInfo describe(const char* op, c10d::OpType opType, const c10d::AllgatherOptions& opts);
+  // The call board (call_board.hpp). Collective, at creation: every member maps it (a node's members theirs).
+  void createCallBoard();
+  // Takes the next sequence number for a collective that posts `post` on the board.
+  CollectiveInfo describeCall(const char* op, c10d::OpType opType, std::chrono::milliseconds timeout,
+                              const CallPost& post);
+  // Posts the call; with `awaitPeers` waits for every peer's post too. Throws, naming both calls, where a peer posted
+  // another; the group then makes no further collectives.
+  void postCall(const CollectiveInfo& info, bool awaitPeers);
+  // Throws once a collective of this group differed across ranks (or the board could not go on).
+  void refuseIfCallsDiffered(const CollectiveInfo& info) const;
+  // Why a wait on the board must end ("" to go on): a member exited, or the group failed meanwhile.
+  std::string boardStopReason() const;
+  // The inner backend's work of a delegated collective, watched on the board until every peer went past it.
+  c10::intrusive_ptr<c10d::Work> watchDelegated(const CollectiveInfo& info,
+                                                const c10::intrusive_ptr<c10d::Backend>& inner,
+                                                c10::intrusive_ptr<c10d::Work> work);
+  void onDelegatedDiffering(const DelegatedWatch::Call& call, const std::string& words);
   StagingGeometry geometry(const at::Device& device) const;
   DirectPathOptions directPathOptions() const;
   DirectPairCounts runnerDirectPairs() const;
@@ -197,9 +219,16 @@ class ProcessGroupSDMA : public c10d::Backend {
   // Every member's identity and the nodes they form, from one exchange at creation (empty when disabled).
   std::vector<MemberIdentity> members_;
   NodeLayout layout_;
-  uint64_t seq_ = 0;
+  uint64_t seq_ = 0;     // collectives: the call board's sequence number
+  uint64_t p2pSeq_ = 0;  // point-to-point calls, for the trace (only two ranks make each)
   SelfExchange self_;
   bool destroyed_ = false;  // shutdown() ran
+
+  // Before the runners and the watcher, which read it: they go first. Null with TORCH_SDMA_DISABLE, or where the
+  // members' host memory could not be shared.
+  GroupRegion boardRegion_;
+  std::unique_ptr<CallBoard> board_;                // also holds why the group makes no further collectives (failure())
+  std::unique_ptr<DelegatedWatch> delegatedWatch_;  // from the first delegated collective a peer has not yet passed
 
   DevicePath cudaPath_;
   DevicePath hostPath_;

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -56,11 +57,11 @@ class CopyEngineDirect {
   Arrival arrive(const AllgatherPlan& plan, std::chrono::milliseconds timeout);
 
   // What the peers posted for `serial`, for the watchdog: whether group rank q has reached it on its CPU, and, if it
-  // posted another size than `bytesPerRank`, that size (else 0).
+  // posted another size than `bytesPerRank`, that size.
   bool peerReached(int q, uint64_t serial) const {
     return mailbox_->peerReached(q, serial);
   }
-  uint64_t peerPostedOtherSize(int q, uint64_t serial, uint64_t bytesPerRank) const {
+  std::optional<uint64_t> peerPostedOtherSize(int q, uint64_t serial, uint64_t bytesPerRank) const {
     return mailbox_->peerPostedOtherSize(q, serial, bytesPerRank);
   }
   // The Arrived and Done flags, and the serial of the last direct all-gather enqueued: what a failed group's release

@@ -38,8 +38,6 @@ constexpr auto kIdlePoll = std::chrono::milliseconds(50);
 constexpr auto kLivenessCheckAfter = std::chrono::milliseconds(1000);
 // Staging grows in powers of two from here, so a group connects a handful of times at most.
 constexpr size_t kSmallestSegment = size_t{1} << 20;
-// Eager staging all-gathers a rank's CPU may run ahead of a peer's before it waits for it (call_size_board.hpp).
-constexpr int kSizeBoardDepth = 1024;
 
 // The largest chunk `plan` is cut into at `geometry` (a message smaller than a segment is one chunk of its size).
 size_t largestChunk(const AllgatherPlan& plan, const StagingGeometry& geometry) {
@@ -124,12 +122,6 @@ CopyEngineRunner::CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int ra
   capturedFork_ = gpu::createEvent();
   capturedJoin_ = gpu::createEvent();
   {
-    c10d::PrefixStore boardStore("sizes/", store_);
-    sizeBoardRegion_ = GroupRegion(boardStore, "board", rank_, size_, CallSizeBoard::bytesFor(size_, kSizeBoardDepth),
-                                   "the board of all-gather sizes");
-    sizeBoard_ = std::make_unique<CallSizeBoard>(sizeBoardRegion_.data(), rank_, size_, kSizeBoardDepth);
-  }
-  {
     c10d::PrefixStore faultStore("faults/", store_);
     faultBoardRegion_ =
         GroupRegion(faultStore, "board", rank_, size_, GroupFaultBoard::bytesFor(size_), "the board of failures");
@@ -181,8 +173,6 @@ CopyEngineRunner::~CopyEngineRunner() {
   // in flight any more).
   railStaging_.reset();
   direct_.reset();
-  sizeBoard_.reset();
-  sizeBoardRegion_ = GroupRegion();
   for (gpu::Stream s : {pushStream_, drainStream_, capturedPushStream_, networkStream_}) {
     if (s) {
       gpu::destroyStream(s);
@@ -223,8 +213,9 @@ CollectivePath CopyEngineRunner::pathFor(const PlannedAllgather& planned) {
   if (hierarchy_) {
     return CollectivePath::dma("hierarchical");
   }
-  // The same choice on every member: it depends on the form and the knob only, never on this rank's buffers.
-  if (directOptions_.enabled && planned.plan.outputBase && planned.plan.bytesPerRank > 0) {
+  // The same choice on every member: it depends on the form and the knob only, never on this rank's buffers (an
+  // all-gather of no bytes never comes here: the backend settles it on the call board).
+  if (directOptions_.enabled && planned.plan.outputBase) {
     return CollectivePath::dma(CollectivePath::kDirect);
   }
   return CollectivePath::dma();
@@ -284,16 +275,17 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::run(PlannedAllgather& planned, 
   // enqueue of the GPU work, so that a failure either refuses the call or finds it in flight.
   std::lock_guard<std::mutex> enqueue(enqueueMutex_);
   refuseIfFailed(info);
+  // A call that connects memory meets its peers on the call board first, without mutex_: a rank with another call
+  // would connect alone.
+  if (path.isCaptured() ? !captured_ : path.isDirect() ? !direct_ : stagingMustGrow(plan)) {
+    meetPeersBeforeConnecting(info);
+  }
   if (path.isCaptured()) {  // pathFor asked the driver about this stream a moment ago
-    // Checked at capture: a replay moves what the capture recorded.
-    postStagingSize(plan, info, /*connects=*/!captured_);
     return enqueueCaptured(planned, info, caller);
   }
   if (path.isDirect()) {
     return enqueueDirect(planned, asyncOp, info, caller);
   }
-  // Before stagingFor: a rank that passed a larger size would connect a larger transport, alone.
-  const uint64_t stagingSerial = postStagingSize(plan, info, /*connects=*/stagingMustGrow(plan));
   CopyEngineTransport& transport = stagingFor(plan);
   std::unique_lock<std::mutex> lock(mutex_);
   failure_.refuse(info);  // the group failed while this call waited on its peers: nothing of it is enqueued
@@ -323,8 +315,6 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::run(PlannedAllgather& planned, 
   inFlight.rail = railStaging_;
   inFlight.firstSerial = first;
   inFlight.lastSerial = static_cast<uint32_t>(chunks_);
-  inFlight.stagingSerial = stagingSerial;
-  inFlight.bytesPerRank = plan.bytesPerRank;
   return track(planned, asyncOp, drain, std::move(inFlight), lock);
 }
 
@@ -352,31 +342,34 @@ void CopyEngineRunner::refuseCall(const std::string& reason) {
   C10_THROW_ERROR(DistBackendError, "torch_sdma: " + reason);
 }
 
-uint64_t CopyEngineRunner::postStagingSize(const AllgatherPlan& plan, const CollectiveInfo& info, bool connects) {
-  const uint64_t serial = ++stagingCalls_;
-  CallSizeBoard::Differing differing;
+void CopyEngineRunner::meetPeersBeforeConnecting(const CollectiveInfo& info) {
+  if (!info.board) {
+    return;
+  }
+  std::string reason;
   try {
-    differing = sizeBoard_->post(serial, plan.bytesPerRank, info.timeout, /*waitForPeers=*/connects);
-  } catch (const CallSizeBoard::PeerNeverPosted& e) {
-    const std::string reason = info.describe() + " timed out after " + std::to_string(e.waited.count()) +
-                               " ms waiting for group ranks [" + std::to_string(groupRankOf(e.peer)) +
-                               "], which never reached it";
-    failure_.record(reason);
-    C10_THROW_ERROR(DistBackendError, "torch_sdma: " + reason);
+    const CallBoard::Differing d = info.board->awaitPeers(info.seq, info.post, info.timeout, [this] {
+      for (int q = 0; q < size_; ++q) {
+        if (q != rank_ && !processAlive(members_[q].pid)) {
+          return "group rank " + std::to_string(groupRankOf(q)) + " (pid " + std::to_string(members_[q].pid) +
+                 ") exited";
+        }
+      }
+      return std::string();
+    });
+    if (!d) {
+      return;
+    }
+    // Nothing enqueued here; a peer that did not read this rank's post sees the other call in its watchdog.
+    reason = info.describe() + " failed: " + info.board->describe(info.seq, info.post, d);
+  } catch (const CallBoard::PeerNeverPosted& e) {
+    reason = info.describe() + " timed out after " + std::to_string(e.waited.count()) +
+             " ms waiting for group ranks [" + std::to_string(groupRankOf(e.peer)) + "], which never reached it";
   } catch (const std::exception& e) {
-    const std::string reason = info.describe() + " failed: " + e.what();
-    failure_.record(reason);
-    C10_THROW_ERROR(DistBackendError, "torch_sdma: " + reason);
+    reason = info.describe() + " failed: " + e.what();
   }
-  if (differing.peer >= 0) {
-    // Nothing enqueued here; a peer that did not read this rank's post sees the mismatch in its watchdog.
-    const std::string reason =
-        info.describe() + " failed: " +
-        SizeMismatch(groupRankOf(differing.peer), differing.peerBytes, plan.bytesPerRank).describe(groupRankOf(rank_));
-    failure_.record(reason);
-    C10_THROW_ERROR(DistBackendError, "torch_sdma: " + reason);
-  }
-  return serial;
+  info.board->fail(info.seq, reason);
+  refuseCall(reason);
 }
 
 void CopyEngineRunner::forkFromCaller(gpu::Stream caller, gpu::Stream push, gpu::Stream drain) {
@@ -406,7 +399,7 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::track(PlannedAllgather& planned
   auto work = c10::make_intrusive<GpuWork>(inFlight.info, planned.device, std::move(planned.outputs), completion);
   callOrder_.ended(drain);
   previous_ = completion;
-  // The watchdog sleeps without a deadline only while nothing is in flight; otherwise it polls on its own, and a
+  // The watchdog polls slowly only while nothing is in flight; otherwise it polls on its own, and a
   // wake-up per call would cost the caller a futex syscall.
   const bool watchdogAsleep = inFlight_.empty();
   inFlight.completion = std::move(completion);
@@ -429,10 +422,16 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::enqueueDirect(PlannedAllgather&
   try {
     arrival = direct_->arrive(planned.plan, info.timeout);
   } catch (const SizeMismatch& e) {
-    // Nothing enqueued here; a peer that did not read this rank's post sees the mismatch in its watchdog. A peer that
-    // read the post may copy with these buffers once this failure released it.
+    // Nothing enqueued here; a peer that did not read this rank's post sees the mismatch in its watchdog, in the
+    // call board's words where the board still shows the peer's post. A peer that read the post may copy with these
+    // buffers once this failure released it.
     keepTensorsForLife(std::move(planned.keepAlive));
-    refuseCall(info.describe() + " failed: " + e.describe(rank_));
+    const std::string board = info.callMismatch();
+    const std::string reason = info.describe() + " failed: " + (board.empty() ? e.describe(rank_) : board);
+    if (info.board) {
+      info.board->fail(info.seq, reason);
+    }
+    refuseCall(reason);
   } catch (const std::exception& e) {
     // Posted or not, this rank's part of the pairing is lost: the group fails, and its buffers stay for any peer
     // that read the post.
@@ -459,7 +458,6 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::enqueueDirect(PlannedAllgather&
   inFlight.info = info;
   inFlight.firstSerial = inFlight.lastSerial = serial;
   inFlight.directSerial = arrival.serial;
-  inFlight.bytesPerRank = planned.plan.bytesPerRank;
   inFlight.reached = Flag::Arrived;
   inFlight.finished = Flag::Done;
   inFlight.flagSlot = 0;
@@ -712,25 +710,14 @@ bool CopyEngineRunner::progressAfterFailure(std::unique_lock<std::mutex>& lock) 
 }
 
 std::string CopyEngineRunner::sizeMismatchOf(const InFlight& inFlight) const {
-  for (int q = 0; q < size_; ++q) {
-    if (q == rank_) {
-      continue;
-    }
-    std::optional<uint64_t> theirs;
-    if (inFlight.directSerial != 0) {
-      // The direct path runs only messages of at least one byte.
-      if (const uint64_t bytes = direct_->peerPostedOtherSize(q, inFlight.directSerial, inFlight.bytesPerRank)) {
-        theirs = bytes;
-      }
-    } else if (inFlight.stagingSerial != 0) {
-      theirs = sizeBoard_->peerPostedOtherSize(q, inFlight.stagingSerial, inFlight.bytesPerRank);
-    }
-    if (theirs) {
-      return "failed: " + SizeMismatch(groupRankOf(q), *theirs, inFlight.bytesPerRank).describe(groupRankOf(rank_)) +
-             ",";
-    }
+  // The direct path's mailbox carries the sizes too, but a rank posts on the board first, with the same bytes.
+  const std::string words = inFlight.info.callMismatch();
+  if (words.empty()) {
+    return "";
   }
-  return "";
+  // The whole group fails with it, delegated collectives included.
+  inFlight.info.board->fail(inFlight.info.seq, inFlight.info.describe() + " failed: " + words);
+  return "failed: " + words + ",";
 }
 
 void CopyEngineRunner::abandonInFlight(const std::string& why) {

@@ -33,7 +33,6 @@
 #include "runner/gpu_rail_allgather.hpp"
 #include "runner/group_failure.hpp"
 #include "runner/guarded_thread.hpp"
-#include "transport/call_size_board.hpp"
 #include "transport/copy_engine_transport.hpp"
 #include "transport/group_fault_board.hpp"
 #include "transport/group_region.hpp"
@@ -74,11 +73,8 @@ class CopyEngineRunner : public AllgatherRunner {
     uint32_t firstSerial;                            // chunk serials as the flags carry them
     uint32_t lastSerial;
     // The direct path: the mailbox's serial (0 elsewhere), by which the watchdog reads who reached the collective
-    // from what each peer posted. Staging: the size board's serial (0 elsewhere). And the bytes per rank this rank
-    // posted, which the watchdog compares with the peers' posts.
+    // from what each peer posted. What the peers posted on the group's call board is read through `info`.
     uint64_t directSerial = 0;
-    uint64_t stagingSerial = 0;
-    uint64_t bytesPerRank = 0;
     std::chrono::steady_clock::time_point enqueuedAt;
     // A peer has reached the collective when its `reached` flag for firstSerial is there, and finished it when its
     // `finished` flag for lastSerial is: READY of the first and last chunk through staging, ARRIVED and DONE direct.
@@ -135,12 +131,12 @@ class CopyEngineRunner : public AllgatherRunner {
   bool progressAfterFailure(std::unique_lock<std::mutex>& lock);
   // Every transport of the group with the last serial this rank enqueued on it; enqueueMutex_ or a stopped enqueue.
   std::vector<std::pair<std::shared_ptr<CopyEngineTransport>, uint32_t>> transportsToRelease() const;
-  // A peer that posted another size for the collective (the direct path's mailbox, staging's size board), named with
-  // both sizes ("" if none).
+  // A peer that posted another call for the collective on the group's call board, named with both ("" if none).
   std::string sizeMismatchOf(const InFlight& inFlight) const;
-  // Staging: posts this call's size on the board; throws, with nothing enqueued, where a peer posted another. A call
-  // that `connects` staging first waits for every peer's post (call_size_board.hpp).
-  uint64_t postStagingSize(const AllgatherPlan& plan, const CollectiveInfo& info, bool connects);
+  // A call that connects memory (staging that grows, the first captured or direct call) meets its peers there, so it
+  // first waits for every peer's post on the call board and throws, with nothing enqueued, where one posted another
+  // call (call_board.hpp). Called without mutex_: the watchdog goes on meanwhile.
+  void meetPeersBeforeConnecting(const CollectiveInfo& info);
   // Records `reason` as the group's failure and throws it: for a call refused before anything was enqueued.
   [[noreturn]] void refuseCall(const std::string& reason);
   // The watchdog itself failed: every collective in flight fails with its message; nothing touches the GPU.
@@ -176,10 +172,6 @@ class CopyEngineRunner : public AllgatherRunner {
   gpu::Event capturedJoin_ = nullptr;
   std::shared_ptr<EventPool> endEvents_ = std::make_shared<EventPool>();
   uint64_t chunks_ = 0;  // chunks enqueued on staging_ (the last one's serial); guarded by mutex_
-  // Eager staging all-gathers post their sizes here (call_size_board.hpp); the last one's serial, guarded by mutex_.
-  GroupRegion sizeBoardRegion_;
-  std::unique_ptr<CallSizeBoard> sizeBoard_;
-  uint64_t stagingCalls_ = 0;
   // The eager collectives' order across streams: where the last one ended, and its completion, whose end event a
   // Drain lane on another stream waits for (held here so that its event is not reused meanwhile); guarded by mutex_
   CallOrder<gpu::Stream> callOrder_;

@@ -79,7 +79,9 @@ c10::intrusive_ptr<c10d::Work> SharedMemoryRunner::run(PlannedAllgather& planned
   }
   transport_->recordSizeCheck(plan.bytesPerRank, planned.outputs.front().scalar_type());
   ArrivalMailbox* mailbox = transport_->mailbox();
-  const bool direct = mailbox && plan.outputBase && plan.bytesPerRank > 0;
+  // By the form alone, the same on every member (an all-gather of no bytes never comes here: the backend settles it
+  // on the call board).
+  const bool direct = mailbox && plan.outputBase;
   if (direct) {
     const uint64_t serial = ++directSerial_;
     // One worker thread copies for this rank whichever way a pair is shared, so nobody waits for late peers, and
@@ -102,7 +104,7 @@ c10::intrusive_ptr<c10d::Work> SharedMemoryRunner::run(PlannedAllgather& planned
   }
   auto work = c10::make_intrusive<HostWork>(info, std::move(planned.outputs), std::move(planned.keepAlive));
   std::unique_lock<std::mutex> lock(mutex_);
-  Job job{transport_->takeRecorded(), work, order_.issue(), direct};
+  Job job{transport_->takeRecorded(), work, order_.issue(), direct, info.board, info.seq, info.post};
   if (syncOnCaller_ && !asyncOp) {
     runInTurn(job, lock);
     return work;
@@ -124,9 +126,19 @@ void SharedMemoryRunner::runInTurn(Job& job, std::unique_lock<std::mutex>& lock)
         "torch_sdma: " + job.work->description() + " not run: an earlier collective on this group failed: " + broken));
   } else {
     try {
-      transport_->execute(job.ops, job.work->deadline(), job.work->description());
+      transport_->execute(job.ops, job.work->deadline(), job.work->description(), [&job] {
+        if (!job.board) {
+          return std::string();
+        }
+        const CallBoard::Differing d = job.board->differing(job.seq, job.post);
+        return d ? job.board->describe(job.seq, job.post, d) : std::string();
+      });
     } catch (const std::exception& e) {
       error = std::current_exception();
+      if (job.board) {
+        std::string why = messageOf(e);
+        job.board->fail(job.seq, why.rfind("torch_sdma: ", 0) == 0 ? why.substr(12) : why);
+      }
       lock.lock();
       failure_.record(e.what());
       lock.unlock();

@@ -45,6 +45,11 @@ class SharedMemoryRunner : public AllgatherRunner {
     uint64_t ticket;
     // The direct path: peers copy into and out of this rank's own buffers, by the addresses it posted.
     bool postedBuffers = false;
+    // The group's call board, and what this rank posted there for the call (the worker's waits give up once a peer
+    // posted another call: call_board.hpp).
+    CallBoard* board = nullptr;
+    uint64_t seq = 0;
+    CallPost post;
   };
   void workerLoop();
   // Runs `job` on the calling thread once its turn came (`lock` held; held again on return), and completes its work.

@@ -29,6 +29,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <new>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -169,21 +170,21 @@ class ArrivalMailbox {
     return headers_[q].readUpTo.load(std::memory_order_acquire) >= serial ||
            slot(q, serial).serial.load(std::memory_order_acquire) == serial;
   }
-  // The bytes per rank peer q posted for `serial` where they differ from `bytesPerRank`, else 0 (also when its post
-  // for `serial` is not, or no longer, there).
-  uint64_t peerPostedOtherSize(int q, uint64_t serial, uint64_t bytesPerRank) const {
+  // The bytes per rank peer q posted for `serial` where they differ from `bytesPerRank` (0 bytes included), else
+  // nothing (also when its post for `serial` is not, or no longer, there).
+  std::optional<uint64_t> peerPostedOtherSize(int q, uint64_t serial, uint64_t bytesPerRank) const {
     const Slot& theirs = slot(q, serial);
     if (theirs.serial.load(std::memory_order_acquire) != serial) {
-      return 0;
+      return std::nullopt;
     }
     const uint64_t bytes = __atomic_load_n(&theirs.post.bytes, __ATOMIC_RELAXED);
     // Overwritten depth serials later (arrive() clears the serial first): read it again, so that bytes of a later
     // post count as gone.
     std::atomic_thread_fence(std::memory_order_acquire);
-    if (theirs.serial.load(std::memory_order_relaxed) != serial) {
-      return 0;
+    if (theirs.serial.load(std::memory_order_relaxed) != serial || bytes == bytesPerRank) {
+      return std::nullopt;
     }
-    return bytes != bytesPerRank ? bytes : 0;
+    return bytes;
   }
 
  private:

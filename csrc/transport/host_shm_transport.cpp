@@ -234,8 +234,15 @@ HostShmTransport::SizeAnnouncement* HostShmTransport::announcement(int owner, in
   return reinterpret_cast<SizeAnnouncement*>(base_[owner] + announcementsAt_) + 2 * src + serial % 2;
 }
 
+void HostShmTransport::stopIf(const StopCheck& stop, const std::string& description) {
+  if (stop) {
+    const std::string why = stop();
+    TORCH_CHECK_WITH(DistBackendError, why.empty(), "torch_sdma: ", description, " failed: ", why);
+  }
+}
+
 void HostShmTransport::compareSizes(const Op& op, std::chrono::steady_clock::time_point deadline,
-                                    const std::string& description) {
+                                    const std::string& description, const StopCheck& stop) {
   for (int q = 0; q < size_; ++q) {
     if (q != rank_) {
       SizeAnnouncement* a = announcement(q, rank_, op.value);
@@ -245,11 +252,19 @@ void HostShmTransport::compareSizes(const Op& op, std::chrono::steady_clock::tim
     }
   }
   const auto start = std::chrono::steady_clock::now();
+  auto nextStopCheck = start + std::chrono::milliseconds(10);
   for (int q = 0; q < size_; ++q) {
     while (q != rank_ && __atomic_load_n(&announcement(rank_, q, op.value)->serial, __ATOMIC_ACQUIRE) != op.value) {
       const auto now = std::chrono::steady_clock::now();
-      TORCH_CHECK_WITH(DistBackendError, processAlive(pids_[q]), "torch_sdma: ", description, " failed: group rank ",
-                       groupRankOf_[q], " (pid ", pids_[q], ") exited while this rank was waiting for it");
+      if (now >= nextStopCheck) {
+        nextStopCheck = now + std::chrono::milliseconds(10);
+        stopIf(stop, description);
+      }
+      if (!processAlive(pids_[q])) {
+        stopIf(stop, description);  // a peer that refused the call and exited: its reason first
+        TORCH_CHECK_WITH(DistBackendError, false, "torch_sdma: ", description, " failed: group rank ", groupRankOf_[q],
+                         " (pid ", pids_[q], ") exited while this rank was waiting for it");
+      }
       TORCH_CHECK_WITH(DistBackendError, now < deadline, "torch_sdma: ", description, " timed out after ",
                        std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count(),
                        " ms waiting for group ranks [", groupRankOf_[q], "], which never reached it");
@@ -283,7 +298,7 @@ std::vector<HostShmTransport::Op> HostShmTransport::takeRecorded() {
 }
 
 void HostShmTransport::execute(const std::vector<Op>& ops, std::chrono::steady_clock::time_point deadline,
-                               const std::string& description) {
+                               const std::string& description, const StopCheck& stop) {
   for (const Op& op : ops) {
     switch (op.kind) {
       case Op::Kind::Copy:
@@ -310,20 +325,20 @@ void HostShmTransport::execute(const std::vector<Op>& ops, std::chrono::steady_c
         copyWithPeer(op, description);
         break;
       case Op::Kind::Wait:
-        waitFor(op, deadline, description);
+        waitFor(op, deadline, description, stop);
         break;
       case Op::Kind::RunTask:
         (*op.task)(deadline, description);
         break;
       case Op::Kind::CompareSizes:
-        compareSizes(op, deadline, description);
+        compareSizes(op, deadline, description, stop);
         break;
     }
   }
 }
 
 void HostShmTransport::waitFor(const Op& op, std::chrono::steady_clock::time_point deadline,
-                               const std::string& description) {
+                               const std::string& description, const StopCheck& stop) {
   const auto start = std::chrono::steady_clock::now();
   auto nextLivenessCheck = start + std::chrono::milliseconds(10);
   for (uint64_t spin = 0;; ++spin) {
@@ -343,6 +358,7 @@ void HostShmTransport::waitFor(const Op& op, std::chrono::steady_clock::time_poi
     const auto now = std::chrono::steady_clock::now();
     if (now >= nextLivenessCheck) {
       nextLivenessCheck = now + std::chrono::milliseconds(10);
+      stopIf(stop, description);
       // Only for the messages below, which name the group ranks still pending.
       auto pendingRanks = [&] {
         std::vector<int> ranks;

@@ -104,10 +104,13 @@ class HostShmTransport : public Transport, public DirectTransport {
 
   // The operations recorded since the last call.
   std::vector<Op> takeRecorded();
+  // Says why a collective cannot complete ("" while it may): checked by every wait every few milliseconds.
+  using StopCheck = std::function<std::string()>;
   // Runs operations in order on the calling thread. A wait gives up, throwing an error that names the peers
-  // it was waiting for, at `deadline` or as soon as one of those peers' processes is gone.
+  // it was waiting for, at `deadline` or as soon as one of those peers' processes is gone; or, naming `stop`'s
+  // reason, once `stop` gives one (a peer posted another call on the group's call board).
   void execute(const std::vector<Op>& ops, std::chrono::steady_clock::time_point deadline,
-               const std::string& description);
+               const std::string& description, const StopCheck& stop = {});
 
  private:
   HostShmTransport(int rank, int size, const StagingGeometry& geometry, bool direct);
@@ -121,9 +124,12 @@ class HostShmTransport : public Transport, public DirectTransport {
     uint32_t serial;  // written last (release): 0 until the first announcement
   };
   SizeAnnouncement* announcement(int owner, int src, uint32_t serial) const;
-  void compareSizes(const Op& op, std::chrono::steady_clock::time_point deadline, const std::string& description);
+  void compareSizes(const Op& op, std::chrono::steady_clock::time_point deadline, const std::string& description,
+                    const StopCheck& stop);
   uint32_t* flagWord(int owner, Flag flag, int src, int slot) const;
-  void waitFor(const Op& op, std::chrono::steady_clock::time_point deadline, const std::string& description);
+  void waitFor(const Op& op, std::chrono::steady_clock::time_point deadline, const std::string& description,
+               const StopCheck& stop);
+  static void stopIf(const StopCheck& stop, const std::string& description);
 
   const int rank_;
   const int size_;
