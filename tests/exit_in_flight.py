@@ -79,5 +79,6 @@ if args.rank == 0:
     store.set("ended/0", "1")
 if args.mode == "destroy":
     dist.destroy_process_group()
-print(f"rank {args.rank} ends with {len(works)} calls in flight", flush=True)
+pending = sum(1 for w in works if not w.is_completed())
+print(f"rank {args.rank} ends with {len(works)} calls in flight, {pending} not completed", flush=True)
 sys.exit(args.status)
