@@ -12,9 +12,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(cuda_count() < 2, reason="need
 @pytest.mark.parametrize("env", [{}, {"TORCH_SDMA_DIRECT": "0"}], ids=["direct", "staging"])
 @pytest.mark.parametrize("mode", ["in_flight", "late_peer"])
 def test_script_ending_with_calls_in_flight_exits_with_its_status(mode, env):
-    check_runs(mode, runs=10, device="cuda", env=env)
+    check_runs(mode, runs=5, device="cuda", env=env)  # ten each on CPU ranks (CI); a GPU run costs more
 
 
 @pytest.mark.parametrize("mode", ["temporaries", "callbacks", "destroy"])
 def test_other_endings_exit_with_their_status(mode):
-    check_runs(mode, runs=3, device="cuda")
+    check_runs(mode, runs=2, device="cuda")
