@@ -88,7 +88,8 @@ def _gather_ints(g, world, *values):
 
 def _mps_serves_this_gpu():
     """Whether an MPS server runs here: its clients' freed memory may show in the device's free memory late."""
-    return subprocess.run(["pgrep", "-x", "nvidia-cuda-mps-server"], capture_output=True).returncode == 0
+    # -f: a process name is cut to 15 characters, "nvidia-cuda-mps".
+    return subprocess.run(["pgrep", "-f", "nvidia-cuda-mps-server"], capture_output=True).returncode == 0
 
 
 def _assert_peer_mappings_bounded(g, dev, rank, world, what):
