@@ -4,6 +4,7 @@ within the groups' timeout. Every group of a process shares one store client, wh
 a connect that waited for a peer's key inside a blocking store read kept the other group's connect from publishing
 its own key, and both groups waited for each other until the timeout (csrc/transport/group_timeout_store.hpp).
 CPU ranks in real processes; the GPU twin is test_first_calls_from_threads_cuda.py."""
+import contextlib
 import threading
 import time
 
@@ -30,21 +31,28 @@ def first_calls_from_threads_body(ctx, rounds, calls, numel):
         start = threading.Barrier(2)
 
         def run(t, group):
+            # On GPUs each thread issues on a stream of its own: two groups' calls interleaved on one stream in
+            # different orders on the two ranks wait for each other, as NCCL's communicators do.
+            stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None
             try:
                 start.wait()
-                for i in range(calls):
-                    name = f"r{r}/t{t}/i{i}"
-                    n = numel + 97 * i  # sizes vary, so a call cannot pass with another call's bytes
-                    x = rand(name, rank, (n,), torch.float32, device=dev)
-                    out = poison_(torch.empty(W * n, device=dev))
-                    t0 = time.monotonic()
-                    dist.all_gather_into_tensor(out, x, group=group)
-                    if i == 0:
-                        first_call_s.append(time.monotonic() - t0)
-                    assert_bytes_equal(out, expected_concat(name, range(W), (n,), torch.float32, device=dev),
-                                       f"{name} on group {t}")
+                with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                    run_calls(t, group)
             except Exception as e:  # noqa: BLE001
                 errors.append(f"round {r}, thread {t}: {type(e).__name__}: {e}")
+
+        def run_calls(t, group):
+            for i in range(calls):
+                name = f"r{r}/t{t}/i{i}"
+                n = numel + 97 * i  # sizes vary, so a call cannot pass with another call's bytes
+                x = rand(name, rank, (n,), torch.float32, device=dev)
+                out = poison_(torch.empty(W * n, device=dev))
+                t0 = time.monotonic()
+                dist.all_gather_into_tensor(out, x, group=group)
+                if i == 0:
+                    first_call_s.append(time.monotonic() - t0)
+                assert_bytes_equal(out, expected_concat(name, range(W), (n,), torch.float32, device=dev),
+                                   f"{name} on group {t}")
 
         threads = [threading.Thread(target=run, args=(t, g)) for t, g in enumerate(groups)]
         for th in threads:
