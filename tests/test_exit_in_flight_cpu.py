@@ -9,22 +9,15 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch.distributed as dist
+from test_user_mistakes_cpu import shm_entries, shm_entries_left
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 SCRIPT = os.path.join(HERE, "exit_in_flight.py")
 RUN_TIMEOUT_S = 150.0  # two interpreters starting torch on a loaded 2-core machine, and a group's timeout of 30 s
-
-
-def shm_entries():
-    try:
-        return {n for n in os.listdir("/dev/shm") if n.startswith("torch_sdma")}
-    except FileNotFoundError:
-        return set()
 
 
 def describe_status(rc):
@@ -73,14 +66,7 @@ def check_runs(mode, runs, device="cpu", env=None):
             m = re.search(r"calls in flight, (\d+) not completed", out)
             assert m, f"{mode}, run {run}: rank {rank} did not reach its end:\n{out[-4000:]}"
             not_completed += int(m.group(1))
-        # Other groups on this host (other test runs) create segments too, and unlink them within moments: only an
-        # entry that stays is a leak.
-        left = shm_entries() - before
-        for _ in range(10):
-            if not left:
-                break
-            time.sleep(0.5)
-            left &= shm_entries()
+        left = shm_entries_left(before)
         assert not left, f"{mode}, run {run}: left in /dev/shm: {sorted(left)}"
     # The runs tested what they are for: calls still running when an interpreter exited.
     assert mode == "destroy" or not_completed > 0, f"{mode}: every call had completed before its rank ended"

@@ -24,6 +24,18 @@ def shm_entries():
         return set()
 
 
+def shm_entries_left(before):
+    """Our /dev/shm entries made since `before` that stay. Other groups on this host (other test runs) create
+    segments too, and unlink them within moments: only an entry that stays is a leak."""
+    left = shm_entries() - before
+    for _ in range(10):
+        if not left:
+            break
+        time.sleep(0.5)
+        left &= shm_entries()
+    return left
+
+
 def shm_maps():
     with open("/proc/self/maps") as f:
         return [line.split(None, 5)[5].strip() for line in f if "/dev/shm/" in line and len(line.split(None, 5)) == 6]
@@ -222,14 +234,7 @@ def run_mistake(body, init=None, kwargs=None, per_rank_env=None, env=None, cuda=
             problems.append(f"rank {r.rank} killed by {signal.Signals(-r.exitcode).name}")
         elif r.status != "ok":
             problems.append(f"rank {r.rank}: {r.error}")
-    # Other groups on this host (other test runs) create segments too, and unlink them within moments: only an entry
-    # that stays is a leak.
-    left = shm_entries() - before
-    for _ in range(10):
-        if not left:
-            break
-        time.sleep(0.5)
-        left &= shm_entries()
+    left = shm_entries_left(before)
     if left:
         problems.append(f"left in /dev/shm: {sorted(left)}")
     assert not problems, "\n".join(problems) + "\n" + res.describe()
