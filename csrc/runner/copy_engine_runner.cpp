@@ -270,7 +270,7 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::run(PlannedAllgather& planned, 
   const AllgatherPlan& plan = planned.plan;
   c10::cuda::CUDAGuard guard(device_);
   gpu::Stream caller = c10::cuda::getCurrentCUDAStream(device_).stream();
-  // One enqueue at a time, in call order. Waits on the peers' CPUs (the size board, the mailbox, a connect) hold only
+  // One enqueue at a time, in call order. Waits on the peers' CPUs (the call board, the mailbox, a connect) hold only
   // enqueueMutex_; mutex_, which the watchdog needs, is held from the last look at the group's failure through the
   // enqueue of the GPU work, so that a failure either refuses the call or finds it in flight.
   std::lock_guard<std::mutex> enqueue(enqueueMutex_);

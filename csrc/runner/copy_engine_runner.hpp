@@ -177,7 +177,7 @@ class CopyEngineRunner : public AllgatherRunner {
   CallOrder<gpu::Stream> callOrder_;
   std::shared_ptr<GpuCompletion> previous_;
 
-  // Serializes enqueues (the state above: staging_, chunks_, the call order, the size board's serial); held through
+  // Serializes enqueues (the state above: staging_, chunks_, the call order); held through
   // waits on peers' CPUs, which mutex_ never is, so that the watchdog is never stalled by them.
   std::mutex enqueueMutex_;
   mutable std::mutex mutex_;

@@ -1,6 +1,6 @@
 // Host memory every member of a group maps together (host_shared_memory.hpp), owned: mapped by the constructor,
 // which every member calls together, and unmapped when the object goes. The direct path's mailbox and
-// retired-allocation log and staging's size board each live in one.
+// retired-allocation log, the call board and the fault board each live in one.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
