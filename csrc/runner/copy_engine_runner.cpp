@@ -330,6 +330,15 @@ void CopyEngineRunner::refuseIfFailed(const CollectiveInfo& info) {
   failure_.refuse(info);
 }
 
+std::string CopyEngineRunner::exitedPeer() const {
+  for (int q = 0; q < size_; ++q) {
+    if (q != rank_ && !processAlive(members_[q].pid)) {
+      return "group rank " + std::to_string(groupRankOf(q)) + " (pid " + std::to_string(members_[q].pid) + ") exited";
+    }
+  }
+  return "";
+}
+
 std::string CopyEngineRunner::peerFailure(int q) const {
   return "group rank " + std::to_string(groupRankOf(q)) + " failed the group: " + faultBoard_->reasonOf(q);
 }
@@ -348,15 +357,8 @@ void CopyEngineRunner::meetPeersBeforeConnecting(const CollectiveInfo& info) {
   }
   std::string reason;
   try {
-    const CallBoard::Differing d = info.board->awaitPeers(info.seq, info.post, info.timeout, [this] {
-      for (int q = 0; q < size_; ++q) {
-        if (q != rank_ && !processAlive(members_[q].pid)) {
-          return "group rank " + std::to_string(groupRankOf(q)) + " (pid " + std::to_string(members_[q].pid) +
-                 ") exited";
-        }
-      }
-      return std::string();
-    });
+    const CallBoard::Differing d =
+        info.board->awaitPeers(info.seq, info.post, info.timeout, [this] { return exitedPeer(); });
     if (!d) {
       return;
     }
@@ -536,12 +538,9 @@ void CopyEngineRunner::watchdogLoop() {
       } else if (now > oldest.deadline()) {
         cause = "timed out";
       } else if (now - oldest.enqueuedAt > kLivenessCheckAfter) {
-        for (int q = 0; q < size_; ++q) {
-          if (q != rank_ && !processAlive(members_[q].pid)) {
-            cause = "failed: group rank " + std::to_string(groupRankOf(q)) + " (pid " +
-                    std::to_string(members_[q].pid) + ") exited";
-            break;
-          }
+        const std::string exited = exitedPeer();
+        if (!exited.empty()) {
+          cause = "failed: " + exited;
         }
       }
     }

@@ -110,6 +110,8 @@ class CopyEngineRunner : public AllgatherRunner {
                                                gpu::Stream caller);
   // Throws where the group failed, here or on a peer (which fails it here too).
   void refuseIfFailed(const CollectiveInfo& info);
+  // "group rank 1 (pid 123) exited" for the first member whose process is gone, or "".
+  std::string exitedPeer() const;
   // "group rank 1 failed the group: <its reason>".
   std::string peerFailure(int q) const;
   // Orders the lanes after the caller's stream (`drain` is the caller's stream for a synchronous call), and the Drain
