@@ -14,7 +14,8 @@ call, rank), into outputs poisoned first. The faults (FAULTS; the seed picks one
     stream_held     (GPU) the rank's stream is held beyond the timeout by a spin kernel (torch.cuda._sleep)
     zero_size       the rank passes a zero-size input and output to the call
     other_form      the rank calls the list form (all_gather) where the peer calls all_gather_into_tensor
-    two_threads     every rank's first calls come from two threads at once, each on a group of its own
+    two_threads     every rank's first calls come from two threads at once, each on a group of its own (on GPUs,
+                    each on a stream of its own)
     exit_in_flight  the rank issues an async call and exits (os._exit) with it in flight
     sigkill         the rank issues an async call and is killed by SIGKILL
     graph_destroy   (GPU) a CUDA graph of all-gathers is replayed and the group destroyed with the replay in flight
@@ -29,6 +30,7 @@ per episode and exits 1 if any failed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import random
@@ -155,11 +157,16 @@ def episode_body(ctx, seed, episode, fault, calls, timeout_s, device_kind):
         errors = []
 
         def first_calls(t):
+            # On GPUs each thread issues on a stream of its own: two groups' calls interleaved on one stream in
+            # different orders on the two ranks wait for each other, as NCCL's communicators do (as in
+            # test_first_calls_from_threads_cpu.py).
+            stream = torch.cuda.Stream(device) if device.type == "cuda" else None
             try:
-                for c in range(3):
-                    out, expected = _gather(groups[t], 1000 + 7 * c + t, seed, episode, 100 * (t + 1) + c, me, device,
-                                            async_op=c == 1)
-                    check(out, expected, f"thread {t} call {c}")
+                with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                    for c in range(3):
+                        out, expected = _gather(groups[t], 1000 + 7 * c + t, seed, episode, 100 * (t + 1) + c, me,
+                                                device, async_op=c == 1)
+                        check(out, expected, f"thread {t} call {c}")
             except Exception as e:  # noqa: BLE001
                 errors.append(f"thread {t}: {_first_line(e)}")
 
