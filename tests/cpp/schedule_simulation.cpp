@@ -24,12 +24,15 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "collective/captured_allgather.hpp"
 #include "collective/direct_allgather.hpp"
+#include "collective/direct_exchange.hpp"
 #include "collective/fault_release.hpp"
 #include "collective/hierarchical_allgather.hpp"
 #include "collective/staging_allgather.hpp"
@@ -39,14 +42,21 @@ using namespace sdma;
 
 namespace {
 
+// Set where a run counts the cases a wrong schedule is caught in (--exchanges with a mutation): a failure then ends
+// its case only.
+bool failureEndsCase = false;
+
 [[noreturn]] void fail(const std::string& what) {
+  if (failureEndsCase)
+    throw std::runtime_error(what);
   fprintf(stderr, "FAIL: %s\n", what.c_str());
   exit(1);
 }
 
-// Gather and AwaitGather are the fake inner all-gather's (FakeRail below).
+// Gather and AwaitGather are the fake inner all-gather's (FakeRail below); Mark does nothing but let World::observe
+// see where a lane stands (the end of a call).
 struct Op {
-  enum Kind { Copy, Signal, Wait, Reset, SignalOne, WaitOne, Join, Gather, AwaitGather } kind;
+  enum Kind { Copy, Signal, Wait, Reset, SignalOne, WaitOne, Join, Gather, AwaitGather, Mark } kind;
   char* dst = nullptr;
   const char* src = nullptr;
   size_t bytes = 0;
@@ -114,9 +124,18 @@ class FakeTransport : public Transport, public DirectTransport {
     record(lane, {Op::Copy, static_cast<char*>(dst), reinterpret_cast<const char*>(peerSrc), bytes});
   }
   void signalPeer(Lane lane, int peer, Flag flag, int slot, uint32_t value) override {
-    record(lane, {Op::SignalOne, nullptr, nullptr, 0, flag, slot, value, peer});
+    const Op op{Op::SignalOne, nullptr, nullptr, 0, flag, slot, value, peer};
+    if (mutation == Mutation::ArrivedBeforePack && flag == Flag::Arrived && !bound) {
+      const int q = queueOf(static_cast<int>(lane));
+      lanes[q].insert(lanes[q].begin() + static_cast<std::ptrdiff_t>(callStart[q]++), op);
+      ++recorded[q];
+      return;
+    }
+    record(lane, op);
   }
   void waitPeer(Lane lane, int peer, Flag flag, int slot, uint32_t value) override {
+    if (mutation == Mutation::SkipDoneWait && flag == Flag::Done)
+      return;
     record(lane, {Op::WaitOne, nullptr, nullptr, 0, flag, slot, value, peer});
   }
   void joinLane(Lane into, Lane from) override {
@@ -169,6 +188,17 @@ class FakeTransport : public Transport, public DirectTransport {
   // rank's queues instead of the transport's own.
   std::function<void(int lane, const Op& op)> bound;
   std::function<void(int into, int from)> boundJoin;
+  // A wrong direct schedule the exchange model must catch (--exchanges --skip-done-wait / --arrived-before-pack): its
+  // Done waits left out (a call ends while peers still copy with its buffers), or its Arrived signals moved to where
+  // the call's operations begin on their queue (callStart, set by markCallStart), before it packed its input into the
+  // bounce area that peers read.
+  enum class Mutation { None, SkipDoneWait, ArrivedBeforePack };
+  Mutation mutation = Mutation::None;
+  size_t callStart[kQueues] = {0, 0, 0};
+  void markCallStart() {
+    for (int q = 0; q < kQueues; ++q)
+      callStart[q] = lanes[q].size();
+  }
 
  private:
   void record(Lane lane, Op op) {
@@ -184,6 +214,8 @@ class FakeTransport : public Transport, public DirectTransport {
 
 struct World {
   std::vector<std::unique_ptr<FakeTransport>> ranks;
+  // Sees every operation of rank r just before it runs.
+  std::function<void(int r, const Op& op)> observe;
 
   // Executes every lane's operations in a random order that respects each lane's order and its waits.
   void run(std::mt19937& rng, const std::string& what) {
@@ -209,6 +241,8 @@ struct World {
       Op op = ranks[r]->lanes[l].front();
       ranks[r]->lanes[l].pop_front();
       ++ranks[r]->executed[l];
+      if (observe)
+        observe(r, op);
       execute(r, op);
     }
   }
@@ -255,6 +289,7 @@ struct World {
       case Op::Join:
       case Op::Gather:  // the fake rail's (HierarchicalWorld below)
       case Op::AwaitGather:
+      case Op::Mark:
         break;
     }
   }
@@ -504,6 +539,383 @@ void directCase(std::mt19937& rng, int caseNo) {
     world.run(rng, what);
     checkOutputs(b, original, what);
   }
+}
+
+// The exchanges (all-to-all, broadcast, gather, scatter) reduced to ExchangePlans, as collective/exchange_inputs.cpp
+// reduces them: per rank an input and an output region, each one contiguous region of a tensor or, for the list
+// forms, pieces (the tensors of the list) that a bounce area stands in for.
+enum class ExchangeKind { AlltoallSingle, AlltoallList, Broadcast, Gather, Scatter };
+constexpr int kExchangeKinds = 5;
+
+const char* exchangeKindName(ExchangeKind k) {
+  switch (k) {
+    case ExchangeKind::AlltoallSingle:
+      return "all_to_all_single";
+    case ExchangeKind::AlltoallList:
+      return "all_to_all";
+    case ExchangeKind::Broadcast:
+      return "broadcast";
+    case ExchangeKind::Gather:
+      return "gather";
+    case ExchangeKind::Scatter:
+      return "scatter";
+  }
+  return "?";
+}
+
+// One exchange's buffers on every rank. Each rank's input and output lie in arenas of their own, its regions or
+// pieces at shuffled places with poisoned bytes around each, so that a stray write anywhere shows.
+struct Exchange {
+  ExchangeKind kind = ExchangeKind::AlltoallSingle;
+  int root = -1;
+  std::vector<ExchangePlan> plans;              // per rank
+  std::vector<std::vector<char>> inputs;        // per rank: the arena its input region lies in
+  std::vector<std::vector<char>> outputs;       // per rank: the arena its output region lies in
+  std::vector<std::vector<char>> sent;          // per rank: its input region's bytes, in region order
+  std::vector<std::vector<char>> inputsAfter;   // per rank: its input arena once the input was written
+  std::vector<std::vector<char>> outputsAfter;  // per rank: its output arena once the call ended
+  std::vector<std::vector<char>> bounce;        // per rank: the bounce area (input part, then output part)
+  std::vector<PostedBuffers> posted;            // per rank: its regions, or the bounce area standing in
+  std::string description;
+};
+
+// The spans of a region, in region order.
+std::vector<ByteSpan> inputRegion(const ExchangePlan& p) {
+  return p.inputPacked() ? p.inputPieces : std::vector<ByteSpan>{{const_cast<char*>(p.input), p.inputBytes}};
+}
+std::vector<ByteSpan> outputRegion(const ExchangePlan& p) {
+  return p.outputPacked() ? p.outputPieces : std::vector<ByteSpan>{{p.output, p.outputBytes}};
+}
+
+// Calls visit(pointer, bytes) for each contiguous part of bytes [offset, offset + bytes) of a region.
+template <class Visit>
+void walkRegion(const std::vector<ByteSpan>& region, uint64_t offset, uint64_t bytes, Visit&& visit) {
+  for (const ByteSpan& s : region) {
+    if (bytes == 0)
+      return;
+    if (offset >= s.bytes) {
+      offset -= s.bytes;
+      continue;
+    }
+    const uint64_t n = std::min<uint64_t>(bytes, s.bytes - offset);
+    visit(s.ptr + offset, n);
+    offset = 0;
+    bytes -= n;
+  }
+  if (bytes > 0)
+    fail("a range past the end of its region");
+}
+
+// Places pieces of `sizes` bytes into `arena` at shuffled places, 1 to 8 poisoned bytes around each.
+std::vector<ByteSpan> layOut(std::vector<char>& arena, const std::vector<uint64_t>& sizes, int rank,
+                             std::mt19937& rng) {
+  std::vector<size_t> order(sizes.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  std::uniform_int_distribution<uint64_t> gap(1, 8);
+  std::vector<uint64_t> at(sizes.size());
+  uint64_t end = gap(rng);
+  for (size_t k : order) {
+    at[k] = end;
+    end += sizes[k] + gap(rng);
+  }
+  arena.resize(end);
+  for (size_t i = 0; i < arena.size(); ++i)
+    arena[i] = static_cast<char>(~(i * 7 + rank));  // poison
+  std::vector<ByteSpan> spans(sizes.size());
+  for (size_t k = 0; k < sizes.size(); ++k)
+    spans[k] = {arena.data() + at[k], sizes[k]};
+  return spans;
+}
+
+// A random exchange of `kind` over W ranks: all-to-all splits uneven, zeros among them, or even; broadcast, gather and
+// scatter from a random root. Each rank's regions posted as they are or (bit by bit of a random pick) bounced, as
+// the CUDA runner does for memory its peers cannot map; packed regions always bounced, as both runners do.
+Exchange makeExchange(ExchangeKind kind, int W, std::mt19937& rng) {
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  auto size = [&] { return pick(0, 3) == 0 ? uint64_t{0} : static_cast<uint64_t>(pick(1, 48)); };
+  Exchange x;
+  x.kind = kind;
+  x.description = exchangeKindName(kind);
+  uint64_t n = 0;  // broadcast, gather, scatter: the bytes of the one tensor (per rank)
+  // bytes[i][j]: what rank i sends rank j.
+  std::vector<std::vector<uint64_t>> bytes(W, std::vector<uint64_t>(W, 0));
+  const bool allToAll = kind == ExchangeKind::AlltoallSingle || kind == ExchangeKind::AlltoallList;
+  if (allToAll) {
+    const bool even = kind == ExchangeKind::AlltoallSingle && pick(0, 3) == 0;
+    const uint64_t each = size();
+    for (int i = 0; i < W; ++i)
+      for (int j = 0; j < W; ++j)
+        bytes[i][j] = even ? each : size();
+    x.description += even ? " even" : " splits";
+    for (int i = 0; i < W; ++i) {
+      x.description += i ? "|" : " ";
+      for (int j = 0; j < W; ++j)
+        x.description += (j ? "," : "") + std::to_string(bytes[i][j]);
+    }
+  } else {
+    x.root = pick(0, W - 1);
+    n = size();
+    for (int i = 0; i < W; ++i)
+      for (int j = 0; j < W; ++j) {
+        const bool moves = kind == ExchangeKind::Broadcast ? i == x.root && j != x.root
+                           : kind == ExchangeKind::Gather  ? j == x.root
+                                                           : i == x.root;
+        bytes[i][j] = moves ? n : 0;
+      }
+    x.description += " root " + std::to_string(x.root) + ", " + std::to_string(n) + " B";
+  }
+  x.plans.resize(W);
+  x.inputs.resize(W);
+  x.outputs.resize(W);
+  x.sent.resize(W);
+  x.bounce.resize(W);
+  x.posted.resize(W);
+  x.description += ", bounced ";
+  for (int r = 0; r < W; ++r) {
+    ExchangePlan& p = x.plans[r];
+    p.sendTo.assign(W, {});
+    p.recvFrom.assign(W, {});
+    // The region sizes (one region, or the pieces of a list) and whether they are pieces; which ranges of them.
+    std::vector<uint64_t> inSizes, outSizes;
+    bool inPieces = false, outPieces = false;
+    if (allToAll) {
+      for (int q = 0; q < W; ++q) {
+        p.sendTo[q] = {p.inputBytes, bytes[r][q]};
+        p.inputBytes += bytes[r][q];
+        p.recvFrom[q] = {p.outputBytes, bytes[q][r]};
+        p.outputBytes += bytes[q][r];
+        inSizes.push_back(bytes[r][q]);
+        outSizes.push_back(bytes[q][r]);
+      }
+      inPieces = outPieces = kind == ExchangeKind::AlltoallList;
+      if (!inPieces) {
+        inSizes = {p.inputBytes};
+        outSizes = {p.outputBytes};
+      }
+    } else {
+      const bool isRoot = r == x.root;
+      if (kind == ExchangeKind::Broadcast) {
+        // The root's tensor is its input, every other rank's its output.
+        if (isRoot) {
+          for (int q = 0; q < W; ++q)
+            if (q != r)
+              p.sendTo[q] = {0, n};
+          p.inputBytes = n;
+          inSizes = {n};
+        } else {
+          p.recvFrom[x.root] = {0, n};
+          p.outputBytes = n;
+          outSizes = {n};
+        }
+      } else if (kind == ExchangeKind::Gather) {
+        p.sendTo[x.root] = {0, n};
+        p.inputBytes = n;
+        inSizes = {n};
+        if (isRoot) {
+          for (int q = 0; q < W; ++q) {
+            p.recvFrom[q] = {q * n, n};
+            outSizes.push_back(n);
+          }
+          p.outputBytes = W * n;
+          outPieces = true;
+        }
+      } else {
+        p.recvFrom[x.root] = {0, n};
+        p.outputBytes = n;
+        outSizes = {n};
+        if (isRoot) {
+          for (int q = 0; q < W; ++q) {
+            p.sendTo[q] = {q * n, n};
+            inSizes.push_back(n);
+          }
+          p.inputBytes = W * n;
+          inPieces = true;
+        }
+      }
+    }
+    const std::vector<ByteSpan> in = layOut(x.inputs[r], inSizes, r, rng);
+    const std::vector<ByteSpan> out = layOut(x.outputs[r], outSizes, r, rng);
+    if (inPieces)
+      p.inputPieces = in;
+    else if (!in.empty())
+      p.input = in.front().ptr;
+    if (outPieces)
+      p.outputPieces = out;
+    else if (!out.empty())
+      p.output = out.front().ptr;
+    // Its input's bytes, random; then its posted regions.
+    x.sent[r].resize(p.inputBytes);
+    for (auto& c : x.sent[r])
+      c = static_cast<char>(rng());
+    uint64_t at = 0;
+    walkRegion(inputRegion(p), 0, p.inputBytes, [&](char* ptr, uint64_t n) {
+      memcpy(ptr, x.sent[r].data() + at, n);
+      at += n;
+    });
+    const int bits = pick(0, 3);  // bit 0: input bounced, bit 1: output
+    const bool inputBounced = p.inputBytes > 0 && (p.inputPacked() || (bits & 1));
+    const bool outputBounced = p.outputBytes > 0 && (p.outputPacked() || (bits & 2));
+    const uint64_t outputAt = inputBounced ? p.inputBytes : 0;
+    x.bounce[r].assign(outputAt + (outputBounced ? p.outputBytes : 0), 0x5a);
+    x.posted[r] = {inputBounced ? x.bounce[r].data() : p.input,
+                   outputBounced ? x.bounce[r].data() + outputAt : p.output};
+    x.description += std::to_string(inputBounced + 2 * outputBounced);
+  }
+  x.inputsAfter = x.inputs;
+  x.outputsAfter = x.outputs;
+  for (int r = 0; r < W; ++r) {
+    for (int q = 0; q < W; ++q) {
+      const ByteRange& from = x.plans[r].recvFrom[q];
+      const ByteRange& to = x.plans[q].sendTo[r];
+      if (from.bytes != to.bytes)
+        fail("makeExchange: rank " + std::to_string(q) + " sends rank " + std::to_string(r) + " other bytes than it " +
+             "expects");
+      // Rank q's bytes into rank r's output region, at the same places of the arena's copy.
+      const char* src = x.sent[q].data() + to.offset;
+      walkRegion(outputRegion(x.plans[r]), from.offset, from.bytes, [&](char* ptr, uint64_t n) {
+        memcpy(x.outputsAfter[r].data() + (ptr - x.outputs[r].data()), src, n);
+        src += n;
+      });
+    }
+  }
+  return x;
+}
+
+// How rank r sees each peer, as the runners hand it to scheduleDirectExchange: the pair as the mailbox settled it,
+// and, where r learnt the peer's post, what the peer posted about the pair (its PairRanges for r) and the peer's
+// posted regions, the output only where r sends it bytes and the input only where r pulls (as CopyEngineDirect maps
+// them).
+std::vector<ExchangePeer> exchangePeers(const Exchange& x, const std::vector<std::vector<Pairing>>& pairing, int r) {
+  const int W = static_cast<int>(x.plans.size());
+  std::vector<ExchangePeer> peers(W);
+  for (int q = 0; q < W; ++q) {
+    if (q == r)
+      continue;
+    ExchangePeer& peer = peers[q];
+    peer.buffers.pairing = pairing[r][q];
+    if (pairing[r][q] == Pairing::kPeerCameLate)
+      continue;
+    peer.ranges = pairRangesOf(x.plans[q])[r];
+    if (x.plans[r].sendTo[q].bytes > 0)
+      peer.buffers.outputBase = reinterpret_cast<uint64_t>(x.posted[q].outputBase);
+    if (pairing[r][q] == Pairing::kThisCameLate && x.plans[r].recvFrom[q].bytes > 0)
+      peer.buffers.input = reinterpret_cast<uint64_t>(x.posted[q].input);
+  }
+  return peers;
+}
+
+// "" when rank r's arenas hold what they must once its call ended: its input as written, its output poisoned but
+// for the ranges it received, each holding the sender's bytes.
+std::string exchangeMismatch(const Exchange& x, int r) {
+  for (int which = 0; which < 2; ++which) {
+    const std::vector<char>& now = which ? x.outputs[r] : x.inputs[r];
+    const std::vector<char>& must = which ? x.outputsAfter[r] : x.inputsAfter[r];
+    for (size_t i = 0; i < now.size(); ++i) {
+      if (now[i] != must[i])
+        return "rank " + std::to_string(r) + "'s " + (which ? "output" : "input") + " arena differs at byte " +
+               std::to_string(i);
+    }
+  }
+  return "";
+}
+
+// The pairs of n ranks as the arrival mailbox settles them (as directCase draws them).
+std::vector<std::vector<Pairing>> settlePairs(int n, std::mt19937& rng) {
+  std::vector<int> postOrder(n);
+  std::iota(postOrder.begin(), postOrder.end(), 0);
+  std::shuffle(postOrder.begin(), postOrder.end(), rng);
+  std::vector<std::vector<Pairing>> pairing(n, std::vector<Pairing>(n, Pairing::kPeerCameLate));
+  for (int i = 0; i < n; ++i) {
+    for (int j = i + 1; j < n; ++j) {
+      const bool lateOne = std::uniform_int_distribution<int>(0, 1)(rng);
+      pairing[postOrder[i]][postOrder[j]] = lateOne ? Pairing::kPeerCameLate : Pairing::kEachPushesOwn;
+      pairing[postOrder[j]][postOrder[i]] = lateOne ? Pairing::kThisCameLate : Pairing::kEachPushesOwn;
+    }
+  }
+  return pairing;
+}
+
+// The exchange schedule (scheduleDirectExchange): 2 to 5 ranks, every kind of exchange, regions posted as they are or
+// bounced, every pair settled as the mailbox may settle it, lanes apart (two GPU streams) or one queue (the host
+// runner's worker), several calls in a row from flags that start anywhere, near the wrap too, each call run to its
+// end before the next is recorded or all of them queued at once (async calls on the group's streams). When a call
+// ends on a rank (its Drain lane's last operation), that rank's arenas must hold exactly what they must
+// (exchangeMismatch), and no copy of that call may touch them afterwards. `mutation`: a wrong schedule that this must
+// catch.
+void exchangeCase(std::mt19937& rng, int caseNo, FakeTransport::Mutation mutation) {
+  const int W = std::uniform_int_distribution<int>(2, 5)(rng);
+  StagingGeometry g;
+  g.worldSize = W;
+  g.slots = 2;
+  g.chunkBytes = 64;
+  g.packs = false;
+  const uint32_t bases[] = {0, 0xfffffffdu, static_cast<uint32_t>(rng())};
+  const uint32_t flagBase = bases[std::uniform_int_distribution<int>(0, 2)(rng)];
+  const bool oneQueue = std::uniform_int_distribution<int>(0, 1)(rng);
+  const bool queuedAtOnce = std::uniform_int_distribution<int>(0, 1)(rng);
+  World world;
+  for (int r = 0; r < W; ++r) {
+    world.ranks.push_back(std::make_unique<FakeTransport>(&world, r, g, flagBase));
+    world.ranks.back()->queues = oneQueue ? FakeTransport::Queues::One : FakeTransport::Queues::PerLane;
+    world.ranks.back()->mutation = mutation;
+  }
+  std::string what = "exchange case " + std::to_string(caseNo) + " (W=" + std::to_string(W) +
+                     (oneQueue ? ", one queue" : ", two lanes") + (queuedAtOnce ? ", queued at once" : "") +
+                     ", flags from " + std::to_string(flagBase) + "; calls:";
+  std::vector<std::unique_ptr<Exchange>> calls;
+  std::vector<std::vector<bool>> ended;  // [call][rank]
+  // A call's end on rank r (a Mark whose value is the call's index): its arenas final, and no copy touches them again.
+  world.observe = [&](int r, const Op& op) {
+    if (op.kind == Op::Mark) {
+      const std::string wrong = exchangeMismatch(*calls[op.value], r);
+      if (!wrong.empty())
+        fail(what + ": call " + std::to_string(op.value) + " ended with wrong bytes: " + wrong);
+      ended[op.value][r] = true;
+      return;
+    }
+    if (op.kind != Op::Copy || op.bytes == 0)
+      return;
+    auto overlaps = [&](const char* p, const std::vector<char>& v) {
+      return !v.empty() && p < v.data() + v.size() && v.data() < p + op.bytes;
+    };
+    for (size_t c = 0; c < calls.size(); ++c)
+      for (int p = 0; p < W; ++p)
+        for (const std::vector<char>* v : {&calls[c]->inputs[p], &calls[c]->outputs[p], &calls[c]->bounce[p]})
+          if (ended[c][p] && (overlaps(op.dst, *v) || overlaps(op.src, *v)))
+            fail(what + ": rank " + std::to_string(r) + " copied into or out of rank " + std::to_string(p) +
+                 "'s buffers of call " + std::to_string(c) + " after that call ended there");
+  };
+  const int count = std::uniform_int_distribution<int>(2, 4)(rng);
+  for (int c = 0; c < count; ++c) {
+    const auto kind = static_cast<ExchangeKind>(std::uniform_int_distribution<int>(0, kExchangeKinds - 1)(rng));
+    calls.push_back(std::make_unique<Exchange>(makeExchange(kind, W, rng)));
+    ended.emplace_back(W, false);
+    const Exchange& x = *calls.back();
+    const std::vector<std::vector<Pairing>> pairing = settlePairs(W, rng);
+    what += std::string(c ? "; " : " ") + x.description + ", late pairs";
+    for (int r = 0; r < W; ++r)
+      for (int q = 0; q < W; ++q)
+        if (pairing[r][q] == Pairing::kThisCameLate)
+          what += " " + std::to_string(r) + ">" + std::to_string(q);
+    const uint32_t serial = flagBase + 1 + static_cast<uint32_t>(c);
+    for (int r = 0; r < W; ++r) {
+      FakeTransport& t = *world.ranks[r];
+      t.markCallStart();
+      scheduleDirectExchange(t, x.plans[r], serial, x.posted[r], exchangePeers(x, pairing, r));
+      Op end{Op::Mark};
+      end.value = static_cast<uint32_t>(c);
+      t.recordOn(static_cast<int>(Lane::Drain), end);
+    }
+    if (!queuedAtOnce)
+      world.run(rng, what + ")");
+  }
+  what += ")";
+  world.run(rng, what);
+  for (size_t c = 0; c < calls.size(); ++c)
+    for (int r = 0; r < W; ++r)
+      if (!ended[c][r])
+        fail(what + ": call " + std::to_string(c) + " never ended on rank " + std::to_string(r));
 }
 
 // The captured schedule: a "graph" of several collectives is recorded once per rank and replayed several times with
@@ -1616,8 +2028,10 @@ class FaultCase {
 int main(int argc, char** argv) {
   const bool inFlight = argc >= 4 && strcmp(argv[3], "--calls-in-flight") == 0;
   const bool faults = argc >= 4 && strcmp(argv[3], "--faults") == 0;
+  const bool exchanges = argc >= 4 && strcmp(argv[3], "--exchanges") == 0;
   bool unordered = false, unforked = false, oldRelease = false;
-  bool usage = argc < 3 || (argc > 3 && !inFlight && !faults);
+  auto mutation = FakeTransport::Mutation::None;
+  bool usage = argc < 3 || (argc > 3 && !inFlight && !faults && !exchanges);
   for (int a = 4; a < argc; ++a) {
     if (inFlight && strcmp(argv[a], "--unordered") == 0)
       unordered = true;
@@ -1625,16 +2039,60 @@ int main(int argc, char** argv) {
       unforked = true;
     else if (faults && strcmp(argv[a], "--old-release") == 0)
       oldRelease = true;
+    else if (exchanges && mutation == FakeTransport::Mutation::None && strcmp(argv[a], "--skip-done-wait") == 0)
+      mutation = FakeTransport::Mutation::SkipDoneWait;
+    else if (exchanges && mutation == FakeTransport::Mutation::None && strcmp(argv[a], "--arrived-before-pack") == 0)
+      mutation = FakeTransport::Mutation::ArrivedBeforePack;
     else
       usage = true;
   }
   if (usage) {
-    fprintf(stderr, "usage: %s SEED CASES [--calls-in-flight [--unordered] [--unforked] | --faults [--old-release]]\n",
+    fprintf(stderr,
+            "usage: %s SEED CASES [--calls-in-flight [--unordered] [--unforked] | --faults [--old-release] | "
+            "--exchanges [--skip-done-wait | --arrived-before-pack]]\n",
             argv[0]);
     return 2;
   }
   std::mt19937 rng(static_cast<unsigned>(atoi(argv[1])));
   const int cases = atoi(argv[2]);
+  if (exchanges && mutation == FakeTransport::Mutation::None) {
+    for (int c = 0; c < cases; ++c)
+      exchangeCase(rng, c, mutation);
+    printf("ok %d\n", cases);
+    return 0;
+  }
+  if (exchanges) {
+    // A wrong schedule: every case runs, and the cases it is caught in are counted by what caught it.
+    failureEndsCase = true;
+    std::map<std::string, int> caught;
+    std::string first;
+    for (int c = 0; c < cases; ++c) {
+      try {
+        exchangeCase(rng, c, mutation);
+      } catch (const std::runtime_error& e) {
+        const std::string failure = e.what();
+        if (first.empty())
+          first = failure;
+        const bool hang = failure.find("deadlock") != std::string::npos;
+        ++caught[hang                                                         ? "hang"
+                 : failure.find("after that call ended") != std::string::npos ? "write after end"
+                                                                              : "wrong bytes"];
+      }
+    }
+    if (first.empty()) {
+      printf("ok %d\n", cases);
+      return 0;
+    }
+    int total = 0;
+    for (const auto& [kind, n] : caught)
+      total += n;
+    printf("caught %d of %d cases:", total, cases);
+    for (const auto& [kind, n] : caught)
+      printf(" %s %d;", kind.c_str(), n);
+    printf("\n");
+    fprintf(stderr, "FAIL: %s\n", first.c_str());
+    return 1;
+  }
   if (faults) {
     // The new rule stops at its first failure. The old one runs every case and counts what it is caught at.
     std::map<std::string, int> caught;
