@@ -1,6 +1,6 @@
-// Runs the all-gather schedules (csrc/collective/) of W ranks against a fake transport that records every call, then
-// executes the recorded operations of all ranks' lanes in a random interleaving that honours only the flags, the
-// way independent streams on W GPUs would. Checks that every rank's output holds every rank's bytes, that no
+// Runs the all-gather and exchange schedules (csrc/collective/) of W ranks against a fake transport that records every
+// call, then executes the recorded operations of all ranks' lanes in a random interleaving that honours only the flags,
+// the way independent streams on W GPUs would. Checks that every rank's output holds every rank's bytes, that no
 // interleaving deadlocks, that flag serials survive wrapping past 2^32, and the call counts the per-call CPU cost
 // rests on. The hierarchical schedule runs over fake nodes with a fake inner all-gather on rails (a rendezvous of
 // the rail's members), its gathers on a third lane, with push and drain sharing a lane (one GPU stream), or with all
@@ -16,6 +16,11 @@
 // schedule_simulation SEED CASES --faults [--old-release] runs the model of the fault protocol (FaultCase below, with
 // csrc/collective/fault_release.hpp): it must print "ok <cases>"; with --old-release (every failed rank passing its
 // own waits) it runs every case and prints "caught N of CASES cases: <kind> <count>; ..." and exits 1.
+//
+// schedule_simulation SEED CASES --exchanges [--skip-done-wait | --arrived-before-pack] runs the exchange schedule
+// (exchangeCase below): it must print "ok <cases>"; with a wrong schedule (its Done waits left out, or its Arrived
+// signals before it packed its input) it runs every case and prints "caught N of CASES cases: <kind> <count>; ..."
+// and exits 1. Exchanges also take part in the calls-in-flight and the fault models.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -1241,17 +1246,18 @@ void hierarchicalCase(std::mt19937& rng, int caseNo) {
 // 1 to 3 groups, each over every rank or two of them, chunk and direct serials from 0 or near the wrap. Each rank has
 // the queues its GPU streams are: a push stream and a drain stream per group, and two caller streams shared by all
 // of the rank's groups. Every rank enqueues the same sequence of up to four calls, none waiting for another, each on
-// one group, direct (scheduleDirectAllgather, the pairs settled as the arrival mailbox may settle them) or through
-// staging (scheduleStagingAllgather), synchronous (its Drain lane on the caller's stream, C1 or C2) or async (on the
-// group's drain stream), mostly the same choice on every rank, in a quarter of the cases each rank's own; the Push lane
-// is the group's push stream, or the Drain lane's stream where a staging message is one chunk, as CopyEngineRunner::run
-// binds them. Each call's lanes first wait for the caller stream's position at enqueue (forkFromCaller), and, unless
-// the ordering rule is switched off, its Drain lane waits for the group's previous call's end where sdma::CallOrder
-// says so. Before each call the caller's stream writes the call's input (until then it holds other bytes), as the
-// caller's own kernels would. The queues then run in random interleavings honouring only stream order, those fences and
-// the flags. Found as failures: a hang (no queue can run while operations remain), an early completion (a call's end
-// runs on rank r while some rank still has a copy of that call into or out of r's buffers queued, so that r's caller
-// could reuse them under the copy), or an output not bit-exact.
+// one group, direct (scheduleDirectAllgather, the pairs settled as the arrival mailbox may settle them), through
+// staging (scheduleStagingAllgather) or an exchange of any kind (scheduleDirectExchange, as direct), synchronous (its
+// Drain lane on the caller's stream, C1 or C2) or async (on the group's drain stream), mostly the same choice on every
+// rank, in a quarter of the cases each rank's own; the Push lane is the group's push stream, or the Drain lane's stream
+// where a staging message is one chunk, as CopyEngineRunner::run binds them. Each call's lanes first wait for the
+// caller stream's position at enqueue (forkFromCaller), and, unless the ordering rule is switched off, its Drain lane
+// waits for the group's previous call's end where sdma::CallOrder says so. Before each call the caller's stream writes
+// the call's input (until then it holds other bytes), as the caller's own kernels would. The queues then run in random
+// interleavings honouring only stream order, those fences and the flags. Found as failures: a hang (no queue can run
+// while operations remain), an early completion (a call's end runs on rank r while some rank still has a copy of that
+// call into or out of r's buffers queued, so that r's caller could reuse them under the copy), or an output not
+// bit-exact.
 //
 // Not modelled: the arrival mailbox's CPU side (its settlement of each pair is drawn here, the same on every rank,
 // not run), captured collectives (they join the caller's stream before the call returns), the hierarchical
@@ -1340,8 +1346,18 @@ class CallsInFlight {
       ++queues_[r][q].executed;
       execute(r, step);
     }
-    for (size_t c = 0; c < calls_.size(); ++c)
-      checkOutputs(calls_[c]->buffers, calls_[c]->original, what_ + " call " + std::to_string(c));
+    for (size_t c = 0; c < calls_.size(); ++c) {
+      const Exchange* x = calls_[c]->exchange.get();
+      if (!x) {
+        checkOutputs(calls_[c]->buffers, calls_[c]->original, what_ + " call " + std::to_string(c));
+        continue;
+      }
+      for (size_t i = 0; i < x->plans.size(); ++i) {
+        const std::string wrong = exchangeMismatch(*x, static_cast<int>(i));
+        if (!wrong.empty())
+          fail(what_ + " call " + std::to_string(c) + ": wrong bytes: " + wrong);
+      }
+    }
   }
 
  private:
@@ -1374,6 +1390,7 @@ class CallsInFlight {
     std::vector<std::vector<char>> original;
     std::vector<std::vector<char>> bounce;
     int group = 0;
+    std::unique_ptr<Exchange> exchange;  // an exchange's buffers instead (by group rank)
   };
 
   int pick(int lo, int hi) {
@@ -1415,7 +1432,10 @@ class CallsInFlight {
       const Call& call = *calls_[c];
       const auto& members = groups_[call.group]->members;
       for (size_t i = 0; i < members.size(); ++i) {
-        for (const std::vector<char>* v : {&call.buffers.inputs[i], &call.buffers.outputs[i], &call.bounce[i]}) {
+        const Exchange* x = call.exchange.get();
+        for (const std::vector<char>* v :
+             {x ? &x->inputs[i] : &call.buffers.inputs[i], x ? &x->outputs[i] : &call.buffers.outputs[i],
+              x ? &x->bounce[i] : &call.bounce[i]}) {
           if (overlaps(op.dst, op.bytes, *v) || overlaps(op.src, op.bytes, *v)) {
             found.push_back({members[i], static_cast<int>(c)});
             break;
@@ -1429,15 +1449,29 @@ class CallsInFlight {
   void enqueue(int c, int gi, bool ranksDiffer) {
     Group& g = *groups_[gi];
     const int n = static_cast<int>(g.members.size());
-    const bool direct = pick(0, 1);
+    // A quarter of the calls exchange (always direct), the others all-gather, direct or through staging.
+    const bool exchange = pick(0, 3) == 0;
+    const bool direct = exchange || pick(0, 1);
     const Form form = direct ? (pick(0, 1) ? Form::IntoTensor : Form::InPlace) : static_cast<Form>(pick(0, 3));
     const size_t bytes = std::uniform_int_distribution<size_t>(1, 200)(rng_);
     auto call = std::make_unique<Call>();
     call->group = gi;
-    call->buffers = makeCollective(form, n, bytes, rng_);
-    call->original = call->buffers.inputs;
     call->bounce.assign(n, {});
-    for (int i = 0; i < n; ++i) {
+    if (exchange) {
+      call->exchange =
+          std::make_unique<Exchange>(makeExchange(static_cast<ExchangeKind>(pick(0, kExchangeKinds - 1)), n, rng_));
+      // Its input holds other bytes until the caller's stream produces it, as below.
+      const Exchange& x = *call->exchange;
+      for (int i = 0; i < n; ++i)
+        walkRegion(inputRegion(x.plans[i]), 0, x.plans[i].inputBytes, [](char* ptr, uint64_t k) {
+          for (uint64_t b = 0; b < k; ++b)
+            ptr[b] = static_cast<char>(~ptr[b]);
+        });
+    } else {
+      call->buffers = makeCollective(form, n, bytes, rng_);
+      call->original = call->buffers.inputs;
+    }
+    for (int i = 0; i < n && !exchange; ++i) {
       if (form == Form::InPlace)
         call->original[i].assign(call->buffers.plans[i].input[0].ptr, call->buffers.plans[i].input[0].ptr + bytes);
       // The input holds other bytes until the caller's stream produces it (a Produce step): a lane that started
@@ -1450,7 +1484,7 @@ class CallsInFlight {
     std::vector<PostedBuffers> posted(n);
     std::vector<std::vector<Pairing>> pairing(n, std::vector<Pairing>(n, Pairing::kPeerCameLate));
     if (direct) {
-      for (int i = 0; i < n; ++i) {
+      for (int i = 0; i < n && !exchange; ++i) {
         const int bounced = pick(0, 3);
         if (bounced)
           call->bounce[i].assign(n * bytes, 0x5a);
@@ -1473,8 +1507,10 @@ class CallsInFlight {
     Call& made = *calls_.back();
     bool sync = pick(0, 1);
     int caller = pick(0, 1);
-    what_ += std::string(c ? "; " : " ") + "g" + std::to_string(gi) + (direct ? " direct " : " staging ") +
-             formName(form) + " " + std::to_string(bytes) + "B";
+    what_ += std::string(c ? "; " : " ") + "g" + std::to_string(gi) +
+             (exchange ? " " + made.exchange->description
+                       : (direct ? " direct " : " staging ") + std::string(formName(form)) + " " +
+                             std::to_string(bytes) + "B");
     for (int i = 0; i < n; ++i) {
       const int r = g.members[i];
       if (ranksDiffer || i == 0) {
@@ -1488,9 +1524,8 @@ class CallsInFlight {
       }
       const int callerQ = callerQueue(caller);
       const int drainQ = sync ? callerQ : 2 * gi + 1;
-      const AllgatherPlan& plan = made.buffers.plans[i];
       FakeTransport& t = direct ? *g.direct.ranks[i] : *g.staging.ranks[i];
-      const int pushQ = direct || chunkCount(plan, t.geometry()) > 1 ? 2 * gi : drainQ;
+      const int pushQ = direct || chunkCount(made.buffers.plans[i], t.geometry()) > 1 ? 2 * gi : drainQ;
       // The caller's own work before the call: it writes the input on the caller's stream.
       Step produce;
       produce.kind = Step::Produce;
@@ -1517,16 +1552,19 @@ class CallsInFlight {
         add(r, laneQueue[lane], s);
       };
       t.boundJoin = [&, r](int into, int from) { fenceOn(r, laneQueue[into], laneQueue[from]); };
-      if (direct) {
+      if (exchange) {
+        const Exchange& x = *made.exchange;
+        scheduleDirectExchange(t, x.plans[i], ++g.directSerial[i], x.posted[i], exchangePeers(x, pairing, i));
+      } else if (direct) {
         std::vector<PeerBuffers> posts(n);
         for (int q = 0; q < n; ++q) {
           if (q != i)
             posts[q] = {pairing[i][q], reinterpret_cast<uint64_t>(posted[q].input),
                         reinterpret_cast<uint64_t>(posted[q].outputBase)};
         }
-        scheduleDirectAllgather(t, plan, ++g.directSerial[i], posted[i], posts);
+        scheduleDirectAllgather(t, made.buffers.plans[i], ++g.directSerial[i], posted[i], posts);
       } else {
-        scheduleStagingAllgather(t, plan, g.chunks[i]);
+        scheduleStagingAllgather(t, made.buffers.plans[i], g.chunks[i]);
         fenceOn(r, drainQ, pushQ);  // the runner's pushDone_ event
       }
       t.bound = nullptr;
@@ -1561,7 +1599,15 @@ class CallsInFlight {
       Group& g = *groups_[s.group];
       (s.direct ? g.direct : g.staging).execute(s.groupRank, s.op);
     }
-    if (s.kind == Step::Produce) {
+    if (s.kind == Step::Produce && calls_[s.call]->exchange) {
+      const Exchange& x = *calls_[s.call]->exchange;
+      const ExchangePlan& plan = x.plans[s.member];
+      const char* src = x.sent[s.member].data();
+      walkRegion(inputRegion(plan), 0, plan.inputBytes, [&](char* ptr, uint64_t n) {
+        memcpy(ptr, src, n);
+        src += n;
+      });
+    } else if (s.kind == Step::Produce) {
       const Call& call = *calls_[s.call];
       size_t at = 0;
       for (const ByteSpan& span : call.buffers.plans[s.member].input) {
@@ -1607,16 +1653,17 @@ class CallsInFlight {
 
 // Failures: a model check of the fault protocol (csrc/collective/fault_release.hpp) on the real schedules. Two ranks,
 // one group with a staging and a direct transport each, up to five calls a rank enqueues in turn on its push and
-// drain lanes (async calls; staging or direct, every form staging takes, zero-size calls among them). Enqueues,
+// drain lanes (async calls; staging or direct, every form staging takes, zero-size calls among them, exchanges of
+// every kind in place of some direct all-gathers, their regions bounced or not). Enqueues,
 // lane operations and the protocol's own steps run in one random interleaving, so a rank's calls may be enqueued
 // long after the peer's (a rank may start late, and may stop for good after some prefix). Faults, each case some:
 // a rank's watchdog declares the group failed at a random moment (its timeout, a size mismatch, a peer that exited);
 // a call the ranks take different paths for (a zero-size call through staging on one rank and direct on the other,
-// or different sizes), of which, as the call board guarantees, the rank that posts second reads the first's post and
-// refuses (it fails; the buffers it posted it keeps for good), and the first may refuse too or go on, its peer then
-// late for it; a rank stuck behind a late peer, which its watchdog ends when nothing else can move; and a rank's
-// process killed at a random moment (nothing of it runs any more, its memory goes with it), which the survivor's
-// watchdog notices. The fake watchdog releases waits by one of two rules:
+// or different sizes; for an exchange, splits, roots or sizes apart), of which, as the call board guarantees, the rank
+// that posts second reads the first's post and refuses (it fails; the buffers it posted it keeps for good), and the
+// first may refuse too or go on, its peer then late for it; a rank stuck behind a late peer, which its watchdog ends
+// when nothing else can move; and a rank's process killed at a random moment (nothing of it runs any more, its memory
+// goes with it), which the survivor's watchdog notices. The fake watchdog releases waits by one of two rules:
 //   New (the protocol): a failing rank stops enqueueing, errors its calls in flight, publishes "failed"; a healthy
 //   rank refuses to enqueue once a peer published it, and its watchdog fails when it sees it; a failed rank whose
 //   calls all ended writes releaseValue(last serial) into every flag word a failed peer waits on from it; a failed
@@ -1689,25 +1736,34 @@ class FaultCase {
       Planned p;
       p.bytes = pick(0, 4) == 0 ? 0 : std::uniform_int_distribution<size_t>(1, 200)(rng_);
       const bool direct = pick(0, 1);
+      p.exchange = direct && pick(0, 2) == 0;  // an exchange where a direct all-gather could be
       p.form = direct ? (pick(0, 1) ? Form::IntoTensor : Form::InPlace) : static_cast<Form>(pick(0, 3));
       for (int r = 0; r < kW; ++r)
         p.direct[r] = direct;
       if (!faultFree_ && pick(0, 5) == 0) {
-        // Paths apart: a zero-size call through staging on one rank and direct on the other, or sizes apart.
+        // Paths apart: a zero-size call through staging on one rank and direct on the other, or sizes apart (an
+        // exchange: splits, roots or sizes apart, the path the same).
         p.diverges = true;
         const int other = pick(0, kW - 1);
-        if (p.form == Form::IntoTensor || p.form == Form::InPlace)
+        if (!p.exchange && (p.form == Form::IntoTensor || p.form == Form::InPlace))
           p.direct[other] = !p.direct[other];
         p.firstAlsoRefuses = pick(0, 2) == 0;
       }
-      p.buffers = makeCollective(p.form, kW, p.bytes, rng_);
-      p.original = p.buffers.inputs;
-      if (p.form == Form::InPlace)
-        for (int i = 0; i < kW; ++i)
-          p.original[i].assign(p.buffers.plans[i].input[0].ptr, p.buffers.plans[i].input[0].ptr + p.bytes);
-      what_ += std::string(c ? "; " : " ") + formName(p.form) + " " + std::to_string(p.bytes) + "B " +
-               (p.direct[0] ? "direct" : "staging") + (p.direct[0] != p.direct[1] ? "/other path" : "") +
-               (p.diverges ? " apart" : "");
+      if (p.exchange) {
+        p.x = makeExchange(static_cast<ExchangeKind>(pick(0, kExchangeKinds - 1)), kW, rng_);
+      } else {
+        p.buffers = makeCollective(p.form, kW, p.bytes, rng_);
+        p.original = p.buffers.inputs;
+        if (p.form == Form::InPlace)
+          for (int i = 0; i < kW; ++i)
+            p.original[i].assign(p.buffers.plans[i].input[0].ptr, p.buffers.plans[i].input[0].ptr + p.bytes);
+      }
+      what_ +=
+          std::string(c ? "; " : " ") +
+          (p.exchange ? p.x.description + " "
+                      : formName(p.form) + (" " + std::to_string(p.bytes)) + "B " +
+                            (p.direct[0] ? "direct" : "staging") + (p.direct[0] != p.direct[1] ? "/other path" : "")) +
+          (p.diverges ? " apart" : "");
       planned_.push_back(std::move(p));
     }
     what_ += ")";
@@ -1798,13 +1854,16 @@ class FaultCase {
     Buffers buffers;
     std::vector<std::vector<char>> original;
     Pairing pairing[kW] = {Pairing::kPeerCameLate, Pairing::kPeerCameLate};
+    bool exchange = false;  // an exchange's buffers instead of `buffers`
+    Exchange x;
   };
   struct Step {
     enum Kind { Operation, Fence, End } kind = Operation;
     Op op{Op::Copy};
     bool direct = false;
-    uint64_t count = 0;  // Fence: runs once the push queue ran this many steps
-    int call = -1;       // End
+    int after = 0;  // Fence: runs once queue `after` ran `count` steps
+    uint64_t count = 0;
+    int call = -1;  // End
     std::vector<std::pair<int, int>> touches;
   };
   struct Queue {
@@ -1823,6 +1882,13 @@ class FaultCase {
       failure_ = s + " (" + what_ + ")";
   }
 
+  // Rank i's buffers of a call: what a copy into or out of them touches.
+  static std::vector<const std::vector<char>*> buffersOf(const Planned& p, int i) {
+    if (p.exchange)
+      return {&p.x.inputs[i], &p.x.outputs[i], &p.x.bounce[i]};
+    return {&p.buffers.inputs[i], &p.buffers.outputs[i]};
+  }
+
   std::vector<std::pair<int, int>> touchesOf(const Op& op) const {
     std::vector<std::pair<int, int>> found;
     auto overlaps = [](const char* p, size_t n, const std::vector<char>& v) {
@@ -1830,7 +1896,7 @@ class FaultCase {
     };
     for (int c = 0; c < calls_; ++c)
       for (int i = 0; i < kW; ++i)
-        for (const std::vector<char>* v : {&planned_[c].buffers.inputs[i], &planned_[c].buffers.outputs[i]})
+        for (const std::vector<char>* v : buffersOf(planned_[c], i))
           if (overlaps(op.dst, op.bytes, *v) || overlaps(op.src, op.bytes, *v)) {
             found.push_back({i, c});
             break;
@@ -1924,18 +1990,22 @@ class FaultCase {
       add(r, lane, s);
     };
     t.boundJoin = [this, r](int into, int from) {
-      if (into == 1 && from == 0)
-        fence(r);
+      if (into != from)
+        fence(r, into);
     };
-    const AllgatherPlan& plan = p.buffers.plans[r];
-    if (direct) {
+    if (p.exchange) {
+      std::vector<std::vector<Pairing>> pairing(kW, std::vector<Pairing>(kW));
+      pairing[r][1 - r] = p.pairing[r];
+      scheduleDirectExchange(t, p.x.plans[r], ++directSerial_[r], p.x.posted[r], exchangePeers(p.x, pairing, r));
+    } else if (direct) {
+      const AllgatherPlan& plan = p.buffers.plans[r];
       std::vector<PeerBuffers> posts(kW);
       const int peer = 1 - r;
       posts[peer] = {p.pairing[r], reinterpret_cast<uint64_t>(p.buffers.plans[peer].input[0].ptr),
                      reinterpret_cast<uint64_t>(p.buffers.plans[peer].outputBase)};
       scheduleDirectAllgather(t, plan, ++directSerial_[r], {plan.input[0].ptr, plan.outputBase}, posts);
     } else {
-      scheduleStagingAllgather(t, plan, chunks_[r]);
+      scheduleStagingAllgather(t, p.buffers.plans[r], chunks_[r]);
       fence(r);  // the runner's pushDone_ event
     }
     t.bound = nullptr;
@@ -1949,16 +2019,18 @@ class FaultCase {
     queues_[r][q].steps.push_back(std::move(s));
     ++queues_[r][q].recorded;
   }
-  void fence(int r) {
+  // Queue `into` (drain unless said) waits for what the other one recorded so far.
+  void fence(int r, int into = 1) {
     Step s;
     s.kind = Step::Fence;
-    s.count = queues_[r][0].recorded;
-    add(r, 1, s);
+    s.after = 1 - into;
+    s.count = queues_[r][s.after].recorded;
+    add(r, into, s);
   }
 
   bool ready(int r, const Step& s) {
     if (s.kind == Step::Fence)
-      return queues_[r][0].executed >= s.count;
+      return queues_[r][s.after].executed >= s.count;
     if (s.kind == Step::End)
       return true;
     return (s.direct ? direct_ : staging_).ready(r, s.op);
@@ -1989,6 +2061,12 @@ class FaultCase {
     if (failed_[r])
       return;  // the call ends with the error
     const Planned& p = planned_[s.call];
+    if (p.exchange) {
+      const std::string wrong = exchangeMismatch(p.x, r);
+      if (!wrong.empty())
+        violation("wrong bytes in a call that ended without error: call " + std::to_string(s.call) + ": " + wrong);
+      return;
+    }
     for (int q = 0; q < kW; ++q) {
       size_t at = 0;
       for (const ByteSpan& span : p.buffers.plans[r].outputByRank[q]) {
