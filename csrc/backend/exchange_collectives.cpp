@@ -4,6 +4,8 @@
 // call board compares the route, the root and the agreed bytes across ranks.
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+
 #include "backend/process_group_sdma.hpp"
 #include "collective/exchange_inputs.hpp"
 
@@ -69,8 +71,8 @@ CollectivePath ProcessGroupSDMA::exchangeRoute(const PlannedExchange& planned, C
 }
 
 template <typename InnerCall>
-c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::exchangeCollective(const CollectiveNames& names,
-                                                                    c10d::OpType opType, PlannedExchange planned,
+c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::exchangeCollective(const CollectiveNames& names, c10d::OpType opType,
+                                                                    PlannedExchange planned,
                                                                     const TracedCollective& traced, bool asyncOp,
                                                                     std::chrono::milliseconds timeout,
                                                                     InnerCall&& innerCall) {
@@ -130,8 +132,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::alltoall_base(at::Tensor& outpu
   return exchangeCollective(
       kAlltoallSingle, c10d::OpType::ALLTOALL_BASE,
       planAlltoallSingle(output, input, outputSplitSizes, inputSplitSizes, getRank(), getSize()),
-      {kAlltoallSingle, ins, outs, inputSplitSizes, outputSplitSizes, even ? kAlltoall.comms : nullptr},
-      opts.asyncOp, timeoutOr(opts.timeout, options_.timeout),
+      {kAlltoallSingle, ins, outs, inputSplitSizes, outputSplitSizes, even ? kAlltoall.comms : nullptr}, opts.asyncOp,
+      timeoutOr(opts.timeout, options_.timeout),
       [&](c10d::Backend& b) { return b.alltoall_base(output, input, outputSplitSizes, inputSplitSizes, opts); });
 }
 
@@ -154,11 +156,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::broadcast(std::vector<at::Tenso
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                         std::vector<at::Tensor>& inputs,
                                                         const c10d::GatherOptions& opts) {
-  return exchangeCollective(kGather, c10d::OpType::GATHER,
-                            planGather(outputs, inputs, static_cast<int>(opts.rootRank), getRank(), getSize()),
-                            {kGather, inputs, outputs.empty() ? kNone : outputs[0]}, opts.asyncOp,
-                            timeoutOr(opts.timeout, options_.timeout),
-                            [&](c10d::Backend& b) { return b.gather(outputs, inputs, opts); });
+  return exchangeCollective(
+      kGather, c10d::OpType::GATHER, planGather(outputs, inputs, static_cast<int>(opts.rootRank), getRank(), getSize()),
+      {kGather, inputs, outputs.empty() ? kNone : outputs[0]}, opts.asyncOp, timeoutOr(opts.timeout, options_.timeout),
+      [&](c10d::Backend& b) { return b.gather(outputs, inputs, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::scatter(std::vector<at::Tensor>& outputs,

@@ -36,14 +36,12 @@ void scheduleDirectExchange(Transport& t, const ExchangePlan& plan, uint32_t ser
     const ByteRange& to = plan.sendTo[q];
     if (to.bytes > 0) {
       d.waitPeer(Lane::Push, q, Flag::Arrived, 0, serial);
-      d.copyToPeer(Lane::Push, q, peer.buffers.outputBase + peer.ranges.expects.offset, input + to.offset,
-                   to.bytes);
+      d.copyToPeer(Lane::Push, q, peer.buffers.outputBase + peer.ranges.expects.offset, input + to.offset, to.bytes);
     }
     const ByteRange& from = plan.recvFrom[q];
     if (peer.buffers.pairing == Pairing::kThisCameLate && from.bytes > 0) {
       d.waitPeer(Lane::Drain, q, Flag::Arrived, 0, serial);
-      d.copyFromPeer(Lane::Drain, q, output + from.offset, peer.buffers.input + peer.ranges.sends.offset,
-                     from.bytes);
+      d.copyFromPeer(Lane::Drain, q, output + from.offset, peer.buffers.input + peer.ranges.sends.offset, from.bytes);
     }
   }
   d.joinLane(Lane::Drain, Lane::Push);

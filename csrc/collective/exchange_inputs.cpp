@@ -95,8 +95,8 @@ PlannedExchange planAlltoallSingle(const at::Tensor& output, const at::Tensor& i
   p.plan.sendTo = rangesOfSplits(inputSplitSizes, input, size);
   p.plan.recvFrom = rangesOfSplits(outputSplitSizes, output, size);
   // This rank's own rows: the one pair no peer checks.
-  TORCH_CHECK(p.plan.sendTo[rank].bytes == p.plan.recvFrom[rank].bytes, "torch_sdma: all_to_all_single on rank ",
-              rank, " sends itself ", p.plan.sendTo[rank].bytes, " bytes but expects ", p.plan.recvFrom[rank].bytes,
+  TORCH_CHECK(p.plan.sendTo[rank].bytes == p.plan.recvFrom[rank].bytes, "torch_sdma: all_to_all_single on rank ", rank,
+              " sends itself ", p.plan.sendTo[rank].bytes, " bytes but expects ", p.plan.recvFrom[rank].bytes,
               " bytes from itself");
   p.plan.input = bytesOf(input);
   p.plan.inputBytes = nbytes(input);

@@ -23,7 +23,7 @@ struct PlannedExchange {
   // then takes the DMA route at every size; and the bytes the call board compares (0: none).
   int64_t routeBytes = -1;
   uint64_t agreedBytes = 0;
-  int root = -1;  // group rank: broadcast's src, gather's dst, scatter's src
+  int root = -1;          // group rank: broadcast's src, gather's dst, scatter's src
   std::string notForDma;  // non-empty: valid input the DMA path does not take
 };
 

@@ -137,22 +137,22 @@ bool cachingAllocatorUsesExpandableSegments();
 // transport cannot connect (every member then agrees). The direct path is on only where every member asked for it.
 // `geometry`: the cap; the runner sizes staging to what the group needs, up to it.
 std::unique_ptr<CollectiveRunner> connectCopyEngineRunner(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                                         int size, int device, const StagingGeometry& geometry,
-                                                         const DirectPathOptions& direct, std::string* whyNot);
+                                                          int size, int device, const StagingGeometry& geometry,
+                                                          const DirectPathOptions& direct, std::string* whyNot);
 
 // Shared memory, for CPU tensors (shared_memory_runner.cpp).
 std::string sharedMemoryPathProblem(c10d::Store& store, int rank, int size);
 std::unique_ptr<CollectiveRunner> connectSharedMemoryRunner(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                                           int size, const StagingGeometry& geometry, bool direct,
-                                                           const std::string& groupName, std::string* whyNot);
+                                                            int size, const StagingGeometry& geometry, bool direct,
+                                                            const std::string& groupName, std::string* whyNot);
 
 // The hierarchical path: collective over the group, each node connecting its transport over `nodeStore` (a store of
 // its own per node) at `nodeGeometry` (the node's size), with the rail backend in `setup` between nodes.
 std::unique_ptr<CollectiveRunner> connectHierarchicalCopyEngineRunner(const c10::intrusive_ptr<c10d::Store>& nodeStore,
-                                                                     int device, const StagingGeometry& nodeGeometry,
-                                                                     HierarchicalSetup setup, std::string* whyNot);
-std::unique_ptr<CollectiveRunner> connectHierarchicalSharedMemoryRunner(const c10::intrusive_ptr<c10d::Store>& nodeStore,
-                                                                       const StagingGeometry& nodeGeometry,
-                                                                       HierarchicalSetup setup, std::string* whyNot);
+                                                                      int device, const StagingGeometry& nodeGeometry,
+                                                                      HierarchicalSetup setup, std::string* whyNot);
+std::unique_ptr<CollectiveRunner> connectHierarchicalSharedMemoryRunner(
+    const c10::intrusive_ptr<c10d::Store>& nodeStore, const StagingGeometry& nodeGeometry, HierarchicalSetup setup,
+    std::string* whyNot);
 
 }  // namespace sdma

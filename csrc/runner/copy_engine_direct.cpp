@@ -51,8 +51,7 @@ CopyEngineDirect::CopyEngineDirect(const c10::intrusive_ptr<c10d::Store>& groupS
       peerSegments_(device, pidsOf(members)) {
   c10d::PrefixStore store("direct/", groupStore);
   const bool withRanges = size <= kMaxExchangeRanks;
-  mailboxRegion_ = GroupRegion(store, "mailbox", rank, size,
-                               ArrivalMailbox::bytesFor(size, kMailboxDepth, withRanges),
+  mailboxRegion_ = GroupRegion(store, "mailbox", rank, size, ArrivalMailbox::bytesFor(size, kMailboxDepth, withRanges),
                                "the direct path's arrival mailbox");
   mailbox_ = std::make_unique<ArrivalMailbox>(mailboxRegion_.data(), rank, size, kMailboxDepth, withRanges);
   retiredRegion_ = GroupRegion(store, "retired", rank, size, RetiredSegmentLog::bytesFor(size),
@@ -178,8 +177,7 @@ CopyEngineDirect::Arrival CopyEngineDirect::arrive(const AllgatherPlan& plan, st
 namespace sdma {
 
 std::vector<ArrivalMailbox::PeerArrival> CopyEngineDirect::post(Arrival& a, const BufferPost& post,
-                                                                size_t peerWaitBytes,
-                                                                std::chrono::milliseconds timeout,
+                                                                size_t peerWaitBytes, std::chrono::milliseconds timeout,
                                                                 const std::vector<PairRanges>* ranges) {
   a.transport = transport_;
   a.serial = ++serial_;
@@ -196,8 +194,9 @@ CopyEngineDirect::Arrival CopyEngineDirect::arriveExchange(const ExchangePlan& p
   a.posted = {plan.input, plan.output};
   const bool inputMappable =
       plan.inputBytes == 0 || (plan.input && exporter_.exportRange(plan.input, plan.inputBytes, &post.inputSegment));
-  const bool outputMappable = plan.outputBytes == 0 ||
-                              (plan.output && exporter_.exportRange(plan.output, plan.outputBytes, &post.outputSegment));
+  const bool outputMappable =
+      plan.outputBytes == 0 ||
+      (plan.output && exporter_.exportRange(plan.output, plan.outputBytes, &post.outputSegment));
   if (!inputMappable || !outputMappable) {
     // One bounce area: the input region, then the output region, each where it is needed.
     const uint64_t inputAt = 0;
@@ -220,8 +219,8 @@ CopyEngineDirect::Arrival CopyEngineDirect::arriveExchange(const ExchangePlan& p
   post.output = reinterpret_cast<uint64_t>(a.posted.outputBase);
   post.bytes = plan.outputBytes;
   const std::vector<PairRanges> mine = pairRangesOf(plan);
-  const auto settled = this->post(a, post, std::max(plan.inputBytes, plan.outputBytes) / std::max(size_ - 1, 1),
-                                  timeout, &mine);
+  const auto settled =
+      this->post(a, post, std::max(plan.inputBytes, plan.outputBytes) / std::max(size_ - 1, 1), timeout, &mine);
   // Every pair whose post this rank read agrees, or nothing is enqueued: checked before any mapping.
   for (int q = 0; q < size_; ++q) {
     const ArrivalMailbox::PeerArrival& peer = settled[q];

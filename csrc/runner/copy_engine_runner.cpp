@@ -52,8 +52,8 @@ std::string copyEnginePathProblem(c10d::Store& store, int rank, int size) {
 }
 
 std::unique_ptr<CollectiveRunner> connectCopyEngineRunner(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                                         int size, int device, const StagingGeometry& geometry,
-                                                         const DirectPathOptions& direct, std::string* whyNot) {
+                                                          int size, int device, const StagingGeometry& geometry,
+                                                          const DirectPathOptions& direct, std::string* whyNot) {
   c10::cuda::CUDAGuard guard(device);
   std::vector<MemberIdentity> members;
   *whyNot = CopyEngineTransport::checkGroupReachable(*store, "ce/connect", rank, size, device, &members);
@@ -74,8 +74,8 @@ bool cachingAllocatorUsesExpandableSegments() {
 }
 
 std::unique_ptr<CollectiveRunner> connectHierarchicalCopyEngineRunner(const c10::intrusive_ptr<c10d::Store>& nodeStore,
-                                                                     int device, const StagingGeometry& nodeGeometry,
-                                                                     HierarchicalSetup setup, std::string* whyNot) {
+                                                                      int device, const StagingGeometry& nodeGeometry,
+                                                                      HierarchicalSetup setup, std::string* whyNot) {
   c10::cuda::CUDAGuard guard(device);
   std::vector<MemberIdentity> nodeMembers;
   *whyNot = CopyEngineTransport::checkGroupReachable(*nodeStore, "ce/connect", setup.localIndex(),

@@ -27,8 +27,8 @@
 #include <mutex>
 #include <string>
 
-#include "runner/collective_runner.hpp"
 #include "runner/call_order.hpp"
+#include "runner/collective_runner.hpp"
 #include "runner/copy_engine_direct.hpp"
 #include "runner/gpu_rail_allgather.hpp"
 #include "runner/group_failure.hpp"

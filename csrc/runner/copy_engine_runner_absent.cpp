@@ -15,15 +15,15 @@ bool cachingAllocatorUsesExpandableSegments() {
 }
 
 std::unique_ptr<CollectiveRunner> connectCopyEngineRunner(const c10::intrusive_ptr<c10d::Store>&, int, int, int,
-                                                         const StagingGeometry&, const DirectPathOptions&,
-                                                         std::string* whyNot) {
+                                                          const StagingGeometry&, const DirectPathOptions&,
+                                                          std::string* whyNot) {
   *whyNot = kWhy;
   return nullptr;
 }
 
 std::unique_ptr<CollectiveRunner> connectHierarchicalCopyEngineRunner(const c10::intrusive_ptr<c10d::Store>&, int,
-                                                                     const StagingGeometry&, HierarchicalSetup,
-                                                                     std::string* whyNot) {
+                                                                      const StagingGeometry&, HierarchicalSetup,
+                                                                      std::string* whyNot) {
   *whyNot = kWhy;
   return nullptr;
 }

@@ -20,8 +20,8 @@ std::string sharedMemoryPathProblem(c10d::Store& store, int rank, int size) {
 }
 
 std::unique_ptr<CollectiveRunner> connectSharedMemoryRunner(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                                           int size, const StagingGeometry& geometry, bool direct,
-                                                           const std::string& groupName, std::string* whyNot) {
+                                                            int size, const StagingGeometry& geometry, bool direct,
+                                                            const std::string& groupName, std::string* whyNot) {
   // The direct path is set up whatever `direct` says: the exchanges need it (all-gathers take it only if asked).
   auto transport = HostShmTransport::connect(*store, rank, size, geometry, /*direct=*/true, whyNot);
   if (!transport) {
@@ -34,9 +34,9 @@ std::unique_ptr<CollectiveRunner> connectSharedMemoryRunner(const c10::intrusive
   return std::make_unique<SharedMemoryRunner>(std::move(transport), direct);
 }
 
-std::unique_ptr<CollectiveRunner> connectHierarchicalSharedMemoryRunner(const c10::intrusive_ptr<c10d::Store>& nodeStore,
-                                                                       const StagingGeometry& nodeGeometry,
-                                                                       HierarchicalSetup setup, std::string* whyNot) {
+std::unique_ptr<CollectiveRunner> connectHierarchicalSharedMemoryRunner(
+    const c10::intrusive_ptr<c10d::Store>& nodeStore, const StagingGeometry& nodeGeometry, HierarchicalSetup setup,
+    std::string* whyNot) {
   const int L = setup.layout.ranksPerNode();
   auto transport = HostShmTransport::connect(*nodeStore, setup.localIndex(), L, nodeGeometry, /*direct=*/false, whyNot);
   if (!transport) {
@@ -207,11 +207,12 @@ void SharedMemoryRunner::runInTurn(Job& job, std::unique_lock<std::mutex>& lock)
         if (d) {
           return job.board->describe(job.seq, job.post, d);
         }
-        // A peer that refused a call after this rank read its post (an exchange whose pair disagrees) never comes.
+        // A peer that failed this call or an earlier one (an exchange whose pair it found disagreeing, after this
+        // rank had read its post) never comes; one that failed a later call has enqueued this one.
         const auto [peer, at] = job.board->failedPeer();
-        return peer < 0 ? std::string()
-                        : "group rank " + std::to_string(job.board->groupRankOf(peer)) +
-                              " failed its collective of sequence number " + std::to_string(at);
+        return peer < 0 || at > job.seq ? std::string()
+                                        : "group rank " + std::to_string(job.board->groupRankOf(peer)) +
+                                              " failed its collective of sequence number " + std::to_string(at);
       });
     } catch (const std::exception& e) {
       error = std::current_exception();

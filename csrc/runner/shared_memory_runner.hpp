@@ -12,8 +12,8 @@
 #include <mutex>
 #include <string>
 
-#include "runner/collective_runner.hpp"
 #include "runner/call_ticket.hpp"
+#include "runner/collective_runner.hpp"
 #include "runner/group_failure.hpp"
 #include "runner/guarded_thread.hpp"
 #include "runner/host_rail_allgather.hpp"

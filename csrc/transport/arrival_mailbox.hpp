@@ -113,8 +113,8 @@ class ArrivalMailbox {
 
   struct PeerArrival {
     Pairing pairing = Pairing::kPeerCameLate;
-    BufferPost post;     // the peer's, unless pairing is kPeerCameLate
-    PairRanges ranges;   // what the peer posted about its pair with this rank (an exchange), likewise
+    BufferPost post;    // the peer's, unless pairing is kPeerCameLate
+    PairRanges ranges;  // what the peer posted about its pair with this rank (an exchange), likewise
   };
 
   // How this rank's pairs have settled so far, one count per peer per collective (torch_sdma.stats shows them):
