@@ -37,8 +37,9 @@ FRAMEWORKS = {  # name: (script, module it needs)
 DEFAULT_FRAMEWORKS = ("fsdp2", "zero3", "megatron")
 # Frameworks that run on a fixed number of ranks, whatever --nproc says.
 RANKS = {"pipeline": 2}
-# Frameworks that also run on CPU tensors (--device cpu); the others train on CUDA devices only.
-CPU_CAPABLE = ("moe", "pipeline")
+# Frameworks that also run on CPU tensors (--device cpu) and against gloo (--baseline gloo); the others train on
+# CUDA devices against NCCL only.
+BYTE_MOVING = ("moe", "pipeline")
 # NVLink multicast (NVLS) stays off in every launched process: on the shared GPU hosts a program using it can take
 # the GPUs out of service. Forced, not defaulted, so that no inherited value turns it back on.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -119,8 +120,8 @@ def parse_variant(text):
     return name, knobs
 
 
-def markdown(results, nproc, base="nccl"):
-    where = f"{nproc} GPUs on NCCL" if base == "nccl" else f"{nproc} CPU ranks on {base}"
+def markdown(results, nproc, base="nccl", where=None):
+    where = where or f"{nproc} GPUs on NCCL"
     lines = [f"Each framework trained on {where} and on sdma (with --repeats, alternately, and the "
              f"run with the median step time per backend is shown); step times exclude the first "
              f"{lm_harness.STARTUP_STEPS} steps. Hardware queues: CUDA_DEVICE_MAX_CONNECTIONS in each run (the "
@@ -161,7 +162,11 @@ def main():
                    + ", ".join(FRAMEWORKS) + " (default: " + ",".join(DEFAULT_FRAMEWORKS) + ")")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                    help="cpu: CPU tensors, gloo against sdma (moe and pipeline only; the others are skipped)")
-    p.add_argument("--nproc", type=int, help="processes (GPUs); default: all visible GPUs (2 with --device cpu)")
+    p.add_argument("--baseline", choices=["nccl", "gloo"],
+                   help="what sdma is compared with (default: nccl on CUDA, gloo on CPU); gloo on CUDA tensors lets "
+                        "moe run with ranks sharing a GPU (--nproc above the GPU count), which NCCL refuses")
+    p.add_argument("--nproc", type=int, help="processes; default: all visible GPUs (2 with --device cpu); more "
+                                             "than the GPUs: ranks share them (local rank modulo the count)")
     p.add_argument("--out-dir", type=Path, default=Path("results"))
     p.add_argument("--timeout", type=int, default=1800, help="seconds per training run")
     p.add_argument("--repeats", type=int, default=1,
@@ -173,15 +178,24 @@ def main():
     args = p.parse_args()
     script_args = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
     cpu = args.device == "cpu"
-    if args.nproc is None:
+    base = args.baseline or ("gloo" if cpu else "nccl")
+    gpus = 0
+    if not cpu:
         import torch
-        args.nproc = 2 if cpu else torch.cuda.device_count()
-    if args.nproc < 1:
+        gpus = torch.cuda.device_count()
+    if args.nproc is None:
+        args.nproc = 2 if cpu else gpus
+    if args.nproc < 1 or (not cpu and gpus == 0):
         sys.exit("no GPU visible: the framework examples train on CUDA devices (moe and pipeline: --device cpu)")
+    if cpu and base == "nccl":
+        sys.exit("NCCL moves CUDA tensors only: --device cpu compares with gloo")
+    shared = not cpu and args.nproc > gpus
+    if shared and base == "nccl":
+        sys.exit(f"{args.nproc} ranks on {gpus} GPU(s): NCCL refuses two ranks of one communicator on one GPU; "
+                 f"--baseline gloo compares moe with gloo on CUDA tensors")
     unknown = [n for n in args.frameworks.split(",") if n not in FRAMEWORKS]
     if unknown:
         sys.exit(f"unknown framework(s) {', '.join(unknown)}: choose from {', '.join(FRAMEWORKS)}")
-    base = "gloo" if cpu else "nccl"
     args.out_dir.mkdir(parents=True, exist_ok=True)
     results = {}
     for name in args.frameworks.split(","):
@@ -190,10 +204,14 @@ def main():
         why_not = None
         if importlib.util.find_spec(module.split(".")[0]) is None or importlib.util.find_spec(module) is None:
             why_not = f"{module} is not installed"
-        elif cpu and name not in CPU_CAPABLE:
-            why_not = "trains on CUDA devices only"
-        elif not cpu and nproc > args.nproc:
-            why_not = f"needs {nproc} GPUs, {args.nproc} given"
+        elif name not in BYTE_MOVING and (cpu or base != "nccl"):
+            why_not = "trains on CUDA devices against NCCL only"
+        elif nproc > args.nproc:
+            why_not = f"needs {nproc} ranks, {args.nproc} given"
+        elif name == "pipeline" and not cpu and base == "gloo":
+            why_not = "gloo sends and receives CPU tensors only"
+        elif name == "pipeline" and shared:
+            why_not = "its send/recv go to sdma's inner NCCL, which refuses two ranks on one GPU"
         if why_not:
             results[name] = {"skipped": f"skipped: {why_not}"}
             print(f"{name}: {why_not}, skipped", flush=True)
@@ -210,7 +228,7 @@ def main():
                 out_json = args.out_dir / f"{tag}.json"
                 print(f"{name}/{label}: running {script} (run {r + 1} of {args.repeats}) ...", flush=True)
                 proc = launch(script, backend, out_json, nproc, script_args, args.timeout, knobs,
-                              device="cpu" if cpu else None)
+                              device=args.device if name in BYTE_MOVING else None)
                 (args.out_dir / f"{tag}.log").write_text(proc.stdout + proc.stderr)
                 if proc.returncode != 0:
                     print(proc.stdout[-3000:] + proc.stderr[-6000:], flush=True)
@@ -225,9 +243,11 @@ def main():
             variant = f"{name} [{v}]"
             results[variant] = {"failed": failed} if failed else compare_runs(runs[base], runs[f"sdma-{v}"])
             results[variant]["knobs"] = knobs
-    table = markdown(results, args.nproc, base)
+    where = (f"{args.nproc} CPU ranks on gloo" if cpu else
+             f"{args.nproc} ranks on {gpus} GPU(s) on {'NCCL' if base == 'nccl' else 'gloo (CUDA tensors)'}")
+    table = markdown(results, args.nproc, base, where)
     print("\n" + table)
-    stem = f"frameworks{'_cpu' if cpu else ''}_w{args.nproc}"
+    stem = f"frameworks{'_cpu' if cpu else ''}{'_gloo' if base == 'gloo' and not cpu else ''}_w{args.nproc}"
     (args.out_dir / f"{stem}.md").write_text(table)
     (args.out_dir / f"{stem}.json").write_text(json.dumps(
         {"command": " ".join(sys.orig_argv), "script_args": script_args, "nproc": args.nproc, "device": args.device,
