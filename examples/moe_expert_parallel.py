@@ -28,6 +28,8 @@ def moe_args(p):
     p.add_argument("--hidden", type=int, default=1024, help="hidden size of each expert's MLP")
     p.add_argument("--experts-per-rank", type=int, default=2)
     p.add_argument("--top-k", type=int, choices=[1, 2], default=2)
+    p.add_argument("--router-bias-std", type=float, default=1.5,
+                   help="spread of the router's initial per-expert biases (0: nearly even splits)")
 
 
 class ExchangeRows(torch.autograd.Function):
@@ -67,7 +69,11 @@ class ExpertParallelMoE(nn.Module):
         # The router is the same on every rank (seeded); each expert is seeded by its global index, so that a run's
         # numbers do not depend on which rank builds what.
         torch.manual_seed(args.seed)
-        self.router = nn.Linear(args.dim, n_experts, bias=False)
+        self.router = nn.Linear(args.dim, n_experts)
+        # A spread of per-expert biases: some experts popular, some rarely chosen, so that the splits are far from
+        # even (and can be zero), as in a router early in training.
+        with torch.no_grad():
+            self.router.bias.normal_(0.0, args.router_bias_std)
         experts = []
         for e in range(rank * self.local, (rank + 1) * self.local):
             torch.manual_seed(args.seed * 1000 + 1 + e)
