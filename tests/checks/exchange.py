@@ -104,6 +104,25 @@ class EX:
         self.me = dist.get_rank(g)
         self.ranks = group_ranks(g)
         self.my_global = self.ranks[self.me]
+        # A list: the ops only build their tensors and queue their calls here, for run_deferred() (a profile that
+        # must hold the calls alone).
+        self.deferred = None
+        # CUDA: spin the stream this long (cycles) before each input is written on it, so that a call not ordered
+        # after the caller's stream reads the poison that stands there before.
+        self.late_inputs_cycles = 0
+
+    def _go(self, what, call, checks):
+        it = Issued(what, None, checks)
+        if self.deferred is not None:
+            self.deferred.append((it, call))
+        else:
+            it.work = call()
+        return it
+
+    def run_deferred(self):
+        for it, call in self.deferred or ():
+            it.work = call()
+        self.deferred = None
 
     def _rand(self, name, group_rank, shape, dtype):
         """Group rank `group_rank`'s tensor of case `name`, on the CPU."""
@@ -112,7 +131,12 @@ class EX:
     def _mine(self, name, shape, dtype):
         """This rank's input on its device, and its bytes to check it unchanged after the call."""
         t = self._rand(name, self.me, shape, dtype)
-        return t.to(self.dev, copy=True), raw(t)
+        x = t.to(self.dev, copy=True)
+        if self.late_inputs_cycles:
+            src, x = x, self._poisoned(shape, dtype, raw(t))
+            torch.cuda._sleep(self.late_inputs_cycles)
+            x.copy_(src)
+        return x, raw(t)
 
     def _poisoned(self, shape, dtype, expected_bytes):
         return poison_(torch.empty(shape, dtype=dtype, device=self.dev), expected_bytes)
@@ -126,31 +150,32 @@ class EX:
         # the rows rank i sends to me come after those it sends to the ranks before me
         exp = torch.cat([raw(ins[i].narrow(0, sum(S[i][:me]), S[i][me])) for i in range(W)])
         out = self._poisoned(_shape(sum(S[i][me] for i in range(W)), cols), dtype, exp)
-        x = ins[me].to(self.dev, copy=True)
+        x = self._mine(name, _shape(sum(S[me]), cols), dtype)[0]
         kw = {}
         if splits in ("both", "input_even"):
             kw["output_split_sizes"] = [S[i][me] for i in range(W)]
         if splits in ("both", "output_even"):
             kw["input_split_sizes"] = list(S[me])
-        w = dist.all_to_all_single(out, x, group=self.g, async_op=async_op, **kw)
-        return Issued(f"all_to_all_single {name} ({dtype}, splits {splits})", w,
-                      [("output", out, exp), ("input", x, raw(ins[me]))])
+        return self._go(f"all_to_all_single {name} ({dtype}, splits {splits})",
+                        lambda: dist.all_to_all_single(out, x, group=self.g, async_op=async_op, **kw),
+                        [("output", out, exp), ("input", x, raw(ins[me]))])
 
     def all_to_all(self, name, dtype, S, cols=COLS, async_op=False):
         W, me = self.W, self.me
         ins = [self._mine(f"{name}/to{j}", _shape(S[me][j], cols), dtype) for j in range(W)]
         exps = [raw(self._rand(f"{name}/to{me}", i, _shape(S[i][me], cols), dtype)) for i in range(W)]
         outs = [self._poisoned(_shape(S[i][me], cols), dtype, exps[i]) for i in range(W)]
-        w = dist.all_to_all(outs, [x for x, _ in ins], group=self.g, async_op=async_op)
         checks = [(f"output[{i}]", outs[i], exps[i]) for i in range(W)]
         checks += [(f"input[{j}]", x, b) for j, (x, b) in enumerate(ins)]
-        return Issued(f"all_to_all {name} ({dtype})", w, checks)
+        return self._go(f"all_to_all {name} ({dtype})",
+                        lambda: dist.all_to_all(outs, [x for x, _ in ins], group=self.g, async_op=async_op), checks)
 
     def broadcast(self, name, dtype, root, shape, async_op=False):
         exp = raw(self._rand(name, root, shape, dtype))
         t = self._mine(name, shape, dtype)[0] if self.me == root else self._poisoned(shape, dtype, exp)
-        w = dist.broadcast(t, src=self.ranks[root], group=self.g, async_op=async_op)
-        return Issued(f"broadcast {name} ({dtype}, root {root})", w, [("tensor", t, exp)])
+        return self._go(f"broadcast {name} ({dtype}, root {root})",
+                        lambda: dist.broadcast(t, src=self.ranks[root], group=self.g, async_op=async_op),
+                        [("tensor", t, exp)])
 
     def gather(self, name, dtype, root, shape, async_op=False):
         x, xb = self._mine(name, shape, dtype)
@@ -160,8 +185,8 @@ class EX:
             exps = [raw(self._rand(name, i, shape, dtype)) for i in range(self.W)]
             gl = [self._poisoned(shape, dtype, e) for e in exps]
             checks += [(f"gather_list[{i}]", o, e) for i, (o, e) in enumerate(zip(gl, exps))]
-        w = dist.gather(x, gl, dst=self.ranks[root], group=self.g, async_op=async_op)
-        return Issued(f"gather {name} ({dtype}, dst {root})", w, checks)
+        return self._go(f"gather {name} ({dtype}, dst {root})",
+                        lambda: dist.gather(x, gl, dst=self.ranks[root], group=self.g, async_op=async_op), checks)
 
     def scatter(self, name, dtype, root, shape, async_op=False):
         exp = raw(self._rand(f"{name}/to{self.me}", root, shape, dtype))
@@ -172,15 +197,16 @@ class EX:
             ins = [self._mine(f"{name}/to{j}", shape, dtype) for j in range(self.W)]
             sl = [x for x, _ in ins]
             checks += [(f"scatter_list[{j}]", x, b) for j, (x, b) in enumerate(ins)]
-        w = dist.scatter(out, sl, src=self.ranks[root], group=self.g, async_op=async_op)
-        return Issued(f"scatter {name} ({dtype}, src {root})", w, checks)
+        return self._go(f"scatter {name} ({dtype}, src {root})",
+                        lambda: dist.scatter(out, sl, src=self.ranks[root], group=self.g, async_op=async_op), checks)
 
     def all_gather(self, name, dtype, n, async_op=False):
         x, xb = self._mine(name, (n,), dtype)
         exp = torch.cat([raw(self._rand(name, i, (n,), dtype)) for i in range(self.W)])
         out = self._poisoned((self.W * n,), dtype, exp)
-        w = dist.all_gather_into_tensor(out, x, group=self.g, async_op=async_op)
-        return Issued(f"all_gather_into_tensor {name} ({dtype})", w, [("output", out, exp), ("input", x, xb)])
+        return self._go(f"all_gather_into_tensor {name} ({dtype})",
+                        lambda: dist.all_gather_into_tensor(out, x, group=self.g, async_op=async_op),
+                        [("output", out, exp), ("input", x, xb)])
 
     def any_op(self, op, name, dtype, k, async_op=False, n=257):
         """One call of `op` whose splits or root and size vary with k (for the dtype sweeps and the mixes)."""
