@@ -151,6 +151,7 @@ def cuda_zero_kernels_body(ctx):
             for it in items:
                 if it.work is not None:
                     it.work.wait()
+                    it.work = None
             torch.cuda.synchronize(dev)
         kinds, names = _trace_kinds(prof)
         info["profile"] = (kinds, names)
