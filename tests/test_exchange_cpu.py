@@ -47,9 +47,9 @@ def test_exchange_matches_local_bytes(world):
 
 
 # ------------------------------------------------------------------------------------------------ routing
-def routing_body(ctx):
-    """TORCH_SDMA_DELEGATE=broadcast,scatter and TORCH_SDMA_MIN_BYTES=64K: each call bit-exact on whichever path,
-    counted on the path the routing rules give it, and group_path(op=...) names the last one."""
+def routing_body(ctx, delegated):
+    """TORCH_SDMA_MIN_BYTES=64K and TORCH_SDMA_DELEGATE=<delegated>: each call bit-exact on whichever path, counted on
+    the path the routing rules give it, and group_path(op=...) names that path."""
     import torch_sdma
 
     torch.set_num_threads(1)
@@ -58,19 +58,33 @@ def routing_body(ctx):
     W = ex.W
     small, large = 256, 128 << 10  # bytes per rank, well below and above 64K
     dma = "dma:direct" if cross_process_reads() else "inner:"
-    steps = [  # (call, the key it must be counted on)
-        (lambda: ex.broadcast("b", torch.uint8, 1, (large,)), "broadcast:inner:TORCH_SDMA_DELEGATE"),
-        (lambda: ex.scatter("s", torch.uint8, 0, (large,)), "scatter:inner:TORCH_SDMA_DELEGATE"),
-        (lambda: ex.gather("gs", torch.uint8, 1, (small,)), "gather:inner:below TORCH_SDMA_MIN_BYTES"),
-        (lambda: ex.gather("gl", torch.uint8, 0, (large,)), f"gather:{dma}"),
-        (lambda: ex.all_to_all_single("es", torch.uint8, split_matrix("", W, f"even:{small // W}"), cols=None,
-                                      splits="none"), "all_to_all_single:inner:below TORCH_SDMA_MIN_BYTES"),
-        (lambda: ex.all_to_all_single("el", torch.uint8, split_matrix("", W, f"even:{large // W}"), cols=None,
-                                      splits="none"), f"all_to_all_single:{dma}"),
-        # uneven and list forms take the DMA route at any size
+
+    def key(op, nbytes, any_size=False):
+        family = "all_to_all" if op.startswith("all_to_all") else op
+        if family in delegated:
+            return f"{op}:inner:TORCH_SDMA_DELEGATE"
+        if nbytes < (64 << 10) and not any_size:
+            return f"{op}:inner:below TORCH_SDMA_MIN_BYTES"
+        return f"{op}:{dma}"
+
+    def even(name, n):
+        return ex.all_to_all_single(name, torch.uint8, split_matrix("", W, f"even:{n // W}"), cols=None, splits="none")
+
+    u8 = torch.uint8
+    steps = [  # (call, the key it must be counted on); broadcast: the tensor's bytes, gather and scatter: per rank x
+        # size, even all_to_all_single: the input's bytes; uneven all_to_all_single and all_to_all lists: any size
+        (lambda: ex.broadcast("bs", u8, 1, (small,)), key("broadcast", small)),
+        (lambda: ex.broadcast("bl", u8, 0, (large,)), key("broadcast", large)),
+        (lambda: ex.scatter("ss", u8, 1, (small,)), key("scatter", small * W)),
+        (lambda: ex.scatter("sl", u8, 0, (large,)), key("scatter", large * W)),
+        (lambda: ex.gather("gs", u8, 1, (small,)), key("gather", small * W)),
+        (lambda: ex.gather("gl", u8, 0, (large,)), key("gather", large * W)),
+        (lambda: even("es", small), key("all_to_all_single", small)),
+        (lambda: even("el", large), key("all_to_all_single", large)),
         (lambda: ex.all_to_all_single("us", torch.float32, split_matrix("us", W, "random_with_zeros", 4)),
-         f"all_to_all_single:{dma}"),
-        (lambda: ex.all_to_all("ls", torch.float32, split_matrix("ls", W, "random", 4)), f"all_to_all:{dma}"),
+         key("all_to_all_single", 0, any_size=True)),
+        # even sizes: where the list form is delegated, gloo takes no lists of uneven sizes
+        (lambda: ex.all_to_all("ls", torch.float32, split_matrix("", W, "even:2")), key("all_to_all", 0, True)),
     ]
 
     def case(call, key):
@@ -90,9 +104,11 @@ def routing_body(ctx):
     return ctx.run_cases([(f"routing/{k}#{i}", case(c, k)) for i, (c, k) in enumerate(steps)])
 
 
-def test_exchange_routing_knobs():
-    env = dict(ENV, TORCH_SDMA_MIN_BYTES="64K", TORCH_SDMA_DELEGATE="broadcast,scatter")
-    run_group(routing_body, 2, "sdma", env=env, timeout=120, pg_timeout_s=20).check()
+@pytest.mark.parametrize("delegate", ["broadcast,scatter", "all_to_all,gather"])
+def test_exchange_routing_knobs(delegate):
+    env = dict(ENV, TORCH_SDMA_MIN_BYTES="64K", TORCH_SDMA_DELEGATE=delegate)
+    run_group(routing_body, 2, "sdma", env=env, kwargs={"delegated": tuple(delegate.split(","))}, timeout=120,
+              pg_timeout_s=20).check()
 
 
 # ------------------------------------------------------------------------------------------------ mistakes
