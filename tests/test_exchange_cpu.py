@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from checks.exchange import (
     EX,
+    bad_input_cases,
     check,
     cross_process_reads,
     exchange_cases,
@@ -30,7 +31,8 @@ SLACK_S = 20.0  # scheduling on a loaded 2-core CI machine
 
 def exchange_body(ctx):
     torch.set_num_threads(1)  # as torchrun does: the ranks share two cores with the groups' workers
-    failed = ctx.run_cases(exchange_cases(dist.group.WORLD, CPU, "world")
+    world = dist.group.WORLD
+    failed = ctx.run_cases(exchange_cases(world, CPU, "world") + bad_input_cases(world, CPU, "world")
                            + stats_cases(CPU, "world", "cpu", dma_expected=cross_process_reads()), barrier_tag="world")
     if ctx.world == 3:  # ranks 0 and 2: group rank 1 is global rank 2, the roots torch takes
         sub = dist.new_group(ranks=[0, 2])

@@ -1,10 +1,11 @@
 """GPU (2 GPUs, or one with SDMA_TEST_SHARE_GPU=1; skipped elsewhere): the exchange collectives on the copy engines.
-The cases of test_exchange_cpu.py on CUDA tensors (every op, root, dtype, sync and async among all-gathers, stats and
-group_path(op=...) on "dma:direct", mistakes across ranks); stream semantics (a synchronous call orders after the
-caller's stream and before what follows on it, on the current and on a side stream; an async call issued on a side
-stream and waited on the current one); no CUDA kernel for any of them in a torch.profiler trace (copies only); a
-short randomized soak (soak_exchange.py) over the current and side streams and two groups. Expected bytes are always
-rebuilt locally from every rank's seed (NCCL is never the reference: it refuses two ranks on one GPU)."""
+The cases of test_exchange_cpu.py on CUDA tensors (every op, root, dtype, sync and async among all-gathers, local bad
+input, stats and group_path(op=...) on "dma:direct", mistakes across ranks); stream semantics (a synchronous call
+orders after the caller's stream and before what follows on it, on the current and on a side stream; an async call
+issued on a side stream and waited on the current one); no CUDA kernel for any of them in a torch.profiler trace
+(copies only); a short randomized soak (soak_exchange.py) over the current and side streams and two groups. Expected
+bytes are always rebuilt locally from every rank's seed (NCCL is never the reference: it refuses two ranks on one
+GPU)."""
 import pytest
 import torch
 import torch.distributed as dist
@@ -13,6 +14,7 @@ from soak_exchange import SoakOptions, run_soak, summary_line
 from checks.exchange import (
     EX,
     OPS,
+    bad_input_cases,
     check,
     exchange_cases,
     mistake_problems,
@@ -38,7 +40,7 @@ def cuda_exchange_body(ctx, quick):
     dev = ctx.device
     cases = exchange_cases(dist.group.WORLD, dev, "cuda", quick=quick)
     if not quick:
-        cases += stats_cases(dev, "cuda", "cuda")
+        cases += bad_input_cases(dist.group.WORLD, dev, "cuda") + stats_cases(dev, "cuda", "cuda")
     return ctx.run_cases(cases)
 
 

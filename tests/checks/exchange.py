@@ -535,3 +535,59 @@ def mistakes_summary(values):
             lines.append(f"rank {rank} {kind}: {o['type']} via {o['where']} in {o['elapsed']} s: {msg}")
     return "\n".join(lines)
 
+
+
+# ------------------------------------------------------------------------------------------------ bad input
+def bad_input_cases(g, dev, tag):
+    """Local bad input made alike on every rank (so that no peer waits for a call that never comes): the call itself
+    raises ValueError or RuntimeError on every rank, sync or async, before anything moves (the outputs keep their
+    poison), and the group's next calls are bit-exact."""
+    ex = EX(g, dev, tag + "/bad")
+    W, root = ex.W, ex.ranks[0]
+
+    def t(*shape):
+        return poison_(torch.empty(shape, device=dev))
+
+    bad = {  # name: (the outputs, the call)
+        "a2a_single_input_splits_not_summing_to_dim0": lambda o, a: dist.all_to_all_single(
+            o, t(4 * W), [4] * W, [4] * (W - 1) + [5], group=g, async_op=a),
+        "a2a_single_output_splits_not_summing_to_dim0": lambda o, a: dist.all_to_all_single(
+            o, t(4 * W), [4] * (W - 1) + [3], [4] * W, group=g, async_op=a),
+        "a2a_single_split_lists_one_too_long": lambda o, a: dist.all_to_all_single(
+            o, t(4 * W), [4] * W + [0], [4] * W + [0], group=g, async_op=a),
+        "a2a_single_even_dim0_not_divisible": lambda o, a: dist.all_to_all_single(
+            t(4 * W + 1), t(4 * W + 1), group=g, async_op=a),
+        "a2a_single_input_not_contiguous": lambda o, a: dist.all_to_all_single(
+            o, t(4 * W, 2)[:, 0], group=g, async_op=a),
+        "a2a_list_one_too_long": lambda o, a: dist.all_to_all(
+            [o.narrow(0, 0, 4)] * (W + 1), [t(4) for _ in range(W + 1)], group=g, async_op=a),
+        "broadcast_not_contiguous": lambda o, a: dist.broadcast(
+            o.view(2 * W, 2)[:, 0], src=root, group=g, async_op=a),
+    }
+    cases = []
+    for name, call in bad.items():
+        def fn(call=call, name=name):
+            problems = []
+            for async_op in (False, True):
+                out = t(4 * W)
+                try:
+                    call(out, async_op)
+                except (ValueError, RuntimeError) as e:
+                    if not str(e).strip():
+                        problems.append(f"async_op={async_op}: {type(e).__name__} without a message")
+                except Exception as e:  # noqa: BLE001
+                    problems.append(f"async_op={async_op}: {type(e).__name__}, not ValueError/RuntimeError: {e}")
+                else:
+                    problems.append(f"async_op={async_op}: the call raised nothing")
+                if dev.type == "cuda":
+                    torch.cuda.synchronize(dev)
+                if not bool((raw(out) == 0xA5).all()):
+                    problems.append(f"async_op={async_op}: bytes moved into the output")
+            # the group goes on: the next calls are bit-exact
+            problems += settle([ex.all_to_all_single(f"after_{name}", torch.float32,
+                                                     split_matrix(name, W, "random_with_zeros")),
+                                ex.broadcast(f"after_{name}b", torch.float32, W - 1, (100,))])
+            assert not problems, "\n".join(problems)
+
+        cases.append((f"{tag}/bad_input/{name}", fn))
+    return cases
