@@ -60,7 +60,7 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 # One list per layer (csrc/README.md); the vendor layer and the copy-engine runner only where the GPU code is built.
 SOURCES = {
     "backend": ["process_group_sdma.cpp", "bindings.cpp", "self_exchange.cpp", "settings_agreement.cpp",
-                "delegated_watch.cpp"],
+                "delegated_watch.cpp", "exchange_collectives.cpp"],
     "collective": [
         "allgather_inputs.cpp",
         "byte_spans.cpp",
@@ -69,6 +69,8 @@ SOURCES = {
         "captured_allgather.cpp",
         "node_layout.cpp",
         "hierarchical_allgather.cpp",
+        "exchange_inputs.cpp",
+        "direct_exchange.cpp",
     ],
     "transport": ["peer_rendezvous.cpp", "group_timeout_store.cpp", "host_shared_memory.cpp", "host_shm_transport.cpp"],
     "runner": ["shared_memory_runner.cpp", "host_rail_allgather.cpp", "kept_for_life.cpp"],

@@ -23,6 +23,7 @@ KNOWN_VARIABLES = (
     "TORCH_SDMA_LOG",
     "TORCH_SDMA_DIRECT",
     "TORCH_SDMA_DIRECT_PEER_WAIT_US",
+    "TORCH_SDMA_DELEGATE",
     "TORCH_SDMA_TEST_PSEUDO_NODES",
     "TORCH_SDMA_TEST_FAULT",
     "TORCH_SDMA_TEST_SYNC_ON_CALLER",
@@ -77,6 +78,19 @@ def _parse_int(name: str, default: int) -> int:
     return int(raw)
 
 
+# The collectives TORCH_SDMA_DELEGATE may send to the inner backend ("all_to_all": both all-to-all forms).
+DELEGABLE = ("all_to_all", "broadcast", "gather", "scatter")
+
+
+def _parse_delegate(name: str) -> str:
+    raw = os.environ.get(name, "")
+    ops = [op.strip() for op in raw.split(",") if op.strip()]
+    for op in ops:
+        if op not in DELEGABLE:
+            raise ValueError(f"{name}={raw!r}: {op!r} is not one of {', '.join(DELEGABLE)}")
+    return ",".join(sorted(set(ops)))
+
+
 def options_from_env(group_size: int) -> "_C.ProcessGroupSDMA.Options":
     """The knobs as the environment sets them, over the C++ defaults. One byte-count variable sets both devices."""
     warn_unknown_variables()
@@ -99,6 +113,7 @@ def options_from_env(group_size: int) -> "_C.ProcessGroupSDMA.Options":
         o.direct_cuda = False
         o.direct_cuda_from_allocator = True
     o.direct_peer_wait_us = _parse_int("TORCH_SDMA_DIRECT_PEER_WAIT_US", o.direct_peer_wait_us)
+    o.delegate = _parse_delegate("TORCH_SDMA_DELEGATE")
     validate(o, group_size)
     return o
 

@@ -50,11 +50,20 @@ def reset_stats(group: Optional[dist.ProcessGroup] = None) -> None:
         backend._sdma_reset_stats()
 
 
-def group_path(group: Optional[dist.ProcessGroup] = None, device: Optional[str] = None) -> str:
+def group_path(group: Optional[dist.ProcessGroup] = None, device: Optional[str] = None,
+               op: Optional[str] = None) -> str:
     """"dma", "dma:hierarchical" or "inner:<reason>" for all-gathers of `group` on `device` ("cuda" or "cpu");
     "unknown" before the first one. Without a device: the device whose all-gathers the group serves, CUDA where it
-    serves both (backend string "sdma" on a machine with GPUs)."""
+    serves both (backend string "sdma" on a machine with GPUs).
+    With `op` (all_to_all_single, all_to_all, broadcast, gather, scatter): the path that collective last took on
+    that device, "dma:direct" or "inner:<reason>", "unknown" before its first call."""
     backends = _sdma_backends(group)
+    if op is not None:
+        for backend in backends:
+            for served in ((device,) if device else ("cuda", "cpu")):
+                if backend._sdma_creation_verdict(served)[0]:
+                    return backend._sdma_op_path(served, op)
+        return "unknown"
     for backend in backends:
         for served in ((device,) if device else ("cuda", "cpu")):
             # The verdict's kind is "" for a device this backend does not serve.

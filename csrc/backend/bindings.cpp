@@ -5,7 +5,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "backend/process_group_sdma.hpp"
-#include "runner/allgather_runner.hpp"
+#include "runner/collective_runner.hpp"
 #include "runner/kept_for_life.hpp"
 #include "work/interpreter_exit.hpp"
 
@@ -113,6 +113,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("direct_cuda", &sdma::SdmaOptions::directCuda)
       .def_readwrite("direct_cpu", &sdma::SdmaOptions::directCpu)
       .def_readwrite("direct_cuda_from_allocator", &sdma::SdmaOptions::directCudaFromAllocator)
+      .def_readwrite("delegate", &sdma::SdmaOptions::delegate)
       .def_readwrite("log", &sdma::SdmaOptions::log)
       .def_readwrite("test_pseudo_node", &sdma::SdmaOptions::testPseudoNode)
       .def_readwrite("_timeout", &sdma::SdmaOptions::timeout)
@@ -152,6 +153,8 @@ PYBIND11_MODULE(_C, m) {
                              [](const sdma::ProcessGroupSDMA& self) { return self.options().groupName; })
       .def("_sdma_path", [](const sdma::ProcessGroupSDMA& self,
                             const std::string& device) { return self.pathFor(deviceType(device)).key(); })
+      .def("_sdma_op_path", [](const sdma::ProcessGroupSDMA& self, const std::string& device,
+                               const std::string& op) { return self.opPath(deviceType(device), op); })
       // (kind, reason): kind "dma", "inner", or "" when the group does not serve that device.
       .def("_sdma_creation_verdict",
            [](const sdma::ProcessGroupSDMA& self, const std::string& device) {

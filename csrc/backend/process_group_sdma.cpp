@@ -301,6 +301,22 @@ c10::intrusive_ptr<c10d::Backend>& ProcessGroupSDMA::innerFor(const std::vector<
   return innerFor(tensors[0].device(), op);
 }
 
+void ProcessGroupSDMA::recordOpPath(const char* op, const at::Device& device, const std::string& key, int64_t bytes) {
+  const std::string opKey = std::string(op) + ":" + key;
+  std::lock_guard<std::mutex> lock(statsMutex_);
+  auto& s = stats_[opKey];
+  s.first += 1;
+  s.second += bytes;
+  lastOpPath_[device.is_cuda() ? 1 : 0][op] = key;
+}
+
+std::string ProcessGroupSDMA::opPath(c10::DeviceType device, const std::string& op) const {
+  std::lock_guard<std::mutex> lock(statsMutex_);
+  const auto& paths = lastOpPath_[device == c10::DeviceType::CUDA ? 1 : 0];
+  const auto it = paths.find(op);
+  return it == paths.end() ? "unknown" : it->second;
+}
+
 void ProcessGroupSDMA::recordPath(const std::string& key, int64_t bytes) {
   std::lock_guard<std::mutex> lock(statsMutex_);
   auto& s = stats_[key];
@@ -345,23 +361,18 @@ namespace {
 
 // Stats, trace and record_param_comms names of the delegated collectives (the last two as ProcessGroupNCCL names
 // them after its "nccl:" prefix).
-constexpr CollectiveNames kBroadcast{"broadcast", "broadcast", "broadcast", CallOp::kBroadcast};
 constexpr CollectiveNames kAllreduce{"allreduce", "all_reduce", "allreduce", CallOp::kAllreduce};
 constexpr CollectiveNames kAllreduceSparse{"allreduce_sparse", "all_reduce_sparse", "allreduce_sparse",
                                            CallOp::kAllreduceSparse};
 constexpr CollectiveNames kAllreduceCoalesced{"allreduce_coalesced", "allreduce_coalesced", "allreduce_coalesced",
                                               CallOp::kAllreduceCoalesced};
 constexpr CollectiveNames kReduce{"reduce", "reduce", "reduce", CallOp::kReduce};
-constexpr CollectiveNames kGather{"gather", "gather", "gather", CallOp::kGather};
-constexpr CollectiveNames kScatter{"scatter", "scatter", "scatter", CallOp::kScatter};
 constexpr CollectiveNames kReduceScatter{"reduce_scatter", "reduce_scatter", "reduce_scatter", CallOp::kReduceScatter};
 constexpr CollectiveNames kReduceScatterTensor{"reduce_scatter_tensor", "_reduce_scatter_base", "_reduce_scatter_base",
                                                CallOp::kReduceScatterTensor};
 constexpr CollectiveNames kReduceScatterTensorCoalesced{
     "reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_coalesced",
     CallOp::kReduceScatterTensorCoalesced};
-constexpr CollectiveNames kAlltoallBase{"alltoall_base", "all_to_all", "all_to_allv", CallOp::kAlltoallSingle};
-constexpr CollectiveNames kAlltoall{"alltoall", "all_to_all", "all_to_all", CallOp::kAlltoall};
 constexpr CollectiveNames kSend{"send", "send", "send"};
 constexpr CollectiveNames kRecv{"recv", "recv", "recv"};
 constexpr CollectiveNames kRecvAnysource{"recvAnysource", "recv_anysource", "recvAnySource"};
@@ -370,12 +381,6 @@ constexpr CollectiveNames kBarrier{"barrier", "barrier", "barrier", CallOp::kBar
 const std::vector<at::Tensor> kNoTensors;
 
 }  // namespace
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::broadcast(std::vector<at::Tensor>& tensors,
-                                                           const c10d::BroadcastOptions& opts) {
-  return delegate(kBroadcast, {kBroadcast, tensors, tensors}, tensorBytes(tensors),
-                  [&](c10d::Backend& b) { return b.broadcast(tensors, opts); });
-}
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allreduce(std::vector<at::Tensor>& tensors,
                                                            const c10d::AllreduceOptions& opts) {
@@ -401,20 +406,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::reduce(std::vector<at::Tensor>&
                   [&](c10d::Backend& b) { return b.reduce(tensors, opts); });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                                        std::vector<at::Tensor>& inputs,
-                                                        const c10d::GatherOptions& opts) {
-  return delegate(kGather, {kGather, inputs, outputs.empty() ? kNoTensors : outputs[0]}, tensorBytes(inputs),
-                  [&](c10d::Backend& b) { return b.gather(outputs, inputs, opts); });
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::scatter(std::vector<at::Tensor>& outputs,
-                                                         std::vector<std::vector<at::Tensor>>& inputs,
-                                                         const c10d::ScatterOptions& opts) {
-  return delegate(kScatter, {kScatter, inputs.empty() ? kNoTensors : inputs[0], outputs}, tensorBytes(outputs),
-                  [&](c10d::Backend& b) { return b.scatter(outputs, inputs, opts); });
-}
-
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                                 std::vector<std::vector<at::Tensor>>& inputs,
                                                                 const c10d::ReduceScatterOptions& opts) {
@@ -433,25 +424,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::reduce_scatter_tensor_coalesced
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
   return delegate(kReduceScatterTensorCoalesced, {kReduceScatterTensorCoalesced, inputs, outputs}, tensorBytes(outputs),
                   [&](c10d::Backend& b) { return b.reduce_scatter_tensor_coalesced(outputs, inputs, opts); });
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::alltoall_base(at::Tensor& output, at::Tensor& input,
-                                                               std::vector<int64_t>& outputSplitSizes,
-                                                               std::vector<int64_t>& inputSplitSizes,
-                                                               const c10d::AllToAllOptions& opts) {
-  const std::vector<at::Tensor> ins{input}, outs{output};
-  const bool even = outputSplitSizes.empty() && inputSplitSizes.empty();
-  return delegate(
-      kAlltoallBase, {kAlltoallBase, ins, outs, inputSplitSizes, outputSplitSizes, even ? kAlltoall.comms : nullptr},
-      tensorBytes(outs),
-      [&](c10d::Backend& b) { return b.alltoall_base(output, input, outputSplitSizes, inputSplitSizes, opts); });
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::alltoall(std::vector<at::Tensor>& outputs,
-                                                          std::vector<at::Tensor>& inputs,
-                                                          const c10d::AllToAllOptions& opts) {
-  return delegate(kAlltoall, {kAlltoall, inputs, outputs}, tensorBytes(outputs),
-                  [&](c10d::Backend& b) { return b.alltoall(outputs, inputs, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
@@ -553,14 +525,14 @@ void ProcessGroupSDMA::connect(const at::Device& device) {
   }
 }
 
-std::unique_ptr<AllgatherRunner> ProcessGroupSDMA::connectHierarchical(const at::Device& device, std::string* whyNot) {
+std::unique_ptr<CollectiveRunner> ProcessGroupSDMA::connectHierarchical(const at::Device& device, std::string* whyNot) {
   *whyNot = layout_.hierarchyProblem();
   if (!whyNot->empty()) {
     return nullptr;  // the same on every member, as the layout is
   }
   const bool cuda = device.is_cuda();
   const std::string prefix = std::string("hier/") + (cuda ? "cuda" : "cpu") + "/";
-  std::unique_ptr<AllgatherRunner> runner;
+  std::unique_ptr<CollectiveRunner> runner;
   if (!railBackends_) {
     *whyNot = "the group was made without a way to create the inner backends of its rails";
   } else {
@@ -948,7 +920,7 @@ std::string ProcessGroupSDMA::nodeLayoutDescription() const {
   return spansNodes() ? layout_.describe() : "";
 }
 
-int64_t ProcessGroupSDMA::sumOverRunners(size_t (AllgatherRunner::*bytes)() const) const {
+int64_t ProcessGroupSDMA::sumOverRunners(size_t (CollectiveRunner::*bytes)() const) const {
   int64_t b = 0;
   for (const DevicePath* path : {&cudaPath_, &hostPath_}) {
     if (path->runner) {
@@ -959,11 +931,11 @@ int64_t ProcessGroupSDMA::sumOverRunners(size_t (AllgatherRunner::*bytes)() cons
 }
 
 int64_t ProcessGroupSDMA::stagingBytesInUse() const {
-  return sumOverRunners(&AllgatherRunner::stagingBytes);
+  return sumOverRunners(&CollectiveRunner::stagingBytes);
 }
 
 int64_t ProcessGroupSDMA::peerMappedBytes() const {
-  return sumOverRunners(&AllgatherRunner::peerMappedBytes);
+  return sumOverRunners(&CollectiveRunner::peerMappedBytes);
 }
 
 }  // namespace sdma

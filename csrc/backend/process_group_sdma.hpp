@@ -26,8 +26,9 @@
 #include "collective/allgather_inputs.hpp"
 #include "collective/collective_info.hpp"
 #include "collective/collective_path.hpp"
+#include "collective/exchange_inputs.hpp"
 #include "collective/node_layout.hpp"
-#include "runner/allgather_runner.hpp"
+#include "runner/collective_runner.hpp"
 #include "transport/call_board.hpp"
 #include "transport/group_region.hpp"
 #include "transport/group_timeout_store.hpp"
@@ -131,6 +132,8 @@ class ProcessGroupSDMA : public c10d::Backend {
   }
   void resetStats();
   CollectivePath pathFor(c10::DeviceType device) const;
+  // The path key the exchange `op` ("broadcast", ...) last took on `device`; "unknown" before its first call.
+  std::string opPath(c10::DeviceType device, const std::string& op) const;
   // The path predicted when the group was created (for its log line); Unknown if the group does not serve
   // that device.
   CollectivePath creationVerdict(c10::DeviceType device) const;
@@ -147,14 +150,14 @@ class ProcessGroupSDMA : public c10d::Backend {
   struct DevicePath {
     CollectivePath atCreation;
     CollectivePath decided;
-    std::unique_ptr<AllgatherRunner> runner;
+    std::unique_ptr<CollectiveRunner> runner;
     std::string connectFailure;  // why connecting failed (a peer never came): later all-gathers are refused
   };
   DevicePath& devicePath(const at::Device& device) {
     return device.is_cuda() ? cudaPath_ : hostPath_;
   }
   // A runner's byte count (stagingBytes, peerMappedBytes) summed over both devices.
-  int64_t sumOverRunners(size_t (AllgatherRunner::*bytes)() const) const;
+  int64_t sumOverRunners(size_t (CollectiveRunner::*bytes)() const) const;
 
   // The one shape of every all-gather form: decide the path, then run the DMA schedule or call the inner backend.
   // The all-gather's post on the call board: the collective, its device and route, its bytes per rank.
@@ -163,6 +166,17 @@ class ProcessGroupSDMA : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgatherCollective(const CollectiveNames& names, c10d::OpType opType,
                                                      PlannedAllgather planned, const TracedCollective& traced,
                                                      const c10d::AllgatherOptions& opts, InnerCall&& innerCall);
+  // The one shape of every exchange (exchange_collectives.cpp): the route every rank takes alike, then the runner's
+  // direct schedule or the inner backend.
+  template <typename InnerCall>
+  c10::intrusive_ptr<c10d::Work> exchangeCollective(const CollectiveNames& names, c10d::OpType opType,
+                                                    PlannedExchange planned, const TracedCollective& traced,
+                                                    bool asyncOp, std::chrono::milliseconds timeout,
+                                                    InnerCall&& innerCall);
+  // From what every rank passes alike: the inner backend and why, or the DMA path (the runner may still say no).
+  CollectivePath exchangeRoute(const PlannedExchange& planned, CallOp op) const;
+  // TORCH_SDMA_DELEGATE names the op (all_to_all covers both forms).
+  bool delegatedByKnob(CallOp op) const;
   // The one shape of every delegated collective.
   template <typename InnerCall>
   c10::intrusive_ptr<c10d::Work> delegate(const CollectiveNames& names, const TracedCollective& traced, int64_t bytes,
@@ -182,7 +196,7 @@ class ProcessGroupSDMA : public c10d::Backend {
   }
   // Hierarchical: this rank's node's own store (one per device), and the runner over the node and this rank's rail.
   c10::intrusive_ptr<c10d::Store> nodeStore(bool cuda) const;
-  std::unique_ptr<AllgatherRunner> connectHierarchical(const at::Device& device, std::string* whyNot);
+  std::unique_ptr<CollectiveRunner> connectHierarchical(const at::Device& device, std::string* whyNot);
 #ifdef TORCH_SDMA_CUDA
   std::unique_ptr<CommBufferPool> commBuffers_;  // from the first allocateTensor (a build without CUDA has none)
 #endif
@@ -207,6 +221,8 @@ class ProcessGroupSDMA : public c10d::Backend {
   DirectPathOptions directPathOptions() const;
   DirectPairCounts runnerDirectPairs() const;
   void recordPath(const std::string& key, int64_t bytes);
+  // An exchange's path: stats under "<op>:<path>", and the op's last path on the device (opPath()).
+  void recordOpPath(const char* op, const at::Device& device, const std::string& key, int64_t bytes);
   c10::intrusive_ptr<c10d::Work> trackCoalesced(c10::intrusive_ptr<c10d::Work> work);
 
   const c10::intrusive_ptr<GroupTimeoutStore> sdmaStore_;  // our own keys, apart from the inner backends'
@@ -240,6 +256,7 @@ class ProcessGroupSDMA : public c10d::Backend {
 
   mutable std::mutex statsMutex_;
   std::map<std::string, std::pair<int64_t, int64_t>> stats_;  // path key -> (calls, bytes)
+  std::map<std::string, std::string> lastOpPath_[2];          // by device (CPU, CUDA): op -> its last path key
   DirectPairCounts pairsAtReset_;                             // the runner's tally when stats were last reset
 };
 

@@ -43,6 +43,8 @@ std::string settingsThatMustAgree(const SdmaOptions& o) {
   // agrees on staging when it connects (one member that cannot map its peers' memory keeps them all off it).
   s << "TORCH_SDMA_DIRECT (CUDA)=" << (o.directCuda || o.directCudaFromAllocator ? 1 : 0) << "\n";
   s << "TORCH_SDMA_DIRECT (CPU)=" << (o.directCpu ? 1 : 0) << "\n";
+  // The exchanges it names go to the inner backend on this rank only.
+  s << "TORCH_SDMA_DELEGATE=" << o.delegate << "\n";
   return s.str();
 }
 

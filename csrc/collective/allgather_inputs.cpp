@@ -3,9 +3,7 @@
 #include <c10/util/Exception.h>
 
 namespace sdma {
-namespace {
 
-// ProcessGroupNCCL's words for one tensor operand.
 void checkSingleTensor(const at::Tensor& t, const at::Device& device) {
   if (t.device().type() != device.type() || t.is_sparse()) {
     C10_THROW_ERROR(ValueError, device.is_cuda() ? "Tensors must be CUDA and dense" : "Tensors must be CPU and dense");
@@ -17,6 +15,8 @@ void checkSingleTensor(const at::Tensor& t, const at::Device& device) {
     C10_THROW_ERROR(ValueError, "Expected list of tensors on the same device");
   }
 }
+
+namespace {
 
 void checkSameType(const at::Tensor& output, const at::Tensor& input) {
   if (output.dtype() != input.dtype()) {

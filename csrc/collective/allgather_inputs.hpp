@@ -38,6 +38,8 @@ class InnerOperands {
   bool asBytes_;
 };
 
+// ProcessGroupNCCL's words for one tensor operand that is not dense, contiguous and on `device`.
+void checkSingleTensor(const at::Tensor& t, const at::Device& device);
 // ProcessGroupNCCL's words when a call passes more than one input tensor.
 void checkOneInput(const std::vector<at::Tensor>& inputs);
 // A contiguous tensor's bytes, as a flat uint8 view of the same memory.

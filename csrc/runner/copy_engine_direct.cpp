@@ -50,9 +50,10 @@ CopyEngineDirect::CopyEngineDirect(const c10::intrusive_ptr<c10d::Store>& groupS
       options_(options),
       peerSegments_(device, pidsOf(members)) {
   c10d::PrefixStore store("direct/", groupStore);
-  mailboxRegion_ = GroupRegion(store, "mailbox", rank, size, ArrivalMailbox::bytesFor(size, kMailboxDepth),
+  const bool withRanges = size <= kMaxExchangeRanks;
+  mailboxRegion_ = GroupRegion(store, "mailbox", rank, size, ArrivalMailbox::bytesFor(size, kMailboxDepth, withRanges),
                                "the direct path's arrival mailbox");
-  mailbox_ = std::make_unique<ArrivalMailbox>(mailboxRegion_.data(), rank, size, kMailboxDepth);
+  mailbox_ = std::make_unique<ArrivalMailbox>(mailboxRegion_.data(), rank, size, kMailboxDepth, withRanges);
   retiredRegion_ = GroupRegion(store, "retired", rank, size, RetiredSegmentLog::bytesFor(size),
                                "the direct path's retired-allocation log");
   retired_ = std::make_unique<RetiredSegmentLog>(retiredRegion_.data(), rank, size);
@@ -143,10 +144,7 @@ CopyEngineDirect::Arrival CopyEngineDirect::arrive(const AllgatherPlan& plan, st
   post.input = reinterpret_cast<uint64_t>(a.posted.input);
   post.output = reinterpret_cast<uint64_t>(a.posted.outputBase);
 
-  a.transport = transport_;
-  a.serial = ++serial_;
-  const auto settled = mailbox_->arrive(serial_, post, timeout, peerWaitFor(n), options_.peerWait);
-  forgetPeersFreedAllocations();
+  const auto settled = this->post(a, post, n, timeout);
   // Every peer whose post this rank read agrees on the size, or nothing is enqueued: checked before any mapping.
   for (int q = 0; q < size_; ++q) {
     const ArrivalMailbox::PeerArrival& peer = settled[q];
@@ -167,6 +165,88 @@ CopyEngineDirect::Arrival CopyEngineDirect::arrive(const AllgatherPlan& plan, st
     a.peers[q].outputBase =
         reinterpret_cast<uint64_t>(peerSegments_.locate(q, peer.post.outputSegment, peer.post.output, &a.holds));
     if (peer.pairing == Pairing::kThisCameLate) {
+      a.peers[q].input =
+          reinterpret_cast<uint64_t>(peerSegments_.locate(q, peer.post.inputSegment, peer.post.input, &a.holds));
+    }
+  }
+  return a;
+}
+
+}  // namespace sdma
+
+namespace sdma {
+
+std::vector<ArrivalMailbox::PeerArrival> CopyEngineDirect::post(Arrival& a, const BufferPost& post,
+                                                                size_t peerWaitBytes, std::chrono::milliseconds timeout,
+                                                                const std::vector<PairRanges>* ranges) {
+  a.transport = transport_;
+  a.serial = ++serial_;
+  auto settled = mailbox_->arrive(serial_, post, timeout, peerWaitFor(peerWaitBytes), options_.peerWait, ranges);
+  forgetPeersFreedAllocations();
+  return settled;
+}
+
+CopyEngineDirect::Arrival CopyEngineDirect::arriveExchange(const ExchangePlan& plan,
+                                                           std::chrono::milliseconds timeout) {
+  retireFreedAllocations();
+  Arrival a;
+  BufferPost post;
+  a.posted = {plan.input, plan.output};
+  const bool inputMappable =
+      plan.inputBytes == 0 || (plan.input && exporter_.exportRange(plan.input, plan.inputBytes, &post.inputSegment));
+  const bool outputMappable =
+      plan.outputBytes == 0 ||
+      (plan.output && exporter_.exportRange(plan.output, plan.outputBytes, &post.outputSegment));
+  if (!inputMappable || !outputMappable) {
+    // One bounce area: the input region, then the output region, each where it is needed.
+    const uint64_t inputAt = 0;
+    const uint64_t outputAt = inputMappable ? 0 : roundUp(static_cast<size_t>(plan.inputBytes), kPageBytes);
+    const auto& bounce = bounceOf(outputAt + (outputMappable ? 0 : plan.outputBytes));
+    a.holds.push_back(bounce);
+    ExportedSegment bounceSegment;
+    TORCH_CHECK(exporter_.exportRange(bounce->data(), bounce->bytes(), &bounceSegment),
+                "torch_sdma: the direct path's bounce area is not in the registry of shareable memory");
+    if (!inputMappable) {
+      a.posted.input = bounce->data() + inputAt;
+      post.inputSegment = bounceSegment;
+    }
+    if (!outputMappable) {
+      a.posted.outputBase = bounce->data() + outputAt;
+      post.outputSegment = bounceSegment;
+    }
+  }
+  post.input = reinterpret_cast<uint64_t>(a.posted.input);
+  post.output = reinterpret_cast<uint64_t>(a.posted.outputBase);
+  post.bytes = plan.outputBytes;
+  const std::vector<PairRanges> mine = pairRangesOf(plan);
+  const auto settled =
+      this->post(a, post, std::max(plan.inputBytes, plan.outputBytes) / std::max(size_ - 1, 1), timeout, &mine);
+  // Every pair whose post this rank read agrees, or nothing is enqueued: checked before any mapping.
+  for (int q = 0; q < size_; ++q) {
+    const ArrivalMailbox::PeerArrival& peer = settled[q];
+    if (q == rank_ || peer.pairing == Pairing::kPeerCameLate) {
+      continue;
+    }
+    const std::string differs = pairDisagreement(rank_, q, plan.sendTo[q].bytes, plan.recvFrom[q].bytes,
+                                                 peer.ranges.sends.bytes, peer.ranges.expects.bytes);
+    if (!differs.empty()) {
+      throw RangeMismatch(differs);
+    }
+  }
+  a.peers.resize(size_);
+  a.ranges.resize(size_);
+  for (int q = 0; q < size_; ++q) {
+    const ArrivalMailbox::PeerArrival& peer = settled[q];
+    a.peers[q].pairing = peer.pairing;
+    a.ranges[q] = peer.ranges;
+    if (q == rank_ || peer.pairing == Pairing::kPeerCameLate) {
+      continue;
+    }
+    if (plan.sendTo[q].bytes > 0) {
+      a.peers[q].outputBase =
+          reinterpret_cast<uint64_t>(peerSegments_.locate(q, peer.post.outputSegment, peer.post.output, &a.holds));
+    }
+    if (peer.pairing == Pairing::kThisCameLate && plan.recvFrom[q].bytes > 0) {
       a.peers[q].input =
           reinterpret_cast<uint64_t>(peerSegments_.locate(q, peer.post.inputSegment, peer.post.input, &a.holds));
     }

@@ -16,7 +16,8 @@
 
 #include "collective/allgather_plan.hpp"
 #include "collective/direct_allgather.hpp"
-#include "runner/allgather_runner.hpp"
+#include "collective/exchange_plan.hpp"
+#include "runner/collective_runner.hpp"
 #include "runner/size_mismatch.hpp"
 #include "transport/arrival_mailbox.hpp"
 #include "transport/copy_engine_transport.hpp"
@@ -46,6 +47,7 @@ class CopyEngineDirect {
     uint64_t serial = 0;  // the mailbox's; the flags carry its low 32 bits
     PostedBuffers posted;
     std::vector<PeerBuffers> peers;  // how each pair is shared, and the peer buffers this rank copies with, mapped here
+    std::vector<PairRanges> ranges;  // an exchange: what each peer posted about its pair with this rank
     // The transport it runs on, the mappings and the bounce area the copies use: kept until the collective is done.
     std::shared_ptr<CopyEngineTransport> transport;
     std::vector<std::shared_ptr<void>> holds;
@@ -55,6 +57,14 @@ class CopyEngineDirect {
   // mailbox's depth behind; past `timeout` that throws. A peer that posted another size for the same serial makes it
   // throw too, naming both sizes, after this rank's post is out (so that the peer's watchdog sees the mismatch).
   Arrival arrive(const AllgatherPlan& plan, std::chrono::milliseconds timeout);
+  // The same for an exchange (collective/exchange_plan.hpp), in the same serials: its regions posted (bounced where
+  // packed or not mappable), its ranges posted per peer. A peer whose ranges disagree with this rank's makes it throw
+  // RangeMismatch, after this rank's post is out.
+  Arrival arriveExchange(const ExchangePlan& plan, std::chrono::milliseconds timeout);
+  // Whether arriveExchange() can serve this group (its mailbox carries ranges).
+  bool exchanges() const {
+    return mailbox_->carriesRanges();
+  }
 
   // What the peers posted for `serial`, for the watchdog: whether group rank q has reached it on its CPU, and, if it
   // posted another size than `bytesPerRank`, that size.
@@ -84,6 +94,10 @@ class CopyEngineDirect {
 
  private:
   std::chrono::microseconds peerWaitFor(size_t bytesPerRank) const;
+  // Posts `post` (and `ranges`) for the next serial and settles every pair; the serial goes into `a`.
+  std::vector<ArrivalMailbox::PeerArrival> post(Arrival& a, const BufferPost& post, size_t peerWaitBytes,
+                                                std::chrono::milliseconds timeout,
+                                                const std::vector<PairRanges>* ranges = nullptr);
   // The bounce area, at least `bytes` large (a larger one replaces it; collectives in flight hold the old one).
   const std::shared_ptr<BounceArea>& bounceOf(size_t bytes);
   // Tells the peers which allocations this rank exported to them it has freed since its last all-gather.

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "collective/captured_allgather.hpp"
+#include "collective/direct_exchange.hpp"
 #include "collective/fault_release.hpp"
 #include "collective/hierarchical_allgather.hpp"
 #include "collective/rank_list.hpp"
@@ -50,9 +51,9 @@ std::string copyEnginePathProblem(c10d::Store& store, int rank, int size) {
   return CopyEngineTransport::checkGroupReachable(store, "ce/create", rank, size, c10::cuda::current_device());
 }
 
-std::unique_ptr<AllgatherRunner> connectCopyEngineRunner(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                                         int size, int device, const StagingGeometry& geometry,
-                                                         const DirectPathOptions& direct, std::string* whyNot) {
+std::unique_ptr<CollectiveRunner> connectCopyEngineRunner(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                                          int size, int device, const StagingGeometry& geometry,
+                                                          const DirectPathOptions& direct, std::string* whyNot) {
   c10::cuda::CUDAGuard guard(device);
   std::vector<MemberIdentity> members;
   *whyNot = CopyEngineTransport::checkGroupReachable(*store, "ce/connect", rank, size, device, &members);
@@ -72,9 +73,9 @@ bool cachingAllocatorUsesExpandableSegments() {
   return c10::CachingAllocator::AcceleratorAllocatorConfig::use_expandable_segments();
 }
 
-std::unique_ptr<AllgatherRunner> connectHierarchicalCopyEngineRunner(const c10::intrusive_ptr<c10d::Store>& nodeStore,
-                                                                     int device, const StagingGeometry& nodeGeometry,
-                                                                     HierarchicalSetup setup, std::string* whyNot) {
+std::unique_ptr<CollectiveRunner> connectHierarchicalCopyEngineRunner(const c10::intrusive_ptr<c10d::Store>& nodeStore,
+                                                                      int device, const StagingGeometry& nodeGeometry,
+                                                                      HierarchicalSetup setup, std::string* whyNot) {
   c10::cuda::CUDAGuard guard(device);
   std::vector<MemberIdentity> nodeMembers;
   *whyNot = CopyEngineTransport::checkGroupReachable(*nodeStore, "ce/connect", setup.localIndex(),
@@ -315,7 +316,7 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::run(PlannedAllgather& planned, 
   inFlight.rail = railStaging_;
   inFlight.firstSerial = first;
   inFlight.lastSerial = static_cast<uint32_t>(chunks_);
-  return track(planned, asyncOp, drain, std::move(inFlight), lock);
+  return track(operandsOf(planned), asyncOp, drain, std::move(inFlight), lock);
 }
 
 void CopyEngineRunner::refuseIfFailed(const CollectiveInfo& info) {
@@ -389,7 +390,7 @@ void CopyEngineRunner::forkFromCaller(gpu::Stream caller, gpu::Stream push, gpu:
   }
 }
 
-c10::intrusive_ptr<c10d::Work> CopyEngineRunner::track(PlannedAllgather& planned, bool asyncOp, gpu::Stream drain,
+c10::intrusive_ptr<c10d::Work> CopyEngineRunner::track(Operands planned, bool asyncOp, gpu::Stream drain,
                                                        InFlight inFlight, std::unique_lock<std::mutex>& lock) {
   gpu::Event end = endEvents_->take();
   gpu::recordEvent(end, drain);
@@ -414,36 +415,54 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::track(PlannedAllgather& planned
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> CopyEngineRunner::enqueueDirect(PlannedAllgather& planned, bool asyncOp,
-                                                               const CollectiveInfo& info, gpu::Stream caller) {
+CopyEngineDirect& CopyEngineRunner::directPath() {
   if (!direct_) {
-    // Every member makes its first direct all-gather together, so they connect here together.
+    // Every member makes its first direct collective together, so they connect here together.
     direct_ = std::make_unique<CopyEngineDirect>(store_, rank_, size_, device_, members_, directOptions_);
   }
-  CopyEngineDirect::Arrival arrival;
+  return *direct_;
+}
+
+template <typename Arrive>
+CopyEngineDirect::Arrival CopyEngineRunner::arriveOrRefuse(std::vector<at::Tensor>& keepAlive,
+                                                           const CollectiveInfo& info, Arrive&& arrive) {
   try {
-    arrival = direct_->arrive(planned.plan, info.timeout);
+    return arrive();
   } catch (const SizeMismatch& e) {
     // Nothing enqueued here; a peer that did not read this rank's post sees the mismatch in its watchdog, in the
     // call board's words where the board still shows the peer's post. A peer that read the post may copy with these
     // buffers once this failure released it.
-    keepTensorsForLife(std::move(planned.keepAlive));
+    keepTensorsForLife(std::move(keepAlive));
     const std::string board = info.callMismatch();
-    const std::string reason = info.describe() + " failed: " + (board.empty() ? e.describe(rank_) : board);
-    if (info.board) {
-      info.board->fail(info.seq, reason);
-    }
-    refuseCall(reason);
+    refuseOnBoard(info, info.describe() + " failed: " + (board.empty() ? e.describe(rank_) : board));
+  } catch (const RangeMismatch& e) {
+    // The same for an exchange's pair: the peer that read this rank's post finds it too; one that did not learns it
+    // from the board of failures.
+    keepTensorsForLife(std::move(keepAlive));
+    refuseOnBoard(info, info.describe() + " failed: " + e.what());
   } catch (const std::exception& e) {
     // Posted or not, this rank's part of the pairing is lost: the group fails, and its buffers stay for any peer
     // that read the post.
-    keepTensorsForLife(std::move(planned.keepAlive));
+    keepTensorsForLife(std::move(keepAlive));
     refuseCall(info.describe() + " failed: " + messageOf(e));
   }
+}
+
+void CopyEngineRunner::refuseOnBoard(const CollectiveInfo& info, const std::string& reason) {
+  if (info.board) {
+    info.board->fail(info.seq, reason);
+  }
+  refuseCall(reason);
+}
+
+template <typename Schedule>
+c10::intrusive_ptr<c10d::Work> CopyEngineRunner::enqueueArrived(CopyEngineDirect::Arrival& arrival, Operands operands,
+                                                                bool asyncOp, const CollectiveInfo& info,
+                                                                gpu::Stream caller, Schedule&& schedule) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (failure_.happened()) {
     // Failed while this rank posted its buffers: a peer that read the post may copy with them once released.
-    keepTensorsForLife(std::move(planned.keepAlive));
+    keepTensorsForLife(std::move(operands.keepAlive));
     failure_.refuse(info);
   }
   // Pushes over the link on one stream; pulls over it, or copies out of the landing area, on the other: two copy
@@ -453,7 +472,7 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::enqueueDirect(PlannedAllgather&
   CopyEngineTransport& transport = *arrival.transport;
   transport.bindLanes(pushStream_, drain);
   const auto serial = static_cast<uint32_t>(arrival.serial);
-  scheduleDirectAllgather(transport, planned.plan, serial, arrival.posted, arrival.peers);
+  schedule(transport, serial);
   transport.flush();
   InFlight inFlight;
   inFlight.transport = std::move(arrival.transport);
@@ -464,7 +483,59 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::enqueueDirect(PlannedAllgather&
   inFlight.finished = Flag::Done;
   inFlight.flagSlot = 0;
   inFlight.holds = std::move(arrival.holds);
-  return track(planned, asyncOp, drain, std::move(inFlight), lock);
+  return track(std::move(operands), asyncOp, drain, std::move(inFlight), lock);
+}
+
+c10::intrusive_ptr<c10d::Work> CopyEngineRunner::enqueueDirect(PlannedAllgather& planned, bool asyncOp,
+                                                               const CollectiveInfo& info, gpu::Stream caller) {
+  CopyEngineDirect& direct = directPath();
+  CopyEngineDirect::Arrival arrival =
+      arriveOrRefuse(planned.keepAlive, info, [&] { return direct.arrive(planned.plan, info.timeout); });
+  return enqueueArrived(arrival, operandsOf(planned), asyncOp, info, caller,
+                        [&](CopyEngineTransport& transport, uint32_t serial) {
+                          scheduleDirectAllgather(transport, planned.plan, serial, arrival.posted, arrival.peers);
+                        });
+}
+
+CollectivePath CopyEngineRunner::pathFor(const PlannedExchange& planned) {
+  if (planned.device.index() != device_) {
+    return CollectivePath::inner("tensor on another GPU than the group's first collective");
+  }
+  if (gpu::streamCapturing(c10::cuda::getCurrentCUDAStream(device_).stream())) {
+    return CollectivePath::inner("captured into a CUDA graph");
+  }
+  if (hierarchy_) {
+    return CollectivePath::inner("the group spans nodes");
+  }
+  if (!directOptions_.enabled) {
+    return CollectivePath::inner("the direct path is off (TORCH_SDMA_DIRECT, or expandable segments)");
+  }
+  if (size_ > kMaxExchangeRanks) {
+    return CollectivePath::inner("a group of more than " + std::to_string(kMaxExchangeRanks) + " ranks");
+  }
+  return CollectivePath::dma(CollectivePath::kDirect);
+}
+
+c10::intrusive_ptr<c10d::Work> CopyEngineRunner::run(PlannedExchange& planned, bool asyncOp,
+                                                     const CollectiveInfo& info) {
+  c10::cuda::CUDAGuard guard(device_);
+  gpu::Stream caller = c10::cuda::getCurrentCUDAStream(device_).stream();
+  std::lock_guard<std::mutex> enqueue(enqueueMutex_);
+  refuseIfFailed(info);
+  if (!direct_) {
+    meetPeersBeforeConnecting(info);
+  }
+  CopyEngineDirect& direct = directPath();
+  CopyEngineDirect::Arrival arrival =
+      arriveOrRefuse(planned.keepAlive, info, [&] { return direct.arriveExchange(planned.plan, info.timeout); });
+  std::vector<ExchangePeer> peers(size_);
+  for (int q = 0; q < size_; ++q) {
+    peers[q] = {arrival.peers[q], arrival.ranges[q]};
+  }
+  return enqueueArrived(arrival, operandsOf(planned), asyncOp, info, caller,
+                        [&](CopyEngineTransport& transport, uint32_t serial) {
+                          scheduleDirectExchange(transport, planned.plan, serial, arrival.posted, peers);
+                        });
 }
 
 c10::intrusive_ptr<c10d::Work> CopyEngineRunner::enqueueCaptured(PlannedAllgather& planned, const CollectiveInfo& info,

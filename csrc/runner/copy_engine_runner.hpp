@@ -27,8 +27,8 @@
 #include <mutex>
 #include <string>
 
-#include "runner/allgather_runner.hpp"
 #include "runner/call_order.hpp"
+#include "runner/collective_runner.hpp"
 #include "runner/copy_engine_direct.hpp"
 #include "runner/gpu_rail_allgather.hpp"
 #include "runner/group_failure.hpp"
@@ -40,7 +40,7 @@
 
 namespace sdma {
 
-class CopyEngineRunner : public AllgatherRunner {
+class CopyEngineRunner : public CollectiveRunner {
  public:
   // `members`: every member's identity, from a reachability check that said "" to all. `cap`: the largest staging.
   CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int rank, int size, int device,
@@ -55,6 +55,9 @@ class CopyEngineRunner : public AllgatherRunner {
   // that first wait for the caller's stream. Never blocks the CPU on the GPU.
   c10::intrusive_ptr<c10d::Work> run(PlannedAllgather& planned, const CollectivePath& path, bool asyncOp,
                                      const CollectiveInfo& info) override;
+  CollectivePath pathFor(const PlannedExchange& planned) override;
+  // The exchange's one path: the direct schedule, on the direct path's flags and serials (docs/design.md, "Exchange").
+  c10::intrusive_ptr<c10d::Work> run(PlannedExchange& planned, bool asyncOp, const CollectiveInfo& info) override;
   size_t stagingBytes() const override;
   size_t peerMappedBytes() const override;
   DirectPairCounts directPairs() const override;
@@ -108,6 +111,19 @@ class CopyEngineRunner : public AllgatherRunner {
   // The direct path; called with enqueueMutex_ held.
   c10::intrusive_ptr<c10d::Work> enqueueDirect(PlannedAllgather& planned, bool asyncOp, const CollectiveInfo& info,
                                                gpu::Stream caller);
+  // The direct path's state, connected by the group's first direct collective (every member's together).
+  CopyEngineDirect& directPath();
+  // `arrive()`'s arrival; where it throws, the call is refused and the group fails, `keepAlive` kept for good (a
+  // peer that read this rank's post may copy with those buffers).
+  template <typename Arrive>
+  CopyEngineDirect::Arrival arriveOrRefuse(std::vector<at::Tensor>& keepAlive, const CollectiveInfo& info,
+                                           Arrive&& arrive);
+  // Records `reason` on the call board too, where the peers' waits read it, and refuses the call.
+  [[noreturn]] void refuseOnBoard(const CollectiveInfo& info, const std::string& reason);
+  // Enqueues `schedule(transport, serial)` for an arrival on the direct path and tracks it.
+  template <typename Schedule>
+  c10::intrusive_ptr<c10d::Work> enqueueArrived(CopyEngineDirect::Arrival& arrival, Operands operands, bool asyncOp,
+                                                const CollectiveInfo& info, gpu::Stream caller, Schedule&& schedule);
   // Throws where the group failed, here or on a peer (which fails it here too).
   void refuseIfFailed(const CollectiveInfo& info);
   // "group rank 1 (pid 123) exited" for the first member whose process is gone, or "".
@@ -118,7 +134,7 @@ class CopyEngineRunner : public AllgatherRunner {
   // lane after the group's previous eager collective where that one ended on another stream (call_order.hpp).
   void forkFromCaller(gpu::Stream caller, gpu::Stream push, gpu::Stream drain);
   // The Work of a collective enqueued on the drain lane, watched until it is done.
-  c10::intrusive_ptr<c10d::Work> track(PlannedAllgather& planned, bool asyncOp, gpu::Stream drain, InFlight inFlight,
+  c10::intrusive_ptr<c10d::Work> track(Operands planned, bool asyncOp, gpu::Stream drain, InFlight inFlight,
                                        std::unique_lock<std::mutex>& lock);
 
   void watchdogLoop();

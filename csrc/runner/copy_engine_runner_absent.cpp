@@ -1,5 +1,5 @@
 // A build without CUDA (TORCH_SDMA_CUDA unset, e.g. a CPU-only torch): CUDA all-gathers go to the inner backend.
-#include "runner/allgather_runner.hpp"
+#include "runner/collective_runner.hpp"
 
 namespace sdma {
 namespace {
@@ -14,16 +14,16 @@ bool cachingAllocatorUsesExpandableSegments() {
   return false;
 }
 
-std::unique_ptr<AllgatherRunner> connectCopyEngineRunner(const c10::intrusive_ptr<c10d::Store>&, int, int, int,
-                                                         const StagingGeometry&, const DirectPathOptions&,
-                                                         std::string* whyNot) {
+std::unique_ptr<CollectiveRunner> connectCopyEngineRunner(const c10::intrusive_ptr<c10d::Store>&, int, int, int,
+                                                          const StagingGeometry&, const DirectPathOptions&,
+                                                          std::string* whyNot) {
   *whyNot = kWhy;
   return nullptr;
 }
 
-std::unique_ptr<AllgatherRunner> connectHierarchicalCopyEngineRunner(const c10::intrusive_ptr<c10d::Store>&, int,
-                                                                     const StagingGeometry&, HierarchicalSetup,
-                                                                     std::string* whyNot) {
+std::unique_ptr<CollectiveRunner> connectHierarchicalCopyEngineRunner(const c10::intrusive_ptr<c10d::Store>&, int,
+                                                                      const StagingGeometry&, HierarchicalSetup,
+                                                                      std::string* whyNot) {
   *whyNot = kWhy;
   return nullptr;
 }

@@ -11,7 +11,7 @@
 
 #include "collective/inner_allgather.hpp"
 #include "gpu/gpu_api.hpp"
-#include "runner/allgather_runner.hpp"
+#include "runner/collective_runner.hpp"
 #include "runner/group_free_caller.hpp"
 #include "transport/copy_engine_transport.hpp"
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "collective/inner_allgather.hpp"
-#include "runner/allgather_runner.hpp"
+#include "runner/collective_runner.hpp"
 #include "transport/host_shm_transport.hpp"
 
 namespace sdma {

@@ -4,9 +4,11 @@
 #include <c10/util/Logging.h>
 
 #include "collective/direct_allgather.hpp"
+#include "collective/direct_exchange.hpp"
 #include "collective/hierarchical_allgather.hpp"
 #include "collective/staging_allgather.hpp"
 #include "runner/kept_for_life.hpp"
+#include "runner/size_mismatch.hpp"
 #include "runner/test_dispatch.hpp"
 #include "runner/test_faults.hpp"
 #include "work/interpreter_exit.hpp"
@@ -17,10 +19,11 @@ std::string sharedMemoryPathProblem(c10d::Store& store, int rank, int size) {
   return HostShmTransport::checkSameHost(store, "shm/create", rank, size);
 }
 
-std::unique_ptr<AllgatherRunner> connectSharedMemoryRunner(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                                           int size, const StagingGeometry& geometry, bool direct,
-                                                           const std::string& groupName, std::string* whyNot) {
-  auto transport = HostShmTransport::connect(*store, rank, size, geometry, direct, whyNot);
+std::unique_ptr<CollectiveRunner> connectSharedMemoryRunner(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                                            int size, const StagingGeometry& geometry, bool direct,
+                                                            const std::string& groupName, std::string* whyNot) {
+  // The direct path is set up whatever `direct` says: the exchanges need it (all-gathers take it only if asked).
+  auto transport = HostShmTransport::connect(*store, rank, size, geometry, /*direct=*/true, whyNot);
   if (!transport) {
     return nullptr;
   }
@@ -28,12 +31,12 @@ std::unique_ptr<AllgatherRunner> connectSharedMemoryRunner(const c10::intrusive_
     LOG(WARNING) << "torch_sdma: group '" << groupName << "' runs CPU all-gathers through staging, not "
                  << "directly: " << transport->directUnavailable();
   }
-  return std::make_unique<SharedMemoryRunner>(std::move(transport));
+  return std::make_unique<SharedMemoryRunner>(std::move(transport), direct);
 }
 
-std::unique_ptr<AllgatherRunner> connectHierarchicalSharedMemoryRunner(const c10::intrusive_ptr<c10d::Store>& nodeStore,
-                                                                       const StagingGeometry& nodeGeometry,
-                                                                       HierarchicalSetup setup, std::string* whyNot) {
+std::unique_ptr<CollectiveRunner> connectHierarchicalSharedMemoryRunner(
+    const c10::intrusive_ptr<c10d::Store>& nodeStore, const StagingGeometry& nodeGeometry, HierarchicalSetup setup,
+    std::string* whyNot) {
   const int L = setup.layout.ranksPerNode();
   auto transport = HostShmTransport::connect(*nodeStore, setup.localIndex(), L, nodeGeometry, /*direct=*/false, whyNot);
   if (!transport) {
@@ -43,8 +46,9 @@ std::unique_ptr<AllgatherRunner> connectHierarchicalSharedMemoryRunner(const c10
   return std::make_unique<SharedMemoryRunner>(std::move(transport), std::move(setup));
 }
 
-SharedMemoryRunner::SharedMemoryRunner(std::unique_ptr<HostShmTransport> transport)
+SharedMemoryRunner::SharedMemoryRunner(std::unique_ptr<HostShmTransport> transport, bool allgatherDirect)
     : transport_(std::move(transport)),
+      allgatherDirect_(allgatherDirect),
       order_(!testUnorderedRequested()),
       injectWorkerFault_(testFaultRequested("worker")),
       syncOnCaller_(testSyncOnCallerRequested()) {
@@ -81,7 +85,7 @@ c10::intrusive_ptr<c10d::Work> SharedMemoryRunner::run(PlannedAllgather& planned
   ArrivalMailbox* mailbox = transport_->mailbox();
   // By the form alone, the same on every member (an all-gather of no bytes never comes here: the backend settles it
   // on the call board).
-  const bool direct = mailbox && plan.outputBase;
+  const bool direct = allgatherDirect_ && mailbox && plan.outputBase;
   if (direct) {
     const uint64_t serial = ++directSerial_;
     // One worker thread copies for this rank whichever way a pair is shared, so nobody waits for late peers, and
@@ -102,9 +106,14 @@ c10::intrusive_ptr<c10d::Work> SharedMemoryRunner::run(PlannedAllgather& planned
   } else {
     scheduleStagingAllgather(*transport_, plan, chunks_);
   }
-  auto work = c10::make_intrusive<HostWork>(info, std::move(planned.outputs), std::move(planned.keepAlive));
+  return enqueue(c10::make_intrusive<HostWork>(info, std::move(planned.outputs), std::move(planned.keepAlive)), direct,
+                 asyncOp, info);
+}
+
+c10::intrusive_ptr<c10d::Work> SharedMemoryRunner::enqueue(c10::intrusive_ptr<HostWork> work, bool postedBuffers,
+                                                           bool asyncOp, const CollectiveInfo& info) {
   std::unique_lock<std::mutex> lock(mutex_);
-  Job job{transport_->takeRecorded(), work, order_.issue(), direct, info.board, info.seq, info.post};
+  Job job{transport_->takeRecorded(), work, order_.issue(), postedBuffers, info.board, info.seq, info.post};
   if (syncOnCaller_ && !asyncOp) {
     runInTurn(job, lock);
     return work;
@@ -113,6 +122,70 @@ c10::intrusive_ptr<c10d::Work> SharedMemoryRunner::run(PlannedAllgather& planned
   lock.unlock();
   wake_.notify_one();
   return work;
+}
+
+CollectivePath SharedMemoryRunner::pathFor(const PlannedExchange& /*planned*/) {
+  if (rail_) {
+    return CollectivePath::inner("the group spans nodes");
+  }
+  const ArrivalMailbox* mailbox = transport_->mailbox();
+  if (!mailbox) {
+    return CollectivePath::inner(transport_->directUnavailable());
+  }
+  if (!mailbox->carriesRanges()) {
+    return CollectivePath::inner("a group of more than " + std::to_string(kMaxExchangeRanks) + " ranks");
+  }
+  return CollectivePath::dma(CollectivePath::kDirect);
+}
+
+c10::intrusive_ptr<c10d::Work> SharedMemoryRunner::run(PlannedExchange& planned, bool asyncOp,
+                                                       const CollectiveInfo& info) {
+  const ExchangePlan& plan = planned.plan;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    failure_.refuse(info);
+  }
+  // The list forms are packed into regions of their own, which the work keeps (and keeps for good if it fails).
+  PostedBuffers posted{plan.input, plan.output};
+  if (plan.inputPacked()) {
+    planned.keepAlive.push_back(at::empty({static_cast<int64_t>(plan.inputBytes)}, at::kByte));
+    posted.input = static_cast<const char*>(planned.keepAlive.back().data_ptr());
+  }
+  if (plan.outputPacked()) {
+    planned.keepAlive.push_back(at::empty({static_cast<int64_t>(plan.outputBytes)}, at::kByte));
+    posted.outputBase = static_cast<char*>(planned.keepAlive.back().data_ptr());
+  }
+  const uint64_t serial = ++directSerial_;
+  const std::vector<PairRanges> mine = pairRangesOf(plan);
+  const auto settled = transport_->mailbox()->arrive(
+      serial,
+      {reinterpret_cast<uint64_t>(posted.input), reinterpret_cast<uint64_t>(posted.outputBase), plan.outputBytes},
+      info.timeout, std::chrono::microseconds(0), std::chrono::microseconds(0), &mine);
+  std::vector<ExchangePeer> peers(settled.size());
+  for (size_t q = 0; q < settled.size(); ++q) {
+    const ArrivalMailbox::PeerArrival& peer = settled[q];
+    peers[q] = {{peer.pairing, peer.post.input, peer.post.output}, peer.ranges};
+    const int p = static_cast<int>(q);
+    if (p == transport_->rank() || peer.pairing == Pairing::kPeerCameLate) {
+      continue;
+    }
+    const std::string differs = pairDisagreement(transport_->rank(), p, plan.sendTo[q].bytes, plan.recvFrom[q].bytes,
+                                                 peer.ranges.sends.bytes, peer.ranges.expects.bytes);
+    if (!differs.empty()) {
+      // Posted: a peer that read the post may copy with these buffers until its own failure stops it.
+      keepTensorsForLife(std::move(planned.keepAlive));
+      const std::string reason = info.describe() + " failed: " + differs;
+      if (info.board) {
+        info.board->fail(info.seq, reason);
+      }
+      std::lock_guard<std::mutex> lock(mutex_);
+      failure_.record("torch_sdma: " + reason);
+      C10_THROW_ERROR(DistBackendError, "torch_sdma: " + reason);
+    }
+  }
+  scheduleDirectExchange(*transport_, plan, static_cast<uint32_t>(serial), posted, peers);
+  return enqueue(c10::make_intrusive<HostWork>(info, std::move(planned.outputs), std::move(planned.keepAlive)),
+                 /*postedBuffers=*/true, asyncOp, info);
 }
 
 void SharedMemoryRunner::runInTurn(Job& job, std::unique_lock<std::mutex>& lock) {
@@ -131,7 +204,15 @@ void SharedMemoryRunner::runInTurn(Job& job, std::unique_lock<std::mutex>& lock)
           return std::string();
         }
         const CallBoard::Differing d = job.board->differing(job.seq, job.post);
-        return d ? job.board->describe(job.seq, job.post, d) : std::string();
+        if (d) {
+          return job.board->describe(job.seq, job.post, d);
+        }
+        // A peer that failed this call or an earlier one (an exchange whose pair it found disagreeing, after this
+        // rank had read its post) never comes; one that failed a later call has enqueued this one.
+        const auto [peer, at] = job.board->failedPeer();
+        return peer < 0 || at > job.seq ? std::string()
+                                        : "group rank " + std::to_string(job.board->groupRankOf(peer)) +
+                                              " failed its collective of sequence number " + std::to_string(at);
       });
     } catch (const std::exception& e) {
       error = std::current_exception();

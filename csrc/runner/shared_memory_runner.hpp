@@ -12,8 +12,8 @@
 #include <mutex>
 #include <string>
 
-#include "runner/allgather_runner.hpp"
 #include "runner/call_ticket.hpp"
+#include "runner/collective_runner.hpp"
 #include "runner/group_failure.hpp"
 #include "runner/guarded_thread.hpp"
 #include "runner/host_rail_allgather.hpp"
@@ -22,9 +22,11 @@
 
 namespace sdma {
 
-class SharedMemoryRunner : public AllgatherRunner {
+class SharedMemoryRunner : public CollectiveRunner {
  public:
-  explicit SharedMemoryRunner(std::unique_ptr<HostShmTransport> transport);
+  // `allgatherDirect`: all_gather_into_tensor takes the direct path (TORCH_SDMA_DIRECT for CPU tensors), where the
+  // transport has one; the exchanges take it wherever it has one.
+  SharedMemoryRunner(std::unique_ptr<HostShmTransport> transport, bool allgatherDirect);
   // Hierarchical: `transport` spans this rank's node.
   SharedMemoryRunner(std::unique_ptr<HostShmTransport> transport, HierarchicalSetup setup);
   ~SharedMemoryRunner() override;
@@ -34,6 +36,8 @@ class SharedMemoryRunner : public AllgatherRunner {
   }
   c10::intrusive_ptr<c10d::Work> run(PlannedAllgather& planned, const CollectivePath& path, bool asyncOp,
                                      const CollectiveInfo& info) override;
+  CollectivePath pathFor(const PlannedExchange& planned) override;
+  c10::intrusive_ptr<c10d::Work> run(PlannedExchange& planned, bool asyncOp, const CollectiveInfo& info) override;
   size_t stagingBytes() const override {
     return transport_->geometry().bytes();
   }
@@ -51,6 +55,9 @@ class SharedMemoryRunner : public AllgatherRunner {
     uint64_t seq = 0;
     CallPost post;
   };
+  // Queues the operations recorded since the last job as `work`'s job, in call order (or runs them here, see above).
+  c10::intrusive_ptr<c10d::Work> enqueue(c10::intrusive_ptr<HostWork> work, bool postedBuffers, bool asyncOp,
+                                         const CollectiveInfo& info);
   void workerLoop();
   // Runs `job` on the calling thread once its turn came (`lock` held; held again on return), and completes its work.
   void runInTurn(Job& job, std::unique_lock<std::mutex>& lock);
@@ -61,6 +68,7 @@ class SharedMemoryRunner : public AllgatherRunner {
   std::unique_ptr<HostRailAllgather> rail_;  // hierarchical only
   uint64_t chunks_ = 0;                      // staging chunks
   uint64_t directSerial_ = 0;                // collectives on the direct path
+  const bool allgatherDirect_ = false;
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<Job> queue_;

@@ -29,4 +29,27 @@ struct SizeMismatch : std::runtime_error {
   uint64_t ownBytes;
 };
 
+// An exchange's pair disagrees (collective/exchange_plan.hpp): what one rank sends the other is not what the other
+// expects from it. Found, like SizeMismatch, by the rank that reads the other's post, before it enqueues anything.
+struct RangeMismatch : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// The words for a pair whose sizes differ, or "" where `theirs` (what group rank `peer` posted about its pair with
+// `rank`) agrees with what `rank` sends it and expects from it.
+inline std::string pairDisagreement(int rank, int peer, uint64_t sendBytes, uint64_t recvBytes, uint64_t peerSends,
+                                    uint64_t peerExpects) {
+  const auto pair = [](int from, uint64_t sends, int to, uint64_t expects) {
+    return "group rank " + std::to_string(from) + " sends " + std::to_string(sends) + " bytes to group rank " +
+           std::to_string(to) + ", which expects " + std::to_string(expects) + " bytes from it";
+  };
+  if (sendBytes != peerExpects) {
+    return pair(rank, sendBytes, peer, peerExpects);
+  }
+  if (peerSends != recvBytes) {
+    return pair(peer, peerSends, rank, recvBytes);
+  }
+  return "";
+}
+
 }  // namespace sdma

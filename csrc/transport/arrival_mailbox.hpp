@@ -56,6 +56,22 @@ enum class Pairing : uint32_t {
   kEachPushesOwn = 2,  // both know both buffers: each pushes its own bytes into the other's output
 };
 
+// An exchange (collective/exchange_plan.hpp) posts, per peer, the range of its input it sends that peer and the range
+// of its output that peer's bytes fill, so that each side of a pair can copy either direction and check the other
+// agrees on the sizes.
+struct ByteRange {
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+};
+struct PairRanges {
+  ByteRange sends;    // of the poster's input, for the peer
+  ByteRange expects;  // of the poster's output, from the peer
+};
+
+// The largest group whose mailbox carries ranges: every post carries them for every peer, so the mailbox grows with
+// the square of the group's size. Larger groups exchange by the inner backend.
+constexpr int kMaxExchangeRanks = 16;
+
 struct BufferPost {
   uint64_t input = 0;   // peer-mappable address of the rank's input bytes
   uint64_t output = 0;  // peer-mappable address of the rank's whole output
@@ -66,14 +82,17 @@ struct BufferPost {
 
 class ArrivalMailbox {
  public:
-  static size_t bytesFor(int worldSize, int depth) {
+  // `withRanges`: every post has room for PairRanges per peer (an exchange's), which grows the mailbox by a factor of
+  // about the group's size.
+  static size_t bytesFor(int worldSize, int depth, bool withRanges = false) {
     const size_t posts = static_cast<size_t>(worldSize) * static_cast<size_t>(depth);
     return sizeof(Header) * static_cast<size_t>(worldSize) + sizeof(Slot) * posts +
-           sizeof(std::atomic<uint32_t>) * posts * static_cast<size_t>(worldSize);
+           sizeof(std::atomic<uint32_t>) * posts * static_cast<size_t>(worldSize) +
+           (withRanges ? 8 + sizeof(PairRanges) * posts * static_cast<size_t>(worldSize) : 0);
   }
 
   // `shared`: bytesFor() bytes, zeroed by whoever created them, mapped by every member at the same layout.
-  ArrivalMailbox(void* shared, int rank, int worldSize, int depth)
+  ArrivalMailbox(void* shared, int rank, int worldSize, int depth, bool withRanges = false)
       : rank_(rank), size_(worldSize), depth_(depth), lateness_(static_cast<size_t>(worldSize), Lateness::kOnTime) {
     if (depth < 1) {
       throw std::invalid_argument("ArrivalMailbox: depth must be at least 1");
@@ -81,11 +100,21 @@ class ArrivalMailbox {
     headers_ = static_cast<Header*>(shared);
     slots_ = reinterpret_cast<Slot*>(static_cast<char*>(shared) + sizeof(Header) * static_cast<size_t>(size_));
     claims_ = reinterpret_cast<std::atomic<uint32_t>*>(slots_ + static_cast<size_t>(size_) * depth_);
+    if (withRanges) {
+      const size_t claims = static_cast<size_t>(size_) * depth_ * static_cast<size_t>(size_);
+      // Claims are 4-byte words; ranges are 8-byte aligned after them (size * size * depth is a multiple of 2 only
+      // when depth is even: round up).
+      ranges_ = reinterpret_cast<PairRanges*>(reinterpret_cast<char*>(claims_) + ((claims * 4 + 7) & ~size_t{7}));
+    }
+  }
+  bool carriesRanges() const {
+    return ranges_ != nullptr;
   }
 
   struct PeerArrival {
     Pairing pairing = Pairing::kPeerCameLate;
-    BufferPost post;  // the peer's, unless pairing is kPeerCameLate
+    BufferPost post;    // the peer's, unless pairing is kPeerCameLate
+    PairRanges ranges;  // what the peer posted about its pair with this rank (an exchange), likewise
   };
 
   // How this rank's pairs have settled so far, one count per peer per collective (torch_sdma.stats shows them):
@@ -102,9 +131,11 @@ class ArrivalMailbox {
   // kPeerCameLate and unused). Waits up to `peerWait` for peers that have not posted, up to `lateWait` for one this
   // rank stopped waiting for at the previous collective (the comment at the top); longer only when a peer has not
   // yet read this rank's post for s - depth, and past `timeout` that throws. Called by one thread at a time.
+  // `ranges` (an exchange, on a mailbox that carriesRanges()): per peer, what this rank posts about its pair with it.
   std::vector<PeerArrival> arrive(uint64_t serial, const BufferPost& mine, std::chrono::milliseconds timeout,
                                   std::chrono::microseconds peerWait = std::chrono::microseconds(0),
-                                  std::chrono::microseconds lateWait = std::chrono::microseconds(0)) {
+                                  std::chrono::microseconds lateWait = std::chrono::microseconds(0),
+                                  const std::vector<PairRanges>* ranges = nullptr) {
     waitUntilPeersRead(serial - std::min<uint64_t>(serial, depth_), timeout);
     // A seqlock's write: a peer's watchdog may be reading the post for serial - depth this moment.
     Slot& own = slot(rank_, serial);
@@ -113,6 +144,9 @@ class ArrivalMailbox {
     own.post = mine;
     for (int q = 0; q < size_; ++q) {
       claim(rank_, serial, q).store(kOpen, std::memory_order_relaxed);
+      if (ranges_) {
+        rangesOf(rank_, serial, q) = ranges ? (*ranges)[q] : PairRanges{};
+      }
     }
     own.serial.store(serial, std::memory_order_seq_cst);
 
@@ -127,7 +161,7 @@ class ArrivalMailbox {
         // It posted first, or with us: unless it already stopped waiting, it pushes its own bytes.
         uint32_t open = kOpen;
         const bool claimed = claim(q, serial, rank_).compare_exchange_strong(open, kClaimed, std::memory_order_seq_cst);
-        settled[q] = {claimed ? Pairing::kEachPushesOwn : Pairing::kThisCameLate, theirs.post};
+        settled[q] = {claimed ? Pairing::kEachPushesOwn : Pairing::kThisCameLate, theirs.post, rangesFor(q, serial)};
       } else {
         notYetHere.push_back(q);
       }
@@ -142,7 +176,7 @@ class ArrivalMailbox {
       uint32_t open = kOpen;
       if (!word.compare_exchange_strong(open, kClosed, std::memory_order_seq_cst)) {
         // Claimed: the peer posted before it claimed, and reads our post again only after we mark it read.
-        settled[q] = {Pairing::kEachPushesOwn, slot(q, serial).post};
+        settled[q] = {Pairing::kEachPushesOwn, slot(q, serial).post, rangesFor(q, serial)};
       } else {
         lateness_[q] = lateness_[q] == Lateness::kOnTime ? Lateness::kLateOnce : Lateness::kLateAgain;
       }
@@ -210,6 +244,14 @@ class ArrivalMailbox {
   std::atomic<uint32_t>& claim(int owner, uint64_t serial, int peer) {
     return claims_[(static_cast<size_t>(owner) * depth_ + serial % depth_) * size_ + peer];
   }
+  // Written before the post's serial is published, read after it is seen and before readUpTo says so: a peer
+  // overwrites them only once this rank marked them read.
+  PairRanges& rangesOf(int owner, uint64_t serial, int peer) {
+    return ranges_[(static_cast<size_t>(owner) * depth_ + serial % depth_) * size_ + peer];
+  }
+  PairRanges rangesFor(int owner, uint64_t serial) {
+    return ranges_ ? rangesOf(owner, serial, rank_) : PairRanges{};
+  }
 
   void waitUntilPeersRead(uint64_t serial, std::chrono::milliseconds timeout) {
     if (serial == 0) {
@@ -242,6 +284,7 @@ class ArrivalMailbox {
   Header* headers_;
   Slot* slots_;
   std::atomic<uint32_t>* claims_;
+  PairRanges* ranges_ = nullptr;
   std::atomic<uint64_t> eachPushingOwn_{0};  // this process's counts, not shared
   std::atomic<uint64_t> oneLate_{0};
 };

@@ -91,16 +91,17 @@ struct CallPost {
   uint8_t route = kInnerCpu;
   uint8_t dtype = 0;   // an all-gather's input dtype (c10::ScalarType), named in the words only
   uint64_t bytes = 0;  // an all-gather's bytes per rank; compared where a DMA route takes the call
+  int32_t root = -1;   // broadcast's src, gather's dst, scatter's src (group ranks); -1 for the others
   bool isDma() const {
     return route >= kDmaCpu;
   }
   bool operator==(const CallPost& o) const {
-    return op == o.op && route == o.route && bytes == o.bytes;
+    return op == o.op && route == o.route && bytes == o.bytes && root == o.root;
   }
 };
 
 inline bool callsDiffer(const CallPost& a, const CallPost& b) {
-  if (a.op != b.op || a.route != b.route) {
+  if (a.op != b.op || a.route != b.route || a.root != b.root) {
     return true;
   }
   // Only a DMA route moves an all-gather's bytes itself; the inner backend checks what it takes (uneven lists).
@@ -317,6 +318,11 @@ class CallBoard {
              std::to_string(ra) + " vs " + callOpName(b.op) + " on rank " + std::to_string(rb) + where +
              "; every rank must call the group's collectives in the same order";
     }
+    if (a.root != b.root) {
+      return std::string("the ranks passed different roots to ") + callOpName(a.op) + ": group rank " +
+             std::to_string(ra) + " root " + std::to_string(a.root) + ", group rank " + std::to_string(rb) + " root " +
+             std::to_string(b.root) + where + "; every rank must pass the same root";
+    }
     if ((a.isDma() || b.isDma()) && a.bytes != b.bytes) {
       return std::string("the ranks passed inputs of different sizes to ") + callOpName(a.op) +
              " (bytes per rank: group rank " + std::to_string(ra) + " " + sizeOf(a) + ", group rank " +
@@ -342,13 +348,15 @@ class CallBoard {
   static constexpr auto kCheckEvery = std::chrono::milliseconds(5);
 
   static uint64_t pack(const CallPost& p) {
-    return static_cast<uint64_t>(p.op) | static_cast<uint64_t>(p.route) << 16 | static_cast<uint64_t>(p.dtype) << 24;
+    return static_cast<uint64_t>(p.op) | static_cast<uint64_t>(p.route) << 16 | static_cast<uint64_t>(p.dtype) << 24 |
+           static_cast<uint64_t>(static_cast<uint32_t>(p.root + 1)) << 32;
   }
   static CallPost unpack(uint64_t what, uint64_t bytes) {
     CallPost p;
     p.op = static_cast<CallOp>(what & 0xffff);
     p.route = static_cast<uint8_t>(what >> 16);
     p.dtype = static_cast<uint8_t>(what >> 24);
+    p.root = static_cast<int32_t>(static_cast<uint32_t>(what >> 32)) - 1;
     p.bytes = bytes;
     return p;
   }

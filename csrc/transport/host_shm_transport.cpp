@@ -110,7 +110,8 @@ std::unique_ptr<HostShmTransport> HostShmTransport::connect(c10d::Store& store, 
   }
   if (direct) {
     // Rank 0's segment was created zeroed (ftruncate), so the mailbox starts empty.
-    t->mailbox_ = std::make_unique<ArrivalMailbox>(t->base_[0] + t->flagWordBytes_, rank, size, kMailboxDepth);
+    t->mailbox_ = std::make_unique<ArrivalMailbox>(t->base_[0] + t->flagWordBytes_, rank, size, kMailboxDepth,
+                                                   size <= kMaxExchangeRanks);
   }
   return t;
 }
@@ -123,7 +124,9 @@ HostShmTransport::HostShmTransport(int rank, int size, const StagingGeometry& ge
   groupRank_ = rank;
   const size_t words = kFlagKinds * static_cast<size_t>(size) * geometry.slots;
   flagWordBytes_ = roundUp(words * sizeof(uint32_t), kPageBytes);
-  announcementsAt_ = flagWordBytes_ + (direct ? roundUp(ArrivalMailbox::bytesFor(size, kMailboxDepth), kPageBytes) : 0);
+  announcementsAt_ =
+      flagWordBytes_ +
+      (direct ? roundUp(ArrivalMailbox::bytesFor(size, kMailboxDepth, size <= kMaxExchangeRanks), kPageBytes) : 0);
   flagBytes_ = announcementsAt_ + roundUp(2 * static_cast<size_t>(size) * sizeof(SizeAnnouncement), kPageBytes);
   segmentBytes_ = flagBytes_ + geometry.bytes();
 }

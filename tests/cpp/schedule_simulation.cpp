@@ -1,6 +1,6 @@
-// Runs the all-gather schedules (csrc/collective/) of W ranks against a fake transport that records every call, then
-// executes the recorded operations of all ranks' lanes in a random interleaving that honours only the flags, the
-// way independent streams on W GPUs would. Checks that every rank's output holds every rank's bytes, that no
+// Runs the all-gather and exchange schedules (csrc/collective/) of W ranks against a fake transport that records every
+// call, then executes the recorded operations of all ranks' lanes in a random interleaving that honours only the flags,
+// the way independent streams on W GPUs would. Checks that every rank's output holds every rank's bytes, that no
 // interleaving deadlocks, that flag serials survive wrapping past 2^32, and the call counts the per-call CPU cost
 // rests on. The hierarchical schedule runs over fake nodes with a fake inner all-gather on rails (a rendezvous of
 // the rail's members), its gathers on a third lane, with push and drain sharing a lane (one GPU stream), or with all
@@ -16,6 +16,11 @@
 // schedule_simulation SEED CASES --faults [--old-release] runs the model of the fault protocol (FaultCase below, with
 // csrc/collective/fault_release.hpp): it must print "ok <cases>"; with --old-release (every failed rank passing its
 // own waits) it runs every case and prints "caught N of CASES cases: <kind> <count>; ..." and exits 1.
+//
+// schedule_simulation SEED CASES --exchanges [--skip-done-wait | --arrived-before-pack] runs the exchange schedule
+// (exchangeCase below): it must print "ok <cases>"; with a wrong schedule (its Done waits left out, or its Arrived
+// signals before it packed its input) it runs every case and prints "caught N of CASES cases: <kind> <count>; ..."
+// and exits 1. Exchanges also take part in the calls-in-flight and the fault models.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -24,12 +29,15 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "collective/captured_allgather.hpp"
 #include "collective/direct_allgather.hpp"
+#include "collective/direct_exchange.hpp"
 #include "collective/fault_release.hpp"
 #include "collective/hierarchical_allgather.hpp"
 #include "collective/staging_allgather.hpp"
@@ -39,14 +47,21 @@ using namespace sdma;
 
 namespace {
 
+// Set where a run counts the cases a wrong schedule is caught in (--exchanges with a mutation): a failure then ends
+// its case only.
+bool failureEndsCase = false;
+
 [[noreturn]] void fail(const std::string& what) {
+  if (failureEndsCase)
+    throw std::runtime_error(what);
   fprintf(stderr, "FAIL: %s\n", what.c_str());
   exit(1);
 }
 
-// Gather and AwaitGather are the fake inner all-gather's (FakeRail below).
+// Gather and AwaitGather are the fake inner all-gather's (FakeRail below); Mark does nothing but let World::observe
+// see where a lane stands (the end of a call).
 struct Op {
-  enum Kind { Copy, Signal, Wait, Reset, SignalOne, WaitOne, Join, Gather, AwaitGather } kind;
+  enum Kind { Copy, Signal, Wait, Reset, SignalOne, WaitOne, Join, Gather, AwaitGather, Mark } kind;
   char* dst = nullptr;
   const char* src = nullptr;
   size_t bytes = 0;
@@ -114,9 +129,18 @@ class FakeTransport : public Transport, public DirectTransport {
     record(lane, {Op::Copy, static_cast<char*>(dst), reinterpret_cast<const char*>(peerSrc), bytes});
   }
   void signalPeer(Lane lane, int peer, Flag flag, int slot, uint32_t value) override {
-    record(lane, {Op::SignalOne, nullptr, nullptr, 0, flag, slot, value, peer});
+    const Op op{Op::SignalOne, nullptr, nullptr, 0, flag, slot, value, peer};
+    if (mutation == Mutation::ArrivedBeforePack && flag == Flag::Arrived && !bound) {
+      const int q = queueOf(static_cast<int>(lane));
+      lanes[q].insert(lanes[q].begin() + static_cast<std::ptrdiff_t>(callStart[q]++), op);
+      ++recorded[q];
+      return;
+    }
+    record(lane, op);
   }
   void waitPeer(Lane lane, int peer, Flag flag, int slot, uint32_t value) override {
+    if (mutation == Mutation::SkipDoneWait && flag == Flag::Done)
+      return;
     record(lane, {Op::WaitOne, nullptr, nullptr, 0, flag, slot, value, peer});
   }
   void joinLane(Lane into, Lane from) override {
@@ -169,6 +193,17 @@ class FakeTransport : public Transport, public DirectTransport {
   // rank's queues instead of the transport's own.
   std::function<void(int lane, const Op& op)> bound;
   std::function<void(int into, int from)> boundJoin;
+  // A wrong direct schedule the exchange model must catch (--exchanges --skip-done-wait / --arrived-before-pack): its
+  // Done waits left out (a call ends while peers still copy with its buffers), or its Arrived signals moved to where
+  // the call's operations begin on their queue (callStart, set by markCallStart), before it packed its input into the
+  // bounce area that peers read.
+  enum class Mutation { None, SkipDoneWait, ArrivedBeforePack };
+  Mutation mutation = Mutation::None;
+  size_t callStart[kQueues] = {0, 0, 0};
+  void markCallStart() {
+    for (int q = 0; q < kQueues; ++q)
+      callStart[q] = lanes[q].size();
+  }
 
  private:
   void record(Lane lane, Op op) {
@@ -184,6 +219,8 @@ class FakeTransport : public Transport, public DirectTransport {
 
 struct World {
   std::vector<std::unique_ptr<FakeTransport>> ranks;
+  // Sees every operation of rank r just before it runs.
+  std::function<void(int r, const Op& op)> observe;
 
   // Executes every lane's operations in a random order that respects each lane's order and its waits.
   void run(std::mt19937& rng, const std::string& what) {
@@ -209,6 +246,8 @@ struct World {
       Op op = ranks[r]->lanes[l].front();
       ranks[r]->lanes[l].pop_front();
       ++ranks[r]->executed[l];
+      if (observe)
+        observe(r, op);
       execute(r, op);
     }
   }
@@ -255,6 +294,7 @@ struct World {
       case Op::Join:
       case Op::Gather:  // the fake rail's (HierarchicalWorld below)
       case Op::AwaitGather:
+      case Op::Mark:
         break;
     }
   }
@@ -504,6 +544,383 @@ void directCase(std::mt19937& rng, int caseNo) {
     world.run(rng, what);
     checkOutputs(b, original, what);
   }
+}
+
+// The exchanges (all-to-all, broadcast, gather, scatter) reduced to ExchangePlans, as collective/exchange_inputs.cpp
+// reduces them: per rank an input and an output region, each one contiguous region of a tensor or, for the list
+// forms, pieces (the tensors of the list) that a bounce area stands in for.
+enum class ExchangeKind { AlltoallSingle, AlltoallList, Broadcast, Gather, Scatter };
+constexpr int kExchangeKinds = 5;
+
+const char* exchangeKindName(ExchangeKind k) {
+  switch (k) {
+    case ExchangeKind::AlltoallSingle:
+      return "all_to_all_single";
+    case ExchangeKind::AlltoallList:
+      return "all_to_all";
+    case ExchangeKind::Broadcast:
+      return "broadcast";
+    case ExchangeKind::Gather:
+      return "gather";
+    case ExchangeKind::Scatter:
+      return "scatter";
+  }
+  return "?";
+}
+
+// One exchange's buffers on every rank. Each rank's input and output lie in arenas of their own, its regions or
+// pieces at shuffled places with poisoned bytes around each, so that a stray write anywhere shows.
+struct Exchange {
+  ExchangeKind kind = ExchangeKind::AlltoallSingle;
+  int root = -1;
+  std::vector<ExchangePlan> plans;              // per rank
+  std::vector<std::vector<char>> inputs;        // per rank: the arena its input region lies in
+  std::vector<std::vector<char>> outputs;       // per rank: the arena its output region lies in
+  std::vector<std::vector<char>> sent;          // per rank: its input region's bytes, in region order
+  std::vector<std::vector<char>> inputsAfter;   // per rank: its input arena once the input was written
+  std::vector<std::vector<char>> outputsAfter;  // per rank: its output arena once the call ended
+  std::vector<std::vector<char>> bounce;        // per rank: the bounce area (input part, then output part)
+  std::vector<PostedBuffers> posted;            // per rank: its regions, or the bounce area standing in
+  std::string description;
+};
+
+// The spans of a region, in region order.
+std::vector<ByteSpan> inputRegion(const ExchangePlan& p) {
+  return p.inputPacked() ? p.inputPieces : std::vector<ByteSpan>{{const_cast<char*>(p.input), p.inputBytes}};
+}
+std::vector<ByteSpan> outputRegion(const ExchangePlan& p) {
+  return p.outputPacked() ? p.outputPieces : std::vector<ByteSpan>{{p.output, p.outputBytes}};
+}
+
+// Calls visit(pointer, bytes) for each contiguous part of bytes [offset, offset + bytes) of a region.
+template <class Visit>
+void walkRegion(const std::vector<ByteSpan>& region, uint64_t offset, uint64_t bytes, Visit&& visit) {
+  for (const ByteSpan& s : region) {
+    if (bytes == 0)
+      return;
+    if (offset >= s.bytes) {
+      offset -= s.bytes;
+      continue;
+    }
+    const uint64_t n = std::min<uint64_t>(bytes, s.bytes - offset);
+    visit(s.ptr + offset, n);
+    offset = 0;
+    bytes -= n;
+  }
+  if (bytes > 0)
+    fail("a range past the end of its region");
+}
+
+// Places pieces of `sizes` bytes into `arena` at shuffled places, 1 to 8 poisoned bytes around each.
+std::vector<ByteSpan> layOut(std::vector<char>& arena, const std::vector<uint64_t>& sizes, int rank,
+                             std::mt19937& rng) {
+  std::vector<size_t> order(sizes.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  std::uniform_int_distribution<uint64_t> gap(1, 8);
+  std::vector<uint64_t> at(sizes.size());
+  uint64_t end = gap(rng);
+  for (size_t k : order) {
+    at[k] = end;
+    end += sizes[k] + gap(rng);
+  }
+  arena.resize(end);
+  for (size_t i = 0; i < arena.size(); ++i)
+    arena[i] = static_cast<char>(~(i * 7 + rank));  // poison
+  std::vector<ByteSpan> spans(sizes.size());
+  for (size_t k = 0; k < sizes.size(); ++k)
+    spans[k] = {arena.data() + at[k], sizes[k]};
+  return spans;
+}
+
+// A random exchange of `kind` over W ranks: all-to-all splits uneven, zeros among them, or even; broadcast, gather and
+// scatter from a random root. Each rank's regions posted as they are or (bit by bit of a random pick) bounced, as
+// the CUDA runner does for memory its peers cannot map; packed regions always bounced, as both runners do.
+Exchange makeExchange(ExchangeKind kind, int W, std::mt19937& rng) {
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  auto size = [&] { return pick(0, 3) == 0 ? uint64_t{0} : static_cast<uint64_t>(pick(1, 48)); };
+  Exchange x;
+  x.kind = kind;
+  x.description = exchangeKindName(kind);
+  uint64_t n = 0;  // broadcast, gather, scatter: the bytes of the one tensor (per rank)
+  // bytes[i][j]: what rank i sends rank j.
+  std::vector<std::vector<uint64_t>> bytes(W, std::vector<uint64_t>(W, 0));
+  const bool allToAll = kind == ExchangeKind::AlltoallSingle || kind == ExchangeKind::AlltoallList;
+  if (allToAll) {
+    const bool even = kind == ExchangeKind::AlltoallSingle && pick(0, 3) == 0;
+    const uint64_t each = size();
+    for (int i = 0; i < W; ++i)
+      for (int j = 0; j < W; ++j)
+        bytes[i][j] = even ? each : size();
+    x.description += even ? " even" : " splits";
+    for (int i = 0; i < W; ++i) {
+      x.description += i ? "|" : " ";
+      for (int j = 0; j < W; ++j)
+        x.description += (j ? "," : "") + std::to_string(bytes[i][j]);
+    }
+  } else {
+    x.root = pick(0, W - 1);
+    n = size();
+    for (int i = 0; i < W; ++i)
+      for (int j = 0; j < W; ++j) {
+        const bool moves = kind == ExchangeKind::Broadcast ? i == x.root && j != x.root
+                           : kind == ExchangeKind::Gather  ? j == x.root
+                                                           : i == x.root;
+        bytes[i][j] = moves ? n : 0;
+      }
+    x.description += " root " + std::to_string(x.root) + ", " + std::to_string(n) + " B";
+  }
+  x.plans.resize(W);
+  x.inputs.resize(W);
+  x.outputs.resize(W);
+  x.sent.resize(W);
+  x.bounce.resize(W);
+  x.posted.resize(W);
+  x.description += ", bounced ";
+  for (int r = 0; r < W; ++r) {
+    ExchangePlan& p = x.plans[r];
+    p.sendTo.assign(W, {});
+    p.recvFrom.assign(W, {});
+    // The region sizes (one region, or the pieces of a list) and whether they are pieces; which ranges of them.
+    std::vector<uint64_t> inSizes, outSizes;
+    bool inPieces = false, outPieces = false;
+    if (allToAll) {
+      for (int q = 0; q < W; ++q) {
+        p.sendTo[q] = {p.inputBytes, bytes[r][q]};
+        p.inputBytes += bytes[r][q];
+        p.recvFrom[q] = {p.outputBytes, bytes[q][r]};
+        p.outputBytes += bytes[q][r];
+        inSizes.push_back(bytes[r][q]);
+        outSizes.push_back(bytes[q][r]);
+      }
+      inPieces = outPieces = kind == ExchangeKind::AlltoallList;
+      if (!inPieces) {
+        inSizes = {p.inputBytes};
+        outSizes = {p.outputBytes};
+      }
+    } else {
+      const bool isRoot = r == x.root;
+      if (kind == ExchangeKind::Broadcast) {
+        // The root's tensor is its input, every other rank's its output.
+        if (isRoot) {
+          for (int q = 0; q < W; ++q)
+            if (q != r)
+              p.sendTo[q] = {0, n};
+          p.inputBytes = n;
+          inSizes = {n};
+        } else {
+          p.recvFrom[x.root] = {0, n};
+          p.outputBytes = n;
+          outSizes = {n};
+        }
+      } else if (kind == ExchangeKind::Gather) {
+        p.sendTo[x.root] = {0, n};
+        p.inputBytes = n;
+        inSizes = {n};
+        if (isRoot) {
+          for (int q = 0; q < W; ++q) {
+            p.recvFrom[q] = {q * n, n};
+            outSizes.push_back(n);
+          }
+          p.outputBytes = W * n;
+          outPieces = true;
+        }
+      } else {
+        p.recvFrom[x.root] = {0, n};
+        p.outputBytes = n;
+        outSizes = {n};
+        if (isRoot) {
+          for (int q = 0; q < W; ++q) {
+            p.sendTo[q] = {q * n, n};
+            inSizes.push_back(n);
+          }
+          p.inputBytes = W * n;
+          inPieces = true;
+        }
+      }
+    }
+    const std::vector<ByteSpan> in = layOut(x.inputs[r], inSizes, r, rng);
+    const std::vector<ByteSpan> out = layOut(x.outputs[r], outSizes, r, rng);
+    if (inPieces)
+      p.inputPieces = in;
+    else if (!in.empty())
+      p.input = in.front().ptr;
+    if (outPieces)
+      p.outputPieces = out;
+    else if (!out.empty())
+      p.output = out.front().ptr;
+    // Its input's bytes, random; then its posted regions.
+    x.sent[r].resize(p.inputBytes);
+    for (auto& c : x.sent[r])
+      c = static_cast<char>(rng());
+    uint64_t at = 0;
+    walkRegion(inputRegion(p), 0, p.inputBytes, [&](char* ptr, uint64_t n) {
+      memcpy(ptr, x.sent[r].data() + at, n);
+      at += n;
+    });
+    const int bits = pick(0, 3);  // bit 0: input bounced, bit 1: output
+    const bool inputBounced = p.inputBytes > 0 && (p.inputPacked() || (bits & 1));
+    const bool outputBounced = p.outputBytes > 0 && (p.outputPacked() || (bits & 2));
+    const uint64_t outputAt = inputBounced ? p.inputBytes : 0;
+    x.bounce[r].assign(outputAt + (outputBounced ? p.outputBytes : 0), 0x5a);
+    x.posted[r] = {inputBounced ? x.bounce[r].data() : p.input,
+                   outputBounced ? x.bounce[r].data() + outputAt : p.output};
+    x.description += std::to_string(inputBounced + 2 * outputBounced);
+  }
+  x.inputsAfter = x.inputs;
+  x.outputsAfter = x.outputs;
+  for (int r = 0; r < W; ++r) {
+    for (int q = 0; q < W; ++q) {
+      const ByteRange& from = x.plans[r].recvFrom[q];
+      const ByteRange& to = x.plans[q].sendTo[r];
+      if (from.bytes != to.bytes)
+        fail("makeExchange: rank " + std::to_string(q) + " sends rank " + std::to_string(r) + " other bytes than it " +
+             "expects");
+      // Rank q's bytes into rank r's output region, at the same places of the arena's copy.
+      const char* src = x.sent[q].data() + to.offset;
+      walkRegion(outputRegion(x.plans[r]), from.offset, from.bytes, [&](char* ptr, uint64_t n) {
+        memcpy(x.outputsAfter[r].data() + (ptr - x.outputs[r].data()), src, n);
+        src += n;
+      });
+    }
+  }
+  return x;
+}
+
+// How rank r sees each peer, as the runners hand it to scheduleDirectExchange: the pair as the mailbox settled it,
+// and, where r learnt the peer's post, what the peer posted about the pair (its PairRanges for r) and the peer's
+// posted regions, the output only where r sends it bytes and the input only where r pulls (as CopyEngineDirect maps
+// them).
+std::vector<ExchangePeer> exchangePeers(const Exchange& x, const std::vector<std::vector<Pairing>>& pairing, int r) {
+  const int W = static_cast<int>(x.plans.size());
+  std::vector<ExchangePeer> peers(W);
+  for (int q = 0; q < W; ++q) {
+    if (q == r)
+      continue;
+    ExchangePeer& peer = peers[q];
+    peer.buffers.pairing = pairing[r][q];
+    if (pairing[r][q] == Pairing::kPeerCameLate)
+      continue;
+    peer.ranges = pairRangesOf(x.plans[q])[r];
+    if (x.plans[r].sendTo[q].bytes > 0)
+      peer.buffers.outputBase = reinterpret_cast<uint64_t>(x.posted[q].outputBase);
+    if (pairing[r][q] == Pairing::kThisCameLate && x.plans[r].recvFrom[q].bytes > 0)
+      peer.buffers.input = reinterpret_cast<uint64_t>(x.posted[q].input);
+  }
+  return peers;
+}
+
+// "" when rank r's arenas hold what they must once its call ended: its input as written, its output poisoned but
+// for the ranges it received, each holding the sender's bytes.
+std::string exchangeMismatch(const Exchange& x, int r) {
+  for (int which = 0; which < 2; ++which) {
+    const std::vector<char>& now = which ? x.outputs[r] : x.inputs[r];
+    const std::vector<char>& must = which ? x.outputsAfter[r] : x.inputsAfter[r];
+    for (size_t i = 0; i < now.size(); ++i) {
+      if (now[i] != must[i])
+        return "rank " + std::to_string(r) + "'s " + (which ? "output" : "input") + " arena differs at byte " +
+               std::to_string(i);
+    }
+  }
+  return "";
+}
+
+// The pairs of n ranks as the arrival mailbox settles them (as directCase draws them).
+std::vector<std::vector<Pairing>> settlePairs(int n, std::mt19937& rng) {
+  std::vector<int> postOrder(n);
+  std::iota(postOrder.begin(), postOrder.end(), 0);
+  std::shuffle(postOrder.begin(), postOrder.end(), rng);
+  std::vector<std::vector<Pairing>> pairing(n, std::vector<Pairing>(n, Pairing::kPeerCameLate));
+  for (int i = 0; i < n; ++i) {
+    for (int j = i + 1; j < n; ++j) {
+      const bool lateOne = std::uniform_int_distribution<int>(0, 1)(rng);
+      pairing[postOrder[i]][postOrder[j]] = lateOne ? Pairing::kPeerCameLate : Pairing::kEachPushesOwn;
+      pairing[postOrder[j]][postOrder[i]] = lateOne ? Pairing::kThisCameLate : Pairing::kEachPushesOwn;
+    }
+  }
+  return pairing;
+}
+
+// The exchange schedule (scheduleDirectExchange): 2 to 5 ranks, every kind of exchange, regions posted as they are or
+// bounced, every pair settled as the mailbox may settle it, lanes apart (two GPU streams) or one queue (the host
+// runner's worker), several calls in a row from flags that start anywhere, near the wrap too, each call run to its
+// end before the next is recorded or all of them queued at once (async calls on the group's streams). When a call
+// ends on a rank (its Drain lane's last operation), that rank's arenas must hold exactly what they must
+// (exchangeMismatch), and no copy of that call may touch them afterwards. `mutation`: a wrong schedule that this must
+// catch.
+void exchangeCase(std::mt19937& rng, int caseNo, FakeTransport::Mutation mutation) {
+  const int W = std::uniform_int_distribution<int>(2, 5)(rng);
+  StagingGeometry g;
+  g.worldSize = W;
+  g.slots = 2;
+  g.chunkBytes = 64;
+  g.packs = false;
+  const uint32_t bases[] = {0, 0xfffffffdu, static_cast<uint32_t>(rng())};
+  const uint32_t flagBase = bases[std::uniform_int_distribution<int>(0, 2)(rng)];
+  const bool oneQueue = std::uniform_int_distribution<int>(0, 1)(rng);
+  const bool queuedAtOnce = std::uniform_int_distribution<int>(0, 1)(rng);
+  World world;
+  for (int r = 0; r < W; ++r) {
+    world.ranks.push_back(std::make_unique<FakeTransport>(&world, r, g, flagBase));
+    world.ranks.back()->queues = oneQueue ? FakeTransport::Queues::One : FakeTransport::Queues::PerLane;
+    world.ranks.back()->mutation = mutation;
+  }
+  std::string what = "exchange case " + std::to_string(caseNo) + " (W=" + std::to_string(W) +
+                     (oneQueue ? ", one queue" : ", two lanes") + (queuedAtOnce ? ", queued at once" : "") +
+                     ", flags from " + std::to_string(flagBase) + "; calls:";
+  std::vector<std::unique_ptr<Exchange>> calls;
+  std::vector<std::vector<bool>> ended;  // [call][rank]
+  // A call's end on rank r (a Mark whose value is the call's index): its arenas final, and no copy touches them again.
+  world.observe = [&](int r, const Op& op) {
+    if (op.kind == Op::Mark) {
+      const std::string wrong = exchangeMismatch(*calls[op.value], r);
+      if (!wrong.empty())
+        fail(what + ": call " + std::to_string(op.value) + " ended with wrong bytes: " + wrong);
+      ended[op.value][r] = true;
+      return;
+    }
+    if (op.kind != Op::Copy || op.bytes == 0)
+      return;
+    auto overlaps = [&](const char* p, const std::vector<char>& v) {
+      return !v.empty() && p < v.data() + v.size() && v.data() < p + op.bytes;
+    };
+    for (size_t c = 0; c < calls.size(); ++c)
+      for (int p = 0; p < W; ++p)
+        for (const std::vector<char>* v : {&calls[c]->inputs[p], &calls[c]->outputs[p], &calls[c]->bounce[p]})
+          if (ended[c][p] && (overlaps(op.dst, *v) || overlaps(op.src, *v)))
+            fail(what + ": rank " + std::to_string(r) + " copied into or out of rank " + std::to_string(p) +
+                 "'s buffers of call " + std::to_string(c) + " after that call ended there");
+  };
+  const int count = std::uniform_int_distribution<int>(2, 4)(rng);
+  for (int c = 0; c < count; ++c) {
+    const auto kind = static_cast<ExchangeKind>(std::uniform_int_distribution<int>(0, kExchangeKinds - 1)(rng));
+    calls.push_back(std::make_unique<Exchange>(makeExchange(kind, W, rng)));
+    ended.emplace_back(W, false);
+    const Exchange& x = *calls.back();
+    const std::vector<std::vector<Pairing>> pairing = settlePairs(W, rng);
+    what += std::string(c ? "; " : " ") + x.description + ", late pairs";
+    for (int r = 0; r < W; ++r)
+      for (int q = 0; q < W; ++q)
+        if (pairing[r][q] == Pairing::kThisCameLate)
+          what += " " + std::to_string(r) + ">" + std::to_string(q);
+    const uint32_t serial = flagBase + 1 + static_cast<uint32_t>(c);
+    for (int r = 0; r < W; ++r) {
+      FakeTransport& t = *world.ranks[r];
+      t.markCallStart();
+      scheduleDirectExchange(t, x.plans[r], serial, x.posted[r], exchangePeers(x, pairing, r));
+      Op end{Op::Mark};
+      end.value = static_cast<uint32_t>(c);
+      t.recordOn(static_cast<int>(Lane::Drain), end);
+    }
+    if (!queuedAtOnce)
+      world.run(rng, what + ")");
+  }
+  what += ")";
+  world.run(rng, what);
+  for (size_t c = 0; c < calls.size(); ++c)
+    for (int r = 0; r < W; ++r)
+      if (!ended[c][r])
+        fail(what + ": call " + std::to_string(c) + " never ended on rank " + std::to_string(r));
 }
 
 // The captured schedule: a "graph" of several collectives is recorded once per rank and replayed several times with
@@ -829,17 +1246,18 @@ void hierarchicalCase(std::mt19937& rng, int caseNo) {
 // 1 to 3 groups, each over every rank or two of them, chunk and direct serials from 0 or near the wrap. Each rank has
 // the queues its GPU streams are: a push stream and a drain stream per group, and two caller streams shared by all
 // of the rank's groups. Every rank enqueues the same sequence of up to four calls, none waiting for another, each on
-// one group, direct (scheduleDirectAllgather, the pairs settled as the arrival mailbox may settle them) or through
-// staging (scheduleStagingAllgather), synchronous (its Drain lane on the caller's stream, C1 or C2) or async (on the
-// group's drain stream), mostly the same choice on every rank, in a quarter of the cases each rank's own; the Push lane
-// is the group's push stream, or the Drain lane's stream where a staging message is one chunk, as CopyEngineRunner::run
-// binds them. Each call's lanes first wait for the caller stream's position at enqueue (forkFromCaller), and, unless
-// the ordering rule is switched off, its Drain lane waits for the group's previous call's end where sdma::CallOrder
-// says so. Before each call the caller's stream writes the call's input (until then it holds other bytes), as the
-// caller's own kernels would. The queues then run in random interleavings honouring only stream order, those fences and
-// the flags. Found as failures: a hang (no queue can run while operations remain), an early completion (a call's end
-// runs on rank r while some rank still has a copy of that call into or out of r's buffers queued, so that r's caller
-// could reuse them under the copy), or an output not bit-exact.
+// one group, direct (scheduleDirectAllgather, the pairs settled as the arrival mailbox may settle them), through
+// staging (scheduleStagingAllgather) or an exchange of any kind (scheduleDirectExchange, as direct), synchronous (its
+// Drain lane on the caller's stream, C1 or C2) or async (on the group's drain stream), mostly the same choice on every
+// rank, in a quarter of the cases each rank's own; the Push lane is the group's push stream, or the Drain lane's stream
+// where a staging message is one chunk, as CopyEngineRunner::run binds them. Each call's lanes first wait for the
+// caller stream's position at enqueue (forkFromCaller), and, unless the ordering rule is switched off, its Drain lane
+// waits for the group's previous call's end where sdma::CallOrder says so. Before each call the caller's stream writes
+// the call's input (until then it holds other bytes), as the caller's own kernels would. The queues then run in random
+// interleavings honouring only stream order, those fences and the flags. Found as failures: a hang (no queue can run
+// while operations remain), an early completion (a call's end runs on rank r while some rank still has a copy of that
+// call into or out of r's buffers queued, so that r's caller could reuse them under the copy), or an output not
+// bit-exact.
 //
 // Not modelled: the arrival mailbox's CPU side (its settlement of each pair is drawn here, the same on every rank,
 // not run), captured collectives (they join the caller's stream before the call returns), the hierarchical
@@ -928,8 +1346,18 @@ class CallsInFlight {
       ++queues_[r][q].executed;
       execute(r, step);
     }
-    for (size_t c = 0; c < calls_.size(); ++c)
-      checkOutputs(calls_[c]->buffers, calls_[c]->original, what_ + " call " + std::to_string(c));
+    for (size_t c = 0; c < calls_.size(); ++c) {
+      const Exchange* x = calls_[c]->exchange.get();
+      if (!x) {
+        checkOutputs(calls_[c]->buffers, calls_[c]->original, what_ + " call " + std::to_string(c));
+        continue;
+      }
+      for (size_t i = 0; i < x->plans.size(); ++i) {
+        const std::string wrong = exchangeMismatch(*x, static_cast<int>(i));
+        if (!wrong.empty())
+          fail(what_ + " call " + std::to_string(c) + ": wrong bytes: " + wrong);
+      }
+    }
   }
 
  private:
@@ -962,6 +1390,7 @@ class CallsInFlight {
     std::vector<std::vector<char>> original;
     std::vector<std::vector<char>> bounce;
     int group = 0;
+    std::unique_ptr<Exchange> exchange;  // an exchange's buffers instead (by group rank)
   };
 
   int pick(int lo, int hi) {
@@ -1003,7 +1432,10 @@ class CallsInFlight {
       const Call& call = *calls_[c];
       const auto& members = groups_[call.group]->members;
       for (size_t i = 0; i < members.size(); ++i) {
-        for (const std::vector<char>* v : {&call.buffers.inputs[i], &call.buffers.outputs[i], &call.bounce[i]}) {
+        const Exchange* x = call.exchange.get();
+        for (const std::vector<char>* v :
+             {x ? &x->inputs[i] : &call.buffers.inputs[i], x ? &x->outputs[i] : &call.buffers.outputs[i],
+              x ? &x->bounce[i] : &call.bounce[i]}) {
           if (overlaps(op.dst, op.bytes, *v) || overlaps(op.src, op.bytes, *v)) {
             found.push_back({members[i], static_cast<int>(c)});
             break;
@@ -1017,15 +1449,29 @@ class CallsInFlight {
   void enqueue(int c, int gi, bool ranksDiffer) {
     Group& g = *groups_[gi];
     const int n = static_cast<int>(g.members.size());
-    const bool direct = pick(0, 1);
+    // A quarter of the calls exchange (always direct), the others all-gather, direct or through staging.
+    const bool exchange = pick(0, 3) == 0;
+    const bool direct = exchange || pick(0, 1);
     const Form form = direct ? (pick(0, 1) ? Form::IntoTensor : Form::InPlace) : static_cast<Form>(pick(0, 3));
     const size_t bytes = std::uniform_int_distribution<size_t>(1, 200)(rng_);
     auto call = std::make_unique<Call>();
     call->group = gi;
-    call->buffers = makeCollective(form, n, bytes, rng_);
-    call->original = call->buffers.inputs;
     call->bounce.assign(n, {});
-    for (int i = 0; i < n; ++i) {
+    if (exchange) {
+      call->exchange =
+          std::make_unique<Exchange>(makeExchange(static_cast<ExchangeKind>(pick(0, kExchangeKinds - 1)), n, rng_));
+      // Its input holds other bytes until the caller's stream produces it, as below.
+      const Exchange& x = *call->exchange;
+      for (int i = 0; i < n; ++i)
+        walkRegion(inputRegion(x.plans[i]), 0, x.plans[i].inputBytes, [](char* ptr, uint64_t k) {
+          for (uint64_t b = 0; b < k; ++b)
+            ptr[b] = static_cast<char>(~ptr[b]);
+        });
+    } else {
+      call->buffers = makeCollective(form, n, bytes, rng_);
+      call->original = call->buffers.inputs;
+    }
+    for (int i = 0; i < n && !exchange; ++i) {
       if (form == Form::InPlace)
         call->original[i].assign(call->buffers.plans[i].input[0].ptr, call->buffers.plans[i].input[0].ptr + bytes);
       // The input holds other bytes until the caller's stream produces it (a Produce step): a lane that started
@@ -1038,7 +1484,7 @@ class CallsInFlight {
     std::vector<PostedBuffers> posted(n);
     std::vector<std::vector<Pairing>> pairing(n, std::vector<Pairing>(n, Pairing::kPeerCameLate));
     if (direct) {
-      for (int i = 0; i < n; ++i) {
+      for (int i = 0; i < n && !exchange; ++i) {
         const int bounced = pick(0, 3);
         if (bounced)
           call->bounce[i].assign(n * bytes, 0x5a);
@@ -1061,8 +1507,10 @@ class CallsInFlight {
     Call& made = *calls_.back();
     bool sync = pick(0, 1);
     int caller = pick(0, 1);
-    what_ += std::string(c ? "; " : " ") + "g" + std::to_string(gi) + (direct ? " direct " : " staging ") +
-             formName(form) + " " + std::to_string(bytes) + "B";
+    what_ += std::string(c ? "; " : " ") + "g" + std::to_string(gi) +
+             (exchange ? " " + made.exchange->description
+                       : (direct ? " direct " : " staging ") + std::string(formName(form)) + " " +
+                             std::to_string(bytes) + "B");
     for (int i = 0; i < n; ++i) {
       const int r = g.members[i];
       if (ranksDiffer || i == 0) {
@@ -1076,9 +1524,8 @@ class CallsInFlight {
       }
       const int callerQ = callerQueue(caller);
       const int drainQ = sync ? callerQ : 2 * gi + 1;
-      const AllgatherPlan& plan = made.buffers.plans[i];
       FakeTransport& t = direct ? *g.direct.ranks[i] : *g.staging.ranks[i];
-      const int pushQ = direct || chunkCount(plan, t.geometry()) > 1 ? 2 * gi : drainQ;
+      const int pushQ = direct || chunkCount(made.buffers.plans[i], t.geometry()) > 1 ? 2 * gi : drainQ;
       // The caller's own work before the call: it writes the input on the caller's stream.
       Step produce;
       produce.kind = Step::Produce;
@@ -1105,16 +1552,19 @@ class CallsInFlight {
         add(r, laneQueue[lane], s);
       };
       t.boundJoin = [&, r](int into, int from) { fenceOn(r, laneQueue[into], laneQueue[from]); };
-      if (direct) {
+      if (exchange) {
+        const Exchange& x = *made.exchange;
+        scheduleDirectExchange(t, x.plans[i], ++g.directSerial[i], x.posted[i], exchangePeers(x, pairing, i));
+      } else if (direct) {
         std::vector<PeerBuffers> posts(n);
         for (int q = 0; q < n; ++q) {
           if (q != i)
             posts[q] = {pairing[i][q], reinterpret_cast<uint64_t>(posted[q].input),
                         reinterpret_cast<uint64_t>(posted[q].outputBase)};
         }
-        scheduleDirectAllgather(t, plan, ++g.directSerial[i], posted[i], posts);
+        scheduleDirectAllgather(t, made.buffers.plans[i], ++g.directSerial[i], posted[i], posts);
       } else {
-        scheduleStagingAllgather(t, plan, g.chunks[i]);
+        scheduleStagingAllgather(t, made.buffers.plans[i], g.chunks[i]);
         fenceOn(r, drainQ, pushQ);  // the runner's pushDone_ event
       }
       t.bound = nullptr;
@@ -1149,7 +1599,15 @@ class CallsInFlight {
       Group& g = *groups_[s.group];
       (s.direct ? g.direct : g.staging).execute(s.groupRank, s.op);
     }
-    if (s.kind == Step::Produce) {
+    if (s.kind == Step::Produce && calls_[s.call]->exchange) {
+      const Exchange& x = *calls_[s.call]->exchange;
+      const ExchangePlan& plan = x.plans[s.member];
+      const char* src = x.sent[s.member].data();
+      walkRegion(inputRegion(plan), 0, plan.inputBytes, [&](char* ptr, uint64_t n) {
+        memcpy(ptr, src, n);
+        src += n;
+      });
+    } else if (s.kind == Step::Produce) {
       const Call& call = *calls_[s.call];
       size_t at = 0;
       for (const ByteSpan& span : call.buffers.plans[s.member].input) {
@@ -1195,16 +1653,17 @@ class CallsInFlight {
 
 // Failures: a model check of the fault protocol (csrc/collective/fault_release.hpp) on the real schedules. Two ranks,
 // one group with a staging and a direct transport each, up to five calls a rank enqueues in turn on its push and
-// drain lanes (async calls; staging or direct, every form staging takes, zero-size calls among them). Enqueues,
+// drain lanes (async calls; staging or direct, every form staging takes, zero-size calls among them, exchanges of
+// every kind in place of some direct all-gathers, their regions bounced or not). Enqueues,
 // lane operations and the protocol's own steps run in one random interleaving, so a rank's calls may be enqueued
 // long after the peer's (a rank may start late, and may stop for good after some prefix). Faults, each case some:
 // a rank's watchdog declares the group failed at a random moment (its timeout, a size mismatch, a peer that exited);
 // a call the ranks take different paths for (a zero-size call through staging on one rank and direct on the other,
-// or different sizes), of which, as the call board guarantees, the rank that posts second reads the first's post and
-// refuses (it fails; the buffers it posted it keeps for good), and the first may refuse too or go on, its peer then
-// late for it; a rank stuck behind a late peer, which its watchdog ends when nothing else can move; and a rank's
-// process killed at a random moment (nothing of it runs any more, its memory goes with it), which the survivor's
-// watchdog notices. The fake watchdog releases waits by one of two rules:
+// or different sizes; for an exchange, splits, roots or sizes apart), of which, as the call board guarantees, the rank
+// that posts second reads the first's post and refuses (it fails; the buffers it posted it keeps for good), and the
+// first may refuse too or go on, its peer then late for it; a rank stuck behind a late peer, which its watchdog ends
+// when nothing else can move; and a rank's process killed at a random moment (nothing of it runs any more, its memory
+// goes with it), which the survivor's watchdog notices. The fake watchdog releases waits by one of two rules:
 //   New (the protocol): a failing rank stops enqueueing, errors its calls in flight, publishes "failed"; a healthy
 //   rank refuses to enqueue once a peer published it, and its watchdog fails when it sees it; a failed rank whose
 //   calls all ended writes releaseValue(last serial) into every flag word a failed peer waits on from it; a failed
@@ -1277,25 +1736,34 @@ class FaultCase {
       Planned p;
       p.bytes = pick(0, 4) == 0 ? 0 : std::uniform_int_distribution<size_t>(1, 200)(rng_);
       const bool direct = pick(0, 1);
+      p.exchange = direct && pick(0, 2) == 0;  // an exchange where a direct all-gather could be
       p.form = direct ? (pick(0, 1) ? Form::IntoTensor : Form::InPlace) : static_cast<Form>(pick(0, 3));
       for (int r = 0; r < kW; ++r)
         p.direct[r] = direct;
       if (!faultFree_ && pick(0, 5) == 0) {
-        // Paths apart: a zero-size call through staging on one rank and direct on the other, or sizes apart.
+        // Paths apart: a zero-size call through staging on one rank and direct on the other, or sizes apart (an
+        // exchange: splits, roots or sizes apart, the path the same).
         p.diverges = true;
         const int other = pick(0, kW - 1);
-        if (p.form == Form::IntoTensor || p.form == Form::InPlace)
+        if (!p.exchange && (p.form == Form::IntoTensor || p.form == Form::InPlace))
           p.direct[other] = !p.direct[other];
         p.firstAlsoRefuses = pick(0, 2) == 0;
       }
-      p.buffers = makeCollective(p.form, kW, p.bytes, rng_);
-      p.original = p.buffers.inputs;
-      if (p.form == Form::InPlace)
-        for (int i = 0; i < kW; ++i)
-          p.original[i].assign(p.buffers.plans[i].input[0].ptr, p.buffers.plans[i].input[0].ptr + p.bytes);
-      what_ += std::string(c ? "; " : " ") + formName(p.form) + " " + std::to_string(p.bytes) + "B " +
-               (p.direct[0] ? "direct" : "staging") + (p.direct[0] != p.direct[1] ? "/other path" : "") +
-               (p.diverges ? " apart" : "");
+      if (p.exchange) {
+        p.x = makeExchange(static_cast<ExchangeKind>(pick(0, kExchangeKinds - 1)), kW, rng_);
+      } else {
+        p.buffers = makeCollective(p.form, kW, p.bytes, rng_);
+        p.original = p.buffers.inputs;
+        if (p.form == Form::InPlace)
+          for (int i = 0; i < kW; ++i)
+            p.original[i].assign(p.buffers.plans[i].input[0].ptr, p.buffers.plans[i].input[0].ptr + p.bytes);
+      }
+      what_ +=
+          std::string(c ? "; " : " ") +
+          (p.exchange ? p.x.description + " "
+                      : formName(p.form) + (" " + std::to_string(p.bytes)) + "B " +
+                            (p.direct[0] ? "direct" : "staging") + (p.direct[0] != p.direct[1] ? "/other path" : "")) +
+          (p.diverges ? " apart" : "");
       planned_.push_back(std::move(p));
     }
     what_ += ")";
@@ -1386,13 +1854,16 @@ class FaultCase {
     Buffers buffers;
     std::vector<std::vector<char>> original;
     Pairing pairing[kW] = {Pairing::kPeerCameLate, Pairing::kPeerCameLate};
+    bool exchange = false;  // an exchange's buffers instead of `buffers`
+    Exchange x;
   };
   struct Step {
     enum Kind { Operation, Fence, End } kind = Operation;
     Op op{Op::Copy};
     bool direct = false;
-    uint64_t count = 0;  // Fence: runs once the push queue ran this many steps
-    int call = -1;       // End
+    int after = 0;  // Fence: runs once queue `after` ran `count` steps
+    uint64_t count = 0;
+    int call = -1;  // End
     std::vector<std::pair<int, int>> touches;
   };
   struct Queue {
@@ -1411,6 +1882,13 @@ class FaultCase {
       failure_ = s + " (" + what_ + ")";
   }
 
+  // Rank i's buffers of a call: what a copy into or out of them touches.
+  static std::vector<const std::vector<char>*> buffersOf(const Planned& p, int i) {
+    if (p.exchange)
+      return {&p.x.inputs[i], &p.x.outputs[i], &p.x.bounce[i]};
+    return {&p.buffers.inputs[i], &p.buffers.outputs[i]};
+  }
+
   std::vector<std::pair<int, int>> touchesOf(const Op& op) const {
     std::vector<std::pair<int, int>> found;
     auto overlaps = [](const char* p, size_t n, const std::vector<char>& v) {
@@ -1418,7 +1896,7 @@ class FaultCase {
     };
     for (int c = 0; c < calls_; ++c)
       for (int i = 0; i < kW; ++i)
-        for (const std::vector<char>* v : {&planned_[c].buffers.inputs[i], &planned_[c].buffers.outputs[i]})
+        for (const std::vector<char>* v : buffersOf(planned_[c], i))
           if (overlaps(op.dst, op.bytes, *v) || overlaps(op.src, op.bytes, *v)) {
             found.push_back({i, c});
             break;
@@ -1512,18 +1990,22 @@ class FaultCase {
       add(r, lane, s);
     };
     t.boundJoin = [this, r](int into, int from) {
-      if (into == 1 && from == 0)
-        fence(r);
+      if (into != from)
+        fence(r, into);
     };
-    const AllgatherPlan& plan = p.buffers.plans[r];
-    if (direct) {
+    if (p.exchange) {
+      std::vector<std::vector<Pairing>> pairing(kW, std::vector<Pairing>(kW));
+      pairing[r][1 - r] = p.pairing[r];
+      scheduleDirectExchange(t, p.x.plans[r], ++directSerial_[r], p.x.posted[r], exchangePeers(p.x, pairing, r));
+    } else if (direct) {
+      const AllgatherPlan& plan = p.buffers.plans[r];
       std::vector<PeerBuffers> posts(kW);
       const int peer = 1 - r;
       posts[peer] = {p.pairing[r], reinterpret_cast<uint64_t>(p.buffers.plans[peer].input[0].ptr),
                      reinterpret_cast<uint64_t>(p.buffers.plans[peer].outputBase)};
       scheduleDirectAllgather(t, plan, ++directSerial_[r], {plan.input[0].ptr, plan.outputBase}, posts);
     } else {
-      scheduleStagingAllgather(t, plan, chunks_[r]);
+      scheduleStagingAllgather(t, p.buffers.plans[r], chunks_[r]);
       fence(r);  // the runner's pushDone_ event
     }
     t.bound = nullptr;
@@ -1537,16 +2019,18 @@ class FaultCase {
     queues_[r][q].steps.push_back(std::move(s));
     ++queues_[r][q].recorded;
   }
-  void fence(int r) {
+  // Queue `into` (drain unless said) waits for what the other one recorded so far.
+  void fence(int r, int into = 1) {
     Step s;
     s.kind = Step::Fence;
-    s.count = queues_[r][0].recorded;
-    add(r, 1, s);
+    s.after = 1 - into;
+    s.count = queues_[r][s.after].recorded;
+    add(r, into, s);
   }
 
   bool ready(int r, const Step& s) {
     if (s.kind == Step::Fence)
-      return queues_[r][0].executed >= s.count;
+      return queues_[r][s.after].executed >= s.count;
     if (s.kind == Step::End)
       return true;
     return (s.direct ? direct_ : staging_).ready(r, s.op);
@@ -1577,6 +2061,12 @@ class FaultCase {
     if (failed_[r])
       return;  // the call ends with the error
     const Planned& p = planned_[s.call];
+    if (p.exchange) {
+      const std::string wrong = exchangeMismatch(p.x, r);
+      if (!wrong.empty())
+        violation("wrong bytes in a call that ended without error: call " + std::to_string(s.call) + ": " + wrong);
+      return;
+    }
     for (int q = 0; q < kW; ++q) {
       size_t at = 0;
       for (const ByteSpan& span : p.buffers.plans[r].outputByRank[q]) {
@@ -1616,8 +2106,10 @@ class FaultCase {
 int main(int argc, char** argv) {
   const bool inFlight = argc >= 4 && strcmp(argv[3], "--calls-in-flight") == 0;
   const bool faults = argc >= 4 && strcmp(argv[3], "--faults") == 0;
+  const bool exchanges = argc >= 4 && strcmp(argv[3], "--exchanges") == 0;
   bool unordered = false, unforked = false, oldRelease = false;
-  bool usage = argc < 3 || (argc > 3 && !inFlight && !faults);
+  auto mutation = FakeTransport::Mutation::None;
+  bool usage = argc < 3 || (argc > 3 && !inFlight && !faults && !exchanges);
   for (int a = 4; a < argc; ++a) {
     if (inFlight && strcmp(argv[a], "--unordered") == 0)
       unordered = true;
@@ -1625,16 +2117,60 @@ int main(int argc, char** argv) {
       unforked = true;
     else if (faults && strcmp(argv[a], "--old-release") == 0)
       oldRelease = true;
+    else if (exchanges && mutation == FakeTransport::Mutation::None && strcmp(argv[a], "--skip-done-wait") == 0)
+      mutation = FakeTransport::Mutation::SkipDoneWait;
+    else if (exchanges && mutation == FakeTransport::Mutation::None && strcmp(argv[a], "--arrived-before-pack") == 0)
+      mutation = FakeTransport::Mutation::ArrivedBeforePack;
     else
       usage = true;
   }
   if (usage) {
-    fprintf(stderr, "usage: %s SEED CASES [--calls-in-flight [--unordered] [--unforked] | --faults [--old-release]]\n",
+    fprintf(stderr,
+            "usage: %s SEED CASES [--calls-in-flight [--unordered] [--unforked] | --faults [--old-release] | "
+            "--exchanges [--skip-done-wait | --arrived-before-pack]]\n",
             argv[0]);
     return 2;
   }
   std::mt19937 rng(static_cast<unsigned>(atoi(argv[1])));
   const int cases = atoi(argv[2]);
+  if (exchanges && mutation == FakeTransport::Mutation::None) {
+    for (int c = 0; c < cases; ++c)
+      exchangeCase(rng, c, mutation);
+    printf("ok %d\n", cases);
+    return 0;
+  }
+  if (exchanges) {
+    // A wrong schedule: every case runs, and the cases it is caught in are counted by what caught it.
+    failureEndsCase = true;
+    std::map<std::string, int> caught;
+    std::string first;
+    for (int c = 0; c < cases; ++c) {
+      try {
+        exchangeCase(rng, c, mutation);
+      } catch (const std::runtime_error& e) {
+        const std::string failure = e.what();
+        if (first.empty())
+          first = failure;
+        const bool hang = failure.find("deadlock") != std::string::npos;
+        ++caught[hang                                                         ? "hang"
+                 : failure.find("after that call ended") != std::string::npos ? "write after end"
+                                                                              : "wrong bytes"];
+      }
+    }
+    if (first.empty()) {
+      printf("ok %d\n", cases);
+      return 0;
+    }
+    int total = 0;
+    for (const auto& [kind, n] : caught)
+      total += n;
+    printf("caught %d of %d cases:", total, cases);
+    for (const auto& [kind, n] : caught)
+      printf(" %s %d;", kind.c_str(), n);
+    printf("\n");
+    fprintf(stderr, "FAIL: %s\n", first.c_str());
+    return 1;
+  }
   if (faults) {
     // The new rule stops at its first failure. The old one runs every case and counts what it is caught at.
     std::map<std::string, int> caught;

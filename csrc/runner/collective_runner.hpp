@@ -1,5 +1,7 @@
-// What the backend asks of a device's all-gather runner, and how it gets one. A runner owns a transport, the
-// threads that watch it and the per-group serials; the backend never sees which device's runner it holds.
+// What the backend asks of a device's collective runner, and how it gets one. A runner owns a transport, the
+// threads that watch it and the per-group serials, and runs the schedules of the collectives that only move bytes:
+// the all-gathers (allgather_inputs.hpp) and the exchanges (exchange_inputs.hpp), in the group's one call order. The
+// backend never sees which device's runner it holds.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -17,6 +19,7 @@
 #include "collective/collective_info.hpp"
 #include "collective/collective_path.hpp"
 #include "collective/direct_allgather.hpp"
+#include "collective/exchange_inputs.hpp"
 #include "collective/node_layout.hpp"
 #include "collective/rank_list.hpp"
 #include "transport/arrival_mailbox.hpp"
@@ -36,9 +39,20 @@ struct DirectPairCounts {
   }
 };
 
-class AllgatherRunner {
+// The tensors of a collective a runner tracks: the Work returns `outputs`; the copies touch `keepAlive`.
+struct Operands {
+  at::Device device = at::kCPU;
+  std::vector<at::Tensor> outputs;
+  std::vector<at::Tensor> keepAlive;
+};
+template <typename Planned>
+Operands operandsOf(Planned& planned) {
+  return {planned.device, std::move(planned.outputs), std::move(planned.keepAlive)};
+}
+
+class CollectiveRunner {
  public:
-  virtual ~AllgatherRunner() = default;
+  virtual ~CollectiveRunner() = default;
 
   // The DMA path (or a variant of it) when this collective can run here, else the inner backend and why.
   virtual CollectivePath pathFor(const PlannedAllgather& planned) = 0;
@@ -46,6 +60,10 @@ class AllgatherRunner {
   // peers. Consumes planned's tensors.
   virtual c10::intrusive_ptr<c10d::Work> run(PlannedAllgather& planned, const CollectivePath& path, bool asyncOp,
                                              const CollectiveInfo& info) = 0;
+  // The same for an exchange. Its DMA path copies between the ranks' own buffers (docs/design.md, "Exchange"); where
+  // the group cannot (no direct path, capture, a group over nodes), the inner backend and why, alike on every member.
+  virtual CollectivePath pathFor(const PlannedExchange& planned) = 0;
+  virtual c10::intrusive_ptr<c10d::Work> run(PlannedExchange& planned, bool asyncOp, const CollectiveInfo& info) = 0;
   // Device or shared memory this runner holds outside the caching allocator (staging, the direct path's bounce area).
   virtual size_t stagingBytes() const = 0;
   // Bytes of the peers' memory mapped into this process (the direct path), which the peers cannot give back.
@@ -118,23 +136,23 @@ bool cachingAllocatorUsesExpandableSegments();
 // Collective, at the group's first eligible CUDA all-gather: null, with the reason in *whyNot, when the
 // transport cannot connect (every member then agrees). The direct path is on only where every member asked for it.
 // `geometry`: the cap; the runner sizes staging to what the group needs, up to it.
-std::unique_ptr<AllgatherRunner> connectCopyEngineRunner(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                                         int size, int device, const StagingGeometry& geometry,
-                                                         const DirectPathOptions& direct, std::string* whyNot);
+std::unique_ptr<CollectiveRunner> connectCopyEngineRunner(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                                          int size, int device, const StagingGeometry& geometry,
+                                                          const DirectPathOptions& direct, std::string* whyNot);
 
 // Shared memory, for CPU tensors (shared_memory_runner.cpp).
 std::string sharedMemoryPathProblem(c10d::Store& store, int rank, int size);
-std::unique_ptr<AllgatherRunner> connectSharedMemoryRunner(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                                           int size, const StagingGeometry& geometry, bool direct,
-                                                           const std::string& groupName, std::string* whyNot);
+std::unique_ptr<CollectiveRunner> connectSharedMemoryRunner(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                                            int size, const StagingGeometry& geometry, bool direct,
+                                                            const std::string& groupName, std::string* whyNot);
 
 // The hierarchical path: collective over the group, each node connecting its transport over `nodeStore` (a store of
 // its own per node) at `nodeGeometry` (the node's size), with the rail backend in `setup` between nodes.
-std::unique_ptr<AllgatherRunner> connectHierarchicalCopyEngineRunner(const c10::intrusive_ptr<c10d::Store>& nodeStore,
-                                                                     int device, const StagingGeometry& nodeGeometry,
-                                                                     HierarchicalSetup setup, std::string* whyNot);
-std::unique_ptr<AllgatherRunner> connectHierarchicalSharedMemoryRunner(const c10::intrusive_ptr<c10d::Store>& nodeStore,
-                                                                       const StagingGeometry& nodeGeometry,
-                                                                       HierarchicalSetup setup, std::string* whyNot);
+std::unique_ptr<CollectiveRunner> connectHierarchicalCopyEngineRunner(const c10::intrusive_ptr<c10d::Store>& nodeStore,
+                                                                      int device, const StagingGeometry& nodeGeometry,
+                                                                      HierarchicalSetup setup, std::string* whyNot);
+std::unique_ptr<CollectiveRunner> connectHierarchicalSharedMemoryRunner(
+    const c10::intrusive_ptr<c10d::Store>& nodeStore, const StagingGeometry& nodeGeometry, HierarchicalSetup setup,
+    std::string* whyNot);
 
 }  // namespace sdma

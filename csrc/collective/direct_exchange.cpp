@@ -1,0 +1,67 @@
+#include "collective/direct_exchange.hpp"
+
+#include "collective/byte_spans.hpp"
+
+namespace sdma {
+
+void scheduleDirectExchange(Transport& t, const ExchangePlan& plan, uint32_t serial, const PostedBuffers& posted,
+                            const std::vector<ExchangePeer>& peers) {
+  DirectTransport& d = *t.direct();
+  const int me = t.rank();
+  const int size = t.geometry().worldSize;
+  char* input = const_cast<char*>(posted.input);
+  char* output = posted.outputBase;
+
+  // Peers may read our input and write our output once our stream is here: a bounced input first.
+  if (input != plan.input && plan.inputBytes > 0) {
+    copyPieces(t, Lane::Drain, {ByteSpan{input, plan.inputBytes}},
+               plan.inputPacked() ? plan.inputPieces
+                                  : std::vector<ByteSpan>{ByteSpan{const_cast<char*>(plan.input), plan.inputBytes}});
+    d.joinLane(Lane::Push, Lane::Drain);  // our pushes below read the bounce area
+  }
+  for (int q = 0; q < size; ++q) {
+    if (q != me) {
+      d.signalPeer(Lane::Drain, q, Flag::Arrived, 0, serial);
+    }
+  }
+  const ByteRange& toSelf = plan.sendTo[me];
+  if (toSelf.bytes > 0) {
+    t.copyLocal(Lane::Drain, output + plan.recvFrom[me].offset, input + toSelf.offset, toSelf.bytes);
+  }
+  for (int q = 0; q < size; ++q) {
+    const ExchangePeer& peer = peers[q];
+    if (q == me || peer.buffers.pairing == Pairing::kPeerCameLate) {
+      continue;
+    }
+    const ByteRange& to = plan.sendTo[q];
+    if (to.bytes > 0) {
+      d.waitPeer(Lane::Push, q, Flag::Arrived, 0, serial);
+      d.copyToPeer(Lane::Push, q, peer.buffers.outputBase + peer.ranges.expects.offset, input + to.offset, to.bytes);
+    }
+    const ByteRange& from = plan.recvFrom[q];
+    if (peer.buffers.pairing == Pairing::kThisCameLate && from.bytes > 0) {
+      d.waitPeer(Lane::Drain, q, Flag::Arrived, 0, serial);
+      d.copyFromPeer(Lane::Drain, q, output + from.offset, peer.buffers.input + peer.ranges.sends.offset, from.bytes);
+    }
+  }
+  d.joinLane(Lane::Drain, Lane::Push);
+  // Done after our copies; complete only after every peer's, since a peer may be reading our input or writing our
+  // output.
+  for (int q = 0; q < size; ++q) {
+    if (q != me) {
+      d.signalPeer(Lane::Drain, q, Flag::Done, 0, serial);
+    }
+  }
+  for (int q = 0; q < size; ++q) {
+    if (q != me) {
+      d.waitPeer(Lane::Drain, q, Flag::Done, 0, serial);
+    }
+  }
+  if (output != plan.output && plan.outputBytes > 0) {
+    copyPieces(t, Lane::Drain,
+               plan.outputPacked() ? plan.outputPieces : std::vector<ByteSpan>{ByteSpan{plan.output, plan.outputBytes}},
+               {ByteSpan{output, plan.outputBytes}});
+  }
+}
+
+}  // namespace sdma

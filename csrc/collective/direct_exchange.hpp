@@ -1,0 +1,30 @@
+// The exchange (all-to-all, broadcast, gather, scatter) without staging (docs/design.md, "Exchange"): straight
+// between the ranks' own regions, each pair as the arrival mailbox settled it, as the direct all-gather does. Each
+// rank pushes the range it sends a peer into that peer's output; where this rank came late to a pair, it also pulls
+// the range the peer sends it from the peer's input. Pairs with nothing to move in a direction skip that copy, but
+// every pair still meets through Arrived and Done, so that the collective ends on every rank only once no peer
+// copies with its regions any more.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "collective/direct_allgather.hpp"
+#include "collective/exchange_plan.hpp"
+#include "transport/transport.hpp"
+
+namespace sdma {
+
+struct ExchangePeer {
+  PeerBuffers buffers;  // how the pair settled; the peer's posted regions, as this rank's copies address them
+  PairRanges ranges;    // what the peer posted about its pair with this rank
+};
+
+// `posted`: this rank's regions as it posted them (plan.input / plan.output, or the bounce area standing in for
+// them: then the schedule packs before and unpacks after, locally). `serial`: the group's direct serial, which this
+// collective's Arrived and Done flags carry. Pushes on the Push lane, pulls and local copies on the Drain lane, which
+// writes every flag and ends the collective.
+void scheduleDirectExchange(Transport& transport, const ExchangePlan& plan, uint32_t serial,
+                            const PostedBuffers& posted, const std::vector<ExchangePeer>& peers);
+
+}  // namespace sdma

@@ -1,0 +1,47 @@
+// What every collective that moves each rank's bytes to chosen peers reduces to (all-to-all, broadcast, gather,
+// scatter): per peer, a byte range of this rank's input region that goes to it, and a byte range of this rank's
+// output region that it fills. A region is one tensor's bytes, or, for the list forms, a bounce area the schedule
+// packs the pieces into before and unpacks after.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "collective/allgather_plan.hpp"
+#include "transport/arrival_mailbox.hpp"
+
+namespace sdma {
+
+struct ExchangePlan {
+  // Per group rank q: what this rank sends q (of its input region) and what q sends this rank (into its output
+  // region). The ranges with this rank itself are a local copy.
+  std::vector<ByteRange> sendTo;
+  std::vector<ByteRange> recvFrom;
+  // The regions: the tensor's bytes where the form has one contiguous tensor (`input`, `output`), else null with the
+  // pieces, in region order, that a bounce area stands in for.
+  const char* input = nullptr;
+  char* output = nullptr;
+  uint64_t inputBytes = 0;
+  uint64_t outputBytes = 0;
+  std::vector<ByteSpan> inputPieces;
+  std::vector<ByteSpan> outputPieces;
+
+  bool inputPacked() const {
+    return !input && inputBytes > 0;
+  }
+  bool outputPacked() const {
+    return !output && outputBytes > 0;
+  }
+};
+
+// Per peer, what this rank posts about their pair: the ranges it sends and expects.
+inline std::vector<PairRanges> pairRangesOf(const ExchangePlan& plan) {
+  std::vector<PairRanges> out(plan.sendTo.size());
+  for (size_t q = 0; q < out.size(); ++q) {
+    out[q] = {plan.sendTo[q], plan.recvFrom[q]};
+  }
+  return out;
+}
+
+}  // namespace sdma
