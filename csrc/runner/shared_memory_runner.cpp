@@ -111,9 +111,9 @@ c10::intrusive_ptr<c10d::Work> SharedMemoryRunner::run(PlannedAllgather& planned
 }
 
 c10::intrusive_ptr<c10d::Work> SharedMemoryRunner::enqueue(c10::intrusive_ptr<HostWork> work, bool postedBuffers,
-                                                           bool asyncOp, const CollectiveInfo& info) {
+                                                           bool asyncOp, const CollectiveInfo& info, bool exchange) {
   std::unique_lock<std::mutex> lock(mutex_);
-  Job job{transport_->takeRecorded(), work, order_.issue(), postedBuffers, info.board, info.seq, info.post};
+  Job job{transport_->takeRecorded(), work, order_.issue(), postedBuffers, info.board, info.seq, info.post, exchange};
   if (syncOnCaller_ && !asyncOp) {
     runInTurn(job, lock);
     return work;
@@ -185,7 +185,7 @@ c10::intrusive_ptr<c10d::Work> SharedMemoryRunner::run(PlannedExchange& planned,
   }
   scheduleDirectExchange(*transport_, plan, static_cast<uint32_t>(serial), posted, peers);
   return enqueue(c10::make_intrusive<HostWork>(info, std::move(planned.outputs), std::move(planned.keepAlive)),
-                 /*postedBuffers=*/true, asyncOp, info);
+                 /*postedBuffers=*/true, asyncOp, info, /*exchange=*/true);
 }
 
 void SharedMemoryRunner::runInTurn(Job& job, std::unique_lock<std::mutex>& lock) {
@@ -207,8 +207,12 @@ void SharedMemoryRunner::runInTurn(Job& job, std::unique_lock<std::mutex>& lock)
         if (d) {
           return job.board->describe(job.seq, job.post, d);
         }
-        // A peer that failed this call or an earlier one (an exchange whose pair it found disagreeing, after this
-        // rank had read its post) never comes; one that failed a later call has enqueued this one.
+        if (!job.exchange) {
+          return std::string();
+        }
+        // An exchange's peer that failed this call or an earlier one (it found its pair disagreeing after this rank
+        // had read its post) never comes; one that failed a later call has enqueued this one. Other collectives keep
+        // waiting for what they wait on, so that a peer that exited is named as such.
         const auto [peer, at] = job.board->failedPeer();
         return peer < 0 || at > job.seq ? std::string()
                                         : "group rank " + std::to_string(job.board->groupRankOf(peer)) +

@@ -54,10 +54,12 @@ class SharedMemoryRunner : public CollectiveRunner {
     CallBoard* board = nullptr;
     uint64_t seq = 0;
     CallPost post;
+    // An exchange: its waits also give up on a peer that failed this call or an earlier one (see runInTurn).
+    bool exchange = false;
   };
   // Queues the operations recorded since the last job as `work`'s job, in call order (or runs them here, see above).
   c10::intrusive_ptr<c10d::Work> enqueue(c10::intrusive_ptr<HostWork> work, bool postedBuffers, bool asyncOp,
-                                         const CollectiveInfo& info);
+                                         const CollectiveInfo& info, bool exchange = false);
   void workerLoop();
   // Runs `job` on the calling thread once its turn came (`lock` held; held again on return), and completes its work.
   void runInTurn(Job& job, std::unique_lock<std::mutex>& lock);
