@@ -1,8 +1,8 @@
 # Entry points that work on a fresh machine, in any order:
 #   make install  pip install --no-build-isolation . with the interpreter below (what the README says to run)
 #   make test     installs what is missing, builds the extension in place, runs the test suite
-#   make bench    checks the node (python -m torch_sdma.check), then the all-gather benchmark (sdma against the
-#                 inner backend) over every local GPU, or 2 CPU ranks; writes results/ with its plots
+#   make bench    checks the node (python -m torch_sdma.check), then the all-gather and exchange benchmarks (sdma
+#                 against the inner backend) over every local GPU, or 2 CPU ranks; writes results/ with its plots
 # Each step says what it does in one line; the build is quiet unless it fails (its log: build/build.log).
 #
 # The interpreter: $(PYTHON) (python3 on PATH: an activated venv) when it imports torch, used as it is. Otherwise a
@@ -112,6 +112,9 @@ bench: build
 	$(BENCH_ENV) $(PY) -m torch.distributed.run --standalone --nproc_per_node $(NPROC) -m torch_sdma.check --skip-busbw
 	@echo "make: the all-gather benchmark with $(NPROC) ranks, one line per size (results/)"
 	$(BENCH_ENV) $(PY) -m torch.distributed.run --standalone --nproc_per_node $(NPROC) examples/bench_allgather.py \
+	  --out-dir results
+	@echo "make: the exchange benchmark with $(NPROC) ranks (all_to_all_single, broadcast, gather, scatter; results/)"
+	$(BENCH_ENV) $(PY) -m torch.distributed.run --standalone --nproc_per_node $(NPROC) examples/bench_exchange.py \
 	  --out-dir results
 
 # The randomized all-gather soak (tests/soak_allgather.py): a rank per local GPU, or two ranks sharing the one GPU or

@@ -10,13 +10,15 @@ Any number of ranks and devices. In order:
 - a bit-exact sweep: every all-gather form torch offers, a few dtypes and sizes, async calls in flight, in four
   groups (the defaults, and every size on DMA: default schedule, direct, staging); each output is compared byte for
   byte with what every rank rebuilds of every rank's input;
+- the same for the exchanges (all_to_all_single even, uneven with zero splits and async, all_to_all, broadcast,
+  gather, scatter) in the defaults and the every-size-on-DMA group, with the path each took (group_path(op=...));
 - a short busbw table: sdma against NCCL (gloo on CPU tensors) and, on GPUs, the copy-engine limit (plain pushes
-  of the same bytes into the peers, unordered).
+  of the same bytes into the peers, unordered); then the exchanges against NCCL (gloo).
 
 Exit 1 on a wrong byte (the report names the group, form, dtype, size and rank), a step that outlasts --timeout
 (a hang: every rank's stacks go to stderr), or a misconfiguration it can name; 0 otherwise.
-TORCH_SDMA_CHECK_PLANT_WRONG_BYTE=<form> (a test knob) flips one output byte of that form's first call on the last
-rank, to show that the check catches it.
+TORCH_SDMA_CHECK_PLANT_WRONG_BYTE=<form or exchange> (a test knob) flips one output byte of that form's first call
+on the last rank, to show that the check catches it.
 """
 import argparse
 import datetime
@@ -39,6 +41,7 @@ import torch.distributed as dist
 import torch_sdma
 
 from . import _hw_queues
+from ._check_exchanges import Exchanges
 
 KIB, MIB = 1 << 10, 1 << 20
 PLANT_KNOB = "TORCH_SDMA_CHECK_PLANT_WRONG_BYTE"
@@ -48,6 +51,8 @@ SINGLE = GATHER_SINGLE.__name__
 DTYPES = (torch.float32, torch.bfloat16, torch.uint8, torch.int64)
 # Bytes per rank: one element, an odd count, and sizes that need several chunks of staging.
 SWEEP_BYTES = (1, 4099, 256 * KIB, 4 * MIB)
+# Bytes per rank and pair of the exchanges.
+EXCHANGE_BYTES = (1, 4099, 256 * KIB)
 ASYNC_IN_FLIGHT = 4
 
 
@@ -385,6 +390,56 @@ class Check:
                 if group_name != "defaults" and not path.startswith("dma"):
                     self.fail(f"group {group_name} (TORCH_SDMA_MIN_BYTES=0): {form} took {path}, not the DMA path")
 
+    def exchange_sweep(self):
+        """Every exchange op in the defaults and the every-size-on-DMA group; stops at the first call that raises."""
+        try:
+            self._exchange_sweep()
+        except _StopSweep:
+            pass
+        for e in sum(self.gather_all(self.errors), []):
+            self.fail(f"ERROR: {e}")
+        return not self.errors
+
+    def _exchange_sweep(self):
+        ops = Exchanges(self.rank, self.world, self.device, hashed_bytes).ops()
+        self.say(f"\n## Exchange sweep: {len(ops)} ops x {len(DTYPES)} dtypes x {len(EXCHANGE_BYTES)} sizes per "
+                 f"group, {self.world} ranks")
+        for group_name, group in self.groups[:2]:
+            wrong, paths = [], {}
+            for name, op, call in ops:
+                for dtype in DTYPES:
+                    elem = torch.tensor([], dtype=dtype).element_size()
+                    for size in EXCHANGE_BYTES:
+                        n = max(1, size // elem) * elem
+                        key = f"group {group_name}, {name}, {str(dtype).removeprefix('torch.')}, {n} B per pair"
+                        self.watchdog.enter(f"exchange sweep: {key}")
+                        try:
+                            pairs = call(n, dtype, group)
+                        except Exception as e:  # noqa: BLE001  (reported with the call; the ranks may now disagree)
+                            self.errors.append(f"{key}, rank {self.rank}: {type(e).__name__}: {e}"[:400])
+                            raise _StopSweep() from None
+                        if self.plant == name and not self.planted and self.rank == self.world - 1:
+                            pairs[0][0][0] ^= 0xFF
+                            self.planted = True
+                        for got, want in pairs:
+                            if not torch.equal(got, want):
+                                bad = (got != want).nonzero()[0].item()
+                                wrong.append(f"{key}, rank {self.rank}: first wrong byte at {bad}: "
+                                             f"0x{got[bad].item():02x}, expected 0x{want[bad].item():02x}")
+                                break
+                paths[name] = torch_sdma.group_path(group, op=op)
+            all_wrong = sum(self.gather_all(wrong), [])
+            for w in all_wrong:
+                self.fail(f"WRONG BYTES: {w}")
+            self.say(f"group {group_name}: {'all bytes right' if not all_wrong else f'{len(all_wrong)} WRONG'}")
+            for name, path in paths.items():
+                self.say(f"  {name:<34} -> {path}")
+            inner = sorted({p for p in paths.values() if not p.startswith("dma")})
+            if group_name != "defaults" and inner:
+                # Not a failure: a machine may keep the exchanges off the DMA path for a reason it names.
+                self.warnings.append(f"group {group_name}: exchanges took {', '.join(inner)}")
+                self.say(f"  WARNING: with TORCH_SDMA_MIN_BYTES=0 the exchanges took {', '.join(inner)}")
+
     # ------------------------------------------------------------------------------------------------- busbw
     def time_calls(self, fn, iters):
         return seconds_per_call(fn, iters, self.mode == "gpu")
@@ -450,11 +505,41 @@ class Check:
                 no_limit = why
         if no_limit:
             self.say(f"ce-limit: n/a, {no_limit}")
+        self.exchange_busbw(sizes, budget)
+
+    def exchange_busbw(self, sizes, budget):
+        """The exchanges against the inner backend's own, in the every-size-on-DMA group: GB/s = the bytes one rank
+        sends or receives across the links / t (nccl-tests' busbw)."""
+        exchanges = Exchanges(self.rank, self.world, self.device, hashed_bytes)
+        dma_group = self.groups[1][1]
+        self.say(f"\n## busbw, exchanges, bf16; bytes: to each peer (all_to_all_single), the tensor (broadcast), each "
+                 f"rank's piece (gather, scatter); median of {self.args.rounds} rounds")
+        self.say(f"| op | bytes | sdma | {self.base_name} | sdma / {self.base_name} | path |")
+        self.say("|---|---|---|---|---|---|")
+        for op in ("all_to_all_single", "broadcast", "gather", "scatter"):
+            for size in sizes:
+                self.watchdog.enter(f"busbw {op} {human_bytes(size)}")
+                n = max(2, size // self.world // 2 * 2)
+                sdma, moved = exchanges.timed_call(op, n, dma_group)
+                base, _ = exchanges.timed_call(op, n, self.base_group)
+                iters = max(3, min(50, budget // (self.world * n)))
+                calls = {"sdma": sdma, self.base_name: base}
+                times = {k: [] for k in calls}
+                for r in range(self.args.rounds + 1):
+                    for name, fn in (calls.items() if r % 2 == 0 else reversed(calls.items())):
+                        self.sync()
+                        t = self.time_calls(fn, iters if r else 1)  # round 0 warms up
+                        if r:
+                            times[name].append(t)
+                med = {k: max(self.gather_all(statistics.median(v))) for k, v in times.items()}
+                bw = {k: moved / t / 1e9 for k, t in med.items()}
+                self.say(f"| {op} | {human_bytes(n)} | {bw['sdma']:.3g} | {bw[self.base_name]:.3g} | "
+                         f"{bw['sdma'] / bw[self.base_name]:.2f} | {torch_sdma.group_path(dma_group, op=op)} |")
 
     def run(self):
         self.registration()
         self.hardware_queues()
-        if self.sweep() and not self.args.skip_busbw:
+        if self.sweep() and self.exchange_sweep() and not self.args.skip_busbw:
             if self.args.share_gpu and self.mode == "gpu":
                 # NCCL refuses two ranks on one GPU, and ranks that time-slice one GPU's engines time nothing.
                 self.say("busbw: skipped, ranks share GPUs (--share-gpu)")
