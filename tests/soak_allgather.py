@@ -393,11 +393,7 @@ class Soak:
 
     def run(self):
         opts = self.opts
-        # Uneven lists go to the inner backend: NCCL gathers them, gloo refuses them, and NCCL refuses two ranks on
-        # one GPU.
-        uneven_ok = self.cuda and torch.cuda.device_count() >= self.world
-        single_ok = hasattr(dist, "all_gather_single")
-        sched = Schedule(opts.seed, opts, [len(m) for m in self.members], uneven_ok, single_ok)
+        sched = self.schedule()
         self.warm_up()
         fds0, mapped0 = self.resources()
         started = time.monotonic()
@@ -423,10 +419,20 @@ class Soak:
             torch.cuda.synchronize(self.device)
         seconds = time.monotonic() - started
         self.check_resources(fds0, mapped0)
-        return {"calls": done, "forms": dict(sorted(self.per_form.items())), "bytes": self.bytes,
+        return {"calls": done, "forms": self.form_counts(), "bytes": self.bytes,
                 "world_paths": _paths(dist.group.WORLD),
                 "seconds": round(seconds, 2), "calls_per_s": round(done / seconds, 1) if seconds else 0.0,
                 "groups_remade": self.remade, "forms_run": sched.forms}
+
+    def schedule(self):
+        # Uneven lists go to the inner backend: NCCL gathers them, gloo refuses them, and NCCL refuses two ranks on
+        # one GPU.
+        uneven_ok = self.cuda and torch.cuda.device_count() >= self.world
+        single_ok = hasattr(dist, "all_gather_single")
+        return Schedule(self.opts.seed, self.opts, [len(m) for m in self.members], uneven_ok, single_ok)
+
+    def form_counts(self):
+        return dict(sorted(self.per_form.items()))
 
     def _settle_oldest_one(self):
         item = self.pending.pop(0)
@@ -501,26 +507,28 @@ def _staging(g):
     return sdma.staging_bytes(g) if sdma else 0
 
 
-def run_soak(opts, device):
-    """Runs the soak in an initialised default group (every rank must call it with the same options); returns the
-    summary, raises SoakFailure naming the seed, the call and its description."""
+def run_soak(opts, device, kind=None):
+    """Runs the soak (`kind`, a Soak class; the all-gather soak by default) in an initialised default group (every
+    rank must call it with the same options); returns the summary, raises SoakFailure naming the seed, the call and
+    its description."""
     ctrl = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=opts.pg_timeout_s))
-    soak = Soak(opts, device, ctrl)
+    soak = (kind or Soak)(opts, device, ctrl)
     try:
         return soak.run()
     finally:
         soak.pending.clear()
 
 
-def summary_line(s):
+def summary_line(s, moved="gathered"):
     forms = " ".join(f"{k}={v}" for k, v in s["forms"].items())
     return (f"soak ok: {s['calls']} calls ({s['calls_per_s']}/s) in {s['seconds']} s, "
-            f"{s['bytes'] / 2**30:.2f} GiB gathered, {s['groups_remade']} groups made again; forms: {forms}")
+            f"{s['bytes'] / 2**30:.2f} GiB {moved}, {s['groups_remade']} groups made again; forms: {forms}")
 
 
-def main(argv=None):
-    on_gpu = torch.cuda.is_available() and torch.cuda.device_count() > 0
-    opts, a = SoakOptions.parse(argv, on_gpu)
+def run_rank(opts, a, on_gpu, run, summary):
+    """One rank of a soak under torchrun: `run(opts, device)` on the group `a.backend` (every size on the DMA path),
+    `summary(result)` printed by rank 0. Exits the process at once on a failure: the peers may be stuck in a call this
+    rank never makes, so nothing is torn down."""
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", str(rank)))
     backend = a.backend or ("cpu:gloo,cuda:sdma" if on_gpu else "sdma")
@@ -535,17 +543,23 @@ def main(argv=None):
     os.environ.setdefault("TORCH_SDMA_MIN_BYTES", "0")  # every size on the DMA path
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=a.pg_timeout_s))
     try:
-        s = run_soak(opts, device)
+        s = run(opts, device)
     except SoakFailure as e:
         print(str(e), file=sys.stderr, flush=True)
-        os._exit(1)  # the peers may be stuck in a call this rank never makes: no teardown
+        os._exit(1)
     except Exception as e:  # noqa: BLE001
         print(f"soak failed on rank {rank}, seed {opts.seed}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         os._exit(1)
     if rank == 0:
-        print(summary_line(s), flush=True)
+        print(summary(s), flush=True)
     dist.destroy_process_group()
     return 0
+
+
+def main(argv=None):
+    on_gpu = torch.cuda.is_available() and torch.cuda.device_count() > 0
+    opts, a = SoakOptions.parse(argv, on_gpu)
+    return run_rank(opts, a, on_gpu, run_soak, summary_line)
 
 
 if __name__ == "__main__":

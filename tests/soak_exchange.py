@@ -17,15 +17,14 @@ calls per form, bytes, seconds.
 from __future__ import annotations
 
 import argparse
-import datetime
 import math
 import os
 import random
 import sys
-import time
 import warnings
 from dataclasses import dataclass
 
+import soak_allgather
 import torch
 import torch.distributed as dist
 from soak_allgather import (
@@ -33,12 +32,11 @@ from soak_allgather import (
     Event,
     Issued,
     Soak,
-    SoakFailure,
     _bytes,
     _env,
-    _paths,
     _payload,
     _poisoned_like,
+    run_rank,
 )
 
 warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
@@ -285,85 +283,26 @@ class ExchangeSoak(Soak):
         self.per_form[form] = self.per_form.get(form, 0) + 1
         return item
 
-    def run(self):
-        opts = self.opts
-        sched = Schedule(opts.seed, opts, [len(m) for m in self.members])
-        self.warm_up()
-        fds0, mapped0 = self.resources()
-        started = time.monotonic()
-        done = 0
-        for index in range(opts.calls):
-            if index % opts.stop_every == 0 and index and self.should_stop(started):
-                break
-            ev = sched.event()
-            call = sched.call(index)
-            self.apply(ev)
-            if self.rank in self.members[call.group]:
-                try:
-                    self.pending.append(self.issue(call))
-                except Exception as e:  # noqa: BLE001
-                    self._fail(call, e)
-                while len(self.pending) > self.depth:
-                    self._settle_oldest_one()
-            done += 1
-            if opts.verbose and self.rank == 0 and index % 1000 == 0:
-                print(f"soak: {index} calls, {time.monotonic() - started:.1f} s", flush=True)
-        self.drain()
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-        seconds = time.monotonic() - started
-        self.check_resources(fds0, mapped0)
-        return {"calls": done, "forms": {f: self.per_form[f] for f in FORMS if f in self.per_form},
-                "bytes": self.bytes, "world_paths": _paths(dist.group.WORLD), "seconds": round(seconds, 2),
-                "calls_per_s": round(done / seconds, 1) if seconds else 0.0, "groups_remade": self.remade,
-                "forms_run": sched.forms}
+    def schedule(self):
+        return Schedule(self.opts.seed, self.opts, [len(m) for m in self.members])
+
+    def form_counts(self):
+        return {f: self.per_form[f] for f in FORMS if f in self.per_form}
 
 
 def run_soak(opts, device):
-    """Runs the soak in an initialised default group (every rank must call it with the same options); returns the
-    summary, raises SoakFailure naming the seed, the call and its description."""
-    ctrl = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=opts.pg_timeout_s))
-    soak = ExchangeSoak(opts, device, ctrl)
-    try:
-        return soak.run()
-    finally:
-        soak.pending.clear()
+    """Runs the exchange soak in an initialised default group (every rank must call it with the same options);
+    returns the summary, raises SoakFailure naming the seed, the call and its description."""
+    return soak_allgather.run_soak(opts, device, ExchangeSoak)
 
 
 def summary_line(s):
-    forms = " ".join(f"{k}={v}" for k, v in s["forms"].items())
-    return (f"soak ok: {s['calls']} calls ({s['calls_per_s']}/s) in {s['seconds']} s, "
-            f"{s['bytes'] / 2**30:.2f} GiB received, {s['groups_remade']} groups made again; forms: {forms}")
+    return soak_allgather.summary_line(s, moved="received")
 
 
 def main(argv=None):
     opts, a = SoakOptions.parse(argv)
-    rank = int(os.environ.get("RANK", "0"))
-    local = int(os.environ.get("LOCAL_RANK", str(rank)))
-    on_gpu = a.device == "cuda"
-    backend = a.backend or ("cpu:gloo,cuda:sdma" if on_gpu else "sdma")
-    if "sdma" in backend:
-        import torch_sdma  # noqa: F401  (registers the backend; before CUDA starts, so that it sets the hardware queues)
-    if on_gpu:
-        # cuda:<local rank>, wrapping over the visible GPUs: with SDMA_TEST_SHARE_GPU=1 on one GPU both ranks share it.
-        device = torch.device("cuda", local % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    os.environ.setdefault("TORCH_SDMA_MIN_BYTES", "0")  # every size on the DMA path
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=a.pg_timeout_s))
-    try:
-        s = run_soak(opts, device)
-    except SoakFailure as e:
-        print(str(e), file=sys.stderr, flush=True)
-        os._exit(1)  # the peers may be stuck in a call this rank never makes: no teardown
-    except Exception as e:  # noqa: BLE001
-        print(f"soak failed on rank {rank}, seed {opts.seed}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-        os._exit(1)
-    if rank == 0:
-        print(summary_line(s), flush=True)
-    dist.destroy_process_group()
-    return 0
+    return run_rank(opts, a, a.device == "cuda", run_soak, summary_line)
 
 
 if __name__ == "__main__":

@@ -444,6 +444,19 @@ class Check:
     def time_calls(self, fn, iters):
         return seconds_per_call(fn, iters, self.mode == "gpu")
 
+    def slowest_medians(self, calls, iters):
+        """Seconds per call of each of `calls` (name -> fn): the slowest rank's median over --rounds timed rounds,
+        after one round that warms up, the calls alternating in order so that neither always runs first."""
+        times = {k: [] for k in calls}
+        for r in range(self.args.rounds + 1):
+            for name, fn in (calls.items() if r % 2 == 0 else reversed(calls.items())):
+                self.sync()
+                t = self.time_calls(fn, iters if r else 1)
+                if r:
+                    times[name].append(t)
+        # A collective ends when its last rank does.
+        return {k: max(self.gather_all(statistics.median(v))) for k, v in times.items()}
+
     def ce_limit(self, n):
         """Seconds of a plain copy-engine push of this rank's n bytes into every peer (unordered, not an
         all-gather); None and why where it cannot be measured."""
@@ -486,16 +499,8 @@ class Check:
             if push:
                 calls["ce-limit"] = push
             before = torch_sdma.stats()
-            times = {k: [] for k in calls}
-            for r in range(self.args.rounds + 1):
-                for name, fn in (calls.items() if r % 2 == 0 else reversed(calls.items())):
-                    self.sync()
-                    t = self.time_calls(fn, iters if r else 1)  # round 0 warms up
-                    if r:
-                        times[name].append(t)
+            med = self.slowest_medians(calls, iters)
             path = path_moved(before, torch_sdma.stats())
-            # The slowest rank's median: an all-gather ends when its last rank does.
-            med = {k: max(self.gather_all(statistics.median(v))) for k, v in times.items()}
             bw = {k: w * n * (w - 1) / w / t / 1e9 for k, t in med.items()}
             lim = bw.get("ce-limit")
             lim_cells = f"{lim:.3g} | {bw['sdma'] / lim:.2f}" if lim else "n/a | "
@@ -523,15 +528,7 @@ class Check:
                 sdma, moved = exchanges.timed_call(op, n, dma_group)
                 base, _ = exchanges.timed_call(op, n, self.base_group)
                 iters = max(3, min(50, budget // (self.world * n)))
-                calls = {"sdma": sdma, self.base_name: base}
-                times = {k: [] for k in calls}
-                for r in range(self.args.rounds + 1):
-                    for name, fn in (calls.items() if r % 2 == 0 else reversed(calls.items())):
-                        self.sync()
-                        t = self.time_calls(fn, iters if r else 1)  # round 0 warms up
-                        if r:
-                            times[name].append(t)
-                med = {k: max(self.gather_all(statistics.median(v))) for k, v in times.items()}
+                med = self.slowest_medians({"sdma": sdma, self.base_name: base}, iters)
                 bw = {k: moved / t / 1e9 for k, t in med.items()}
                 self.say(f"| {op} | {human_bytes(n)} | {bw['sdma']:.3g} | {bw[self.base_name]:.3g} | "
                          f"{bw['sdma'] / bw[self.base_name]:.2f} | {torch_sdma.group_path(dma_group, op=op)} |")
