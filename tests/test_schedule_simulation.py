@@ -11,7 +11,11 @@ beside push and drain on one lane (one GPU stream), or everything of a rank in o
 each rank's output must hold every rank's bytes, and no interleaving may deadlock. It also pins the calls a one-chunk
 all-gather makes (its per-call CPU cost). And it model-checks calls in flight across streams (--calls-in-flight):
 several groups' calls on each rank's push, drain and caller streams, none waiting for another, must complete in call
-order with the runner's rule, and must be caught failing without it. And it model-checks the fault protocol (--faults,
+order with the runner's rule, and must be caught failing without it. With each rank's streams on hardware queues
+(--hardware-queues: FIFOs, all streams on one as with CUDA_DEVICE_MAX_CONNECTIONS=1, one per stream, or a random few),
+calls made in one order on every rank must still complete; two groups' calls interleaved in different orders on
+different ranks (--crossed-orders) must be caught hanging once their streams share a hardware queue, and must pass
+where they share none. And it model-checks the fault protocol (--faults,
 csrc/collective/fault_release.hpp): two ranks whose calls are enqueued apart in time, a rank that stops after a prefix,
 a watchdog that fails a rank at any moment, calls the ranks post apart (the second poster refusing): under the
 protocol's release no call that ends without error holds a wrong byte, no copy touches a buffer after its call ended,
@@ -87,6 +91,32 @@ def test_calls_in_flight_early_completion_is_caught(simulation):
                        text=True, timeout=120)
     assert p.returncode == 1, p.stdout + p.stderr
     assert "early completion" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_calls_in_one_order_never_wait_on_each_other_through_hardware_queues(simulation, seed):
+    """The calls-in-flight cases with each rank's streams on hardware queues, FIFOs in which a wait at the head holds
+    every stream mapped there: all on one (CUDA_DEVICE_MAX_CONNECTIONS=1, Megatron's setting), one per stream, or a
+    random few. Calls made in one order on every rank never hang, end early or lose a byte (about a second a seed)."""
+    p = subprocess.run([str(simulation), str(seed), "10000", "--hardware-queues"], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.strip() == "ok 10000", p.stdout
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_crossed_orders_hang_only_on_a_shared_hardware_queue(simulation, seed):
+    """Two groups over the same ranks whose calls the ranks interleave in different orders (a thread per group):
+    once a hardware queue holds both groups' streams a rank's wait for one group sits before its step of the other
+    that a peer waits for, and the case hangs (over half of the cases); the cases whose groups share no hardware queue
+    on any rank must all pass, only flags ordering their streams."""
+    p = subprocess.run([str(simulation), str(seed), "3000", "--hardware-queues", "--crossed-orders"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1, p.stdout + p.stderr
+    m = re.match(r"caught (\d+) of 3000 cases: hang (\d+); none in the (\d+) cases whose groups share no hardware "
+                 r"queue", p.stdout)
+    assert m and int(m.group(1)) > 0 and int(m.group(2)) == int(m.group(1)) and int(m.group(3)) > 0, p.stdout + p.stderr
+    assert "hang" in p.stderr and "on their hardware queue" in p.stderr, p.stderr
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

@@ -13,6 +13,14 @@
 // drops the rule (a case then fails with a hang, an early completion or bytes not bit-exact), --unforked the fences
 // (a lane then reads an input before the caller's stream wrote it): what the model exists to catch.
 //
+// schedule_simulation SEED CASES --hardware-queues [--crossed-orders] runs the calls-in-flight model with each rank's
+// streams on hardware queues (FIFOs: a wait at a queue's head holds every stream mapped there), all on one
+// (CUDA_DEVICE_MAX_CONNECTIONS=1), one per stream, or a random few: with the calls made in one order on every rank it
+// must print "ok <cases>"; with --crossed-orders (two groups whose calls the ranks interleave in different orders) it
+// runs every case and prints "caught N of CASES cases: hang <n>; none in the <m> cases whose groups share no hardware
+// queue" and exits 1. A hang where no hardware queue holds both groups' streams, or any failure but a hang, is printed
+// as "FAIL: ..." alone.
+//
 // schedule_simulation SEED CASES --faults [--old-release] runs the model of the fault protocol (FaultCase below, with
 // csrc/collective/fault_release.hpp): it must print "ok <cases>"; with --old-release (every failed rank passing its
 // own waits) it runs every case and prints "caught N of CASES cases: <kind> <count>; ..." and exits 1.
@@ -1259,22 +1267,33 @@ void hierarchicalCase(std::mt19937& rng, int caseNo) {
 // call into or out of r's buffers queued, so that r's caller could reuse them under the copy), or an output not
 // bit-exact.
 //
+// With hardware queues (--hardware-queues), each rank's streams sit on hardware queues as CUDA maps them onto
+// CUDA_DEVICE_MAX_CONNECTIONS of them (drawHardwareQueues), each a FIFO of the steps in the order the rank's host
+// submitted them: a stream's head step runs only once it is ready and no stream sharing its hardware queue holds a
+// step submitted before it, so a flag wait or a fence at a hardware queue's head holds every stream mapped there. The
+// calls are made as above, in one order on every rank. With crossed orders instead, two groups over every rank make
+// their calls each from a caller stream of its own, each group's calls in call order on every rank, but the two
+// groups' calls interleaved otherwise on rank 0 than on every other rank, as two threads a rank, one per group, may.
+//
 // Not modelled: the arrival mailbox's CPU side (its settlement of each pair is drawn here, the same on every rank,
 // not run), captured collectives (they join the caller's stream before the call returns), the hierarchical
 // schedule, a staging area outgrown and replaced by a larger one, the watchdog, and events as objects (an event
 // wait is a fence on a queue's operation count at the moment the event was recorded, which is what it is). The
-// caller's later use of an output is not run either: the early-completion check stands for it.
+// caller's later use of an output is not run either: the early-completion check stands for it. Nor work of a hardware
+// queue that runs beside the work behind it: a step leaves its queue's head here only once it ran, which holds the
+// queue at least as long as the GPU does.
 class CallsInFlight {
  public:
-  CallsInFlight(std::mt19937& rng, int caseNo, bool ordered, bool forked)
-      : rng_(rng), ordered_(ordered), forked_(forked) {
+  CallsInFlight(std::mt19937& rng, int caseNo, bool ordered, bool forked, bool hardwareQueues = false,
+                bool crossedOrders = false)
+      : rng_(rng), ordered_(ordered), forked_(forked), crossedOrders_(crossedOrders) {
     W_ = pick(2, 3);
-    const int groups = pick(1, 3);
+    const int groups = crossedOrders_ ? 2 : pick(1, 3);
     for (int gi = 0; gi < groups; ++gi) {
       auto g = std::make_unique<Group>();
       for (int r = 0; r < W_; ++r)
         g->members.push_back(r);
-      if (W_ > 2 && pick(0, 1)) {  // a subset of two
+      if (!crossedOrders_ && W_ > 2 && pick(0, 1)) {  // a subset of two
         g->members.erase(g->members.begin() + pick(0, W_ - 1));
       }
       const int n = static_cast<int>(g->members.size());
@@ -1305,8 +1324,12 @@ class CallsInFlight {
       g->previousEnd.assign(n, {-1, 0});
       groups_.push_back(std::move(g));
     }
-    for (int r = 0; r < W_; ++r)
+    for (int r = 0; r < W_; ++r) {
       queues_.emplace_back(queueCount());
+      hardwareQueueOf_.emplace_back(queueCount());
+      std::iota(hardwareQueueOf_[r].begin(), hardwareQueueOf_[r].end(), 0);
+    }
+    submitted_.assign(W_, 0);
     const int calls = pick(2, 4);
     // A quarter of the scenarios let ranks choose sync and stream apart; otherwise every rank makes the same call.
     const bool ranksDiffer = pick(0, 3) == 0;
@@ -1319,8 +1342,22 @@ class CallsInFlight {
     }
     what_ += std::string(ordered_ ? ", ordered" : ", unordered") + (forked_ ? "" : ", unforked") + "; calls:";
     for (int c = 0; c < calls; ++c)
-      enqueue(c, pick(0, groups - 1), ranksDiffer);
+      enqueue(c, crossedOrders_ && c < 2 ? c : pick(0, groups - 1), ranksDiffer);
+    if (crossedOrders_)
+      issueInCrossedOrders();
+    if (hardwareQueues)
+      drawHardwareQueues();
     what_ += ")";
+  }
+
+  // Whether on some rank a hardware queue holds streams of two groups: only then can crossed orders hang.
+  bool groupsShareHardwareQueue() const {
+    for (int r = 0; r < W_; ++r)
+      for (int p = 0; p < queueCount(); ++p)
+        for (int q = 0; q < queueCount(); ++q)
+          if (groupOfStream(p) != groupOfStream(q) && hardwareQueueOf_[r][p] == hardwareQueueOf_[r][q])
+            return true;
+    return false;
   }
 
   void run() {
@@ -1332,14 +1369,15 @@ class CallsInFlight {
           if (queues_[r][q].steps.empty())
             continue;
           anyLeft = true;
-          if (ready(r, queues_[r][q].steps.front()))
+          if (ready(r, queues_[r][q].steps.front()) && earlierOnHardwareQueue(r, q) < 0)
             runnable.push_back({r, q});
         }
       }
       if (!anyLeft)
         break;
       if (runnable.empty())
-        fail(what_ + ": hang: every queue waits on a flag or a fence nothing will reach (" + heads() + ")");
+        fail(what_ + ": hang: every queue waits on a flag, a fence or its hardware queue, which nothing will move (" +
+             heads() + ")");
       auto [r, q] = runnable[std::uniform_int_distribution<size_t>(0, runnable.size() - 1)(rng_)];
       Step step = queues_[r][q].steps.front();
       queues_[r][q].steps.pop_front();
@@ -1377,9 +1415,10 @@ class CallsInFlight {
     int groupRank = -1;   // Operation
     int queue = -1;       // Fence: runs once this rank's queue `queue` ran `count` steps
     uint64_t count = 0;
-    int call = -1;                             // Produce, End
+    int call = -1;                             // Operation, Produce, End
     int member = -1;                           // Produce: the group rank whose input it writes
     std::vector<std::pair<int, int>> touches;  // Operation (a copy): the (rank, call) buffers it reads or writes
+    uint64_t submitted = 0;                    // its place in the order the rank's host submitted work
   };
   struct Queue {
     std::deque<Step> steps;
@@ -1391,6 +1430,11 @@ class CallsInFlight {
     std::vector<std::vector<char>> bounce;
     int group = 0;
     std::unique_ptr<Exchange> exchange;  // an exchange's buffers instead (by group rank)
+    bool direct = false;
+    std::vector<PostedBuffers> posted;  // direct all-gather: by group rank
+    std::vector<std::vector<Pairing>> pairing;
+    std::vector<bool> sync;   // by group rank: the Drain lane on the caller's stream
+    std::vector<int> caller;  // by group rank: C1 (0) or C2 (1)
   };
 
   int pick(int lo, int hi) {
@@ -1406,8 +1450,80 @@ class CallsInFlight {
   int callerQueue(int caller) const {
     return 2 * groupCount() + caller;
   }
+  // The group whose calls a stream carries, in crossed orders (each group on a caller stream of its own).
+  int groupOfStream(int q) const {
+    return q < 2 * groupCount() ? q / 2 : q - 2 * groupCount();
+  }
+  std::string streamName(int q) const {
+    if (q >= 2 * groupCount())
+      return "C" + std::to_string(q - 2 * groupCount() + 1);
+    return "g" + std::to_string(q / 2) + (q % 2 ? " drain" : " push");
+  }
+
+  // A hardware queue is one FIFO of the work the rank's host submitted to the streams mapped onto it: a stream's head
+  // step leaves it only once every step submitted before it there has. The stream holding such an earlier step, or -1.
+  int earlierOnHardwareQueue(int r, int q) const {
+    const uint64_t at = queues_[r][q].steps.front().submitted;
+    for (int p = 0; p < queueCount(); ++p) {
+      if (p != q && hardwareQueueOf_[r][p] == hardwareQueueOf_[r][q] && !queues_[r][p].steps.empty() &&
+          queues_[r][p].steps.front().submitted < at)
+        return p;
+    }
+    return -1;
+  }
+
+  // Each rank's streams on its hardware queues: all on one (CUDA_DEVICE_MAX_CONNECTIONS=1, as Megatron sets it), each
+  // on its own (more queues than streams, as torch_sdma's 32 give a process with few streams), or fewer queues than
+  // streams, each stream on any of them (a smaller setting, or MPS clients sharing one pool).
+  void drawHardwareQueues() {
+    what_ += "; hardware queues";
+    for (int r = 0; r < W_; ++r) {
+      const int kind = pick(0, 3);
+      const int count = kind <= 1 ? 1 : kind == 2 ? queueCount() : pick(1, queueCount());
+      for (int q = 0; q < queueCount() && kind != 2; ++q)
+        hardwareQueueOf_[r][q] = pick(0, count - 1);
+      what_ += std::string(r ? ", " : " ") + "r" + std::to_string(r) + ":";
+      for (int h = 0; h < count; ++h) {
+        std::string streams;
+        for (int q = 0; q < queueCount(); ++q)
+          if (hardwareQueueOf_[r][q] == h)
+            streams += (streams.empty() ? "" : ", ") + streamName(q);
+        if (!streams.empty())
+          what_ += " {" + streams + "}";
+      }
+    }
+  }
+
+  // Crossed orders: every rank issues each group's calls in call order, as the runner requires, but interleaves the
+  // two groups' calls as it drew (two threads, each making one group's calls), rank 0 otherwise than every other rank.
+  void issueInCrossedOrders() {
+    std::vector<int> groupOfCall;
+    std::vector<std::vector<int>> callsOf(groupCount());
+    for (size_t c = 0; c < calls_.size(); ++c) {
+      groupOfCall.push_back(calls_[c]->group);
+      callsOf[calls_[c]->group].push_back(static_cast<int>(c));
+    }
+    std::vector<int> first;
+    what_ += "; issued";
+    for (int r = 0; r < W_; ++r) {
+      std::vector<int> interleaving = groupOfCall;
+      do
+        std::shuffle(interleaving.begin(), interleaving.end(), rng_);
+      while (r > 0 && interleaving == first);
+      if (r == 0)
+        first = interleaving;
+      std::vector<size_t> next(groupCount(), 0);
+      what_ += std::string(r ? ", " : " ") + "r" + std::to_string(r) + ":";
+      for (int gi : interleaving) {
+        const int c = callsOf[gi][next[gi]++];
+        what_ += " " + std::to_string(c);
+        issue(c, r);  // both groups span every rank: group rank r is rank r
+      }
+    }
+  }
 
   void add(int r, int q, Step step) {
+    step.submitted = submitted_[r]++;
     queues_[r][q].steps.push_back(std::move(step));
     ++queues_[r][q].recorded;
   }
@@ -1503,6 +1619,11 @@ class CallsInFlight {
         }
       }
     }
+    call->direct = direct;
+    call->posted = std::move(posted);
+    call->pairing = std::move(pairing);
+    call->sync.assign(n, false);
+    call->caller.assign(n, 0);
     calls_.push_back(std::move(call));
     Call& made = *calls_.back();
     bool sync = pick(0, 1);
@@ -1518,65 +1639,86 @@ class CallsInFlight {
           sync = pick(0, 1);
           caller = pick(0, 1);
         }
+        if (crossedOrders_)
+          caller = gi;
         if (i == 0 || ranksDiffer)
           what_ += std::string(ranksDiffer ? " r" + std::to_string(r) + ":" : " ") +
                    (sync ? "sync on C" + std::to_string(caller + 1) : "async from C" + std::to_string(caller + 1));
       }
-      const int callerQ = callerQueue(caller);
-      const int drainQ = sync ? callerQ : 2 * gi + 1;
-      FakeTransport& t = direct ? *g.direct.ranks[i] : *g.staging.ranks[i];
-      const int pushQ = direct || chunkCount(made.buffers.plans[i], t.geometry()) > 1 ? 2 * gi : drainQ;
-      // The caller's own work before the call: it writes the input on the caller's stream.
-      Step produce;
-      produce.kind = Step::Produce;
-      produce.call = c;
-      produce.member = i;
-      add(r, callerQ, produce);
-      // forkFromCaller: the lanes start where the caller's stream stands now.
-      if (forked_) {
-        fenceOn(r, drainQ, callerQ);
-        if (pushQ != drainQ)
-          fenceOn(r, pushQ, callerQ);
-      }
-      if (ordered_ && g.order[i].mustWaitForPrevious(drainQ))
-        fence(r, drainQ, g.previousEnd[i].first, g.previousEnd[i].second);
-      const int laneQueue[2] = {pushQ, drainQ};
-      t.bound = [&, r, gi, i](int lane, const Op& op) {
-        Step s;
-        s.op = op;
-        s.group = gi;
-        s.direct = direct;
-        s.groupRank = i;
-        if (op.kind == Op::Copy)
-          s.touches = touchesOf(op);
-        add(r, laneQueue[lane], s);
-      };
-      t.boundJoin = [&, r](int into, int from) { fenceOn(r, laneQueue[into], laneQueue[from]); };
-      if (exchange) {
-        const Exchange& x = *made.exchange;
-        scheduleDirectExchange(t, x.plans[i], ++g.directSerial[i], x.posted[i], exchangePeers(x, pairing, i));
-      } else if (direct) {
-        std::vector<PeerBuffers> posts(n);
-        for (int q = 0; q < n; ++q) {
-          if (q != i)
-            posts[q] = {pairing[i][q], reinterpret_cast<uint64_t>(posted[q].input),
-                        reinterpret_cast<uint64_t>(posted[q].outputBase)};
-        }
-        scheduleDirectAllgather(t, made.buffers.plans[i], ++g.directSerial[i], posted[i], posts);
-      } else {
-        scheduleStagingAllgather(t, made.buffers.plans[i], g.chunks[i]);
-        fenceOn(r, drainQ, pushQ);  // the runner's pushDone_ event
-      }
-      t.bound = nullptr;
-      t.boundJoin = nullptr;
-      Step end;
-      end.kind = Step::End;
-      end.group = gi;
-      end.call = c;
-      add(r, drainQ, end);
-      g.order[i].ended(drainQ);
-      g.previousEnd[i] = {drainQ, queues_[r][drainQ].recorded};
+      made.sync[i] = sync;
+      made.caller[i] = caller;
     }
+    // Crossed orders: each rank issues the calls later, in an order of its own (issueInCrossedOrders).
+    for (int i = 0; i < n && !crossedOrders_; ++i)
+      issue(c, i);
+  }
+
+  // Call c's steps on its group rank i, as the runner enqueues them when that rank makes the call.
+  void issue(int c, int i) {
+    Call& made = *calls_[c];
+    const int gi = made.group;
+    Group& g = *groups_[gi];
+    const int n = static_cast<int>(g.members.size());
+    const int r = g.members[i];
+    const bool direct = made.direct;
+    const bool exchange = made.exchange != nullptr;
+    const std::vector<PostedBuffers>& posted = made.posted;
+    const std::vector<std::vector<Pairing>>& pairing = made.pairing;
+    const int callerQ = callerQueue(made.caller[i]);
+    const int drainQ = made.sync[i] ? callerQ : 2 * gi + 1;
+    FakeTransport& t = direct ? *g.direct.ranks[i] : *g.staging.ranks[i];
+    const int pushQ = direct || chunkCount(made.buffers.plans[i], t.geometry()) > 1 ? 2 * gi : drainQ;
+    // The caller's own work before the call: it writes the input on the caller's stream.
+    Step produce;
+    produce.kind = Step::Produce;
+    produce.call = c;
+    produce.member = i;
+    add(r, callerQ, produce);
+    // forkFromCaller: the lanes start where the caller's stream stands now.
+    if (forked_) {
+      fenceOn(r, drainQ, callerQ);
+      if (pushQ != drainQ)
+        fenceOn(r, pushQ, callerQ);
+    }
+    if (ordered_ && g.order[i].mustWaitForPrevious(drainQ))
+      fence(r, drainQ, g.previousEnd[i].first, g.previousEnd[i].second);
+    const int laneQueue[2] = {pushQ, drainQ};
+    t.bound = [&, r, gi, i, c](int lane, const Op& op) {
+      Step s;
+      s.op = op;
+      s.call = c;
+      s.group = gi;
+      s.direct = direct;
+      s.groupRank = i;
+      if (op.kind == Op::Copy)
+        s.touches = touchesOf(op);
+      add(r, laneQueue[lane], s);
+    };
+    t.boundJoin = [&, r](int into, int from) { fenceOn(r, laneQueue[into], laneQueue[from]); };
+    if (exchange) {
+      const Exchange& x = *made.exchange;
+      scheduleDirectExchange(t, x.plans[i], ++g.directSerial[i], x.posted[i], exchangePeers(x, pairing, i));
+    } else if (direct) {
+      std::vector<PeerBuffers> posts(n);
+      for (int q = 0; q < n; ++q) {
+        if (q != i)
+          posts[q] = {pairing[i][q], reinterpret_cast<uint64_t>(posted[q].input),
+                      reinterpret_cast<uint64_t>(posted[q].outputBase)};
+      }
+      scheduleDirectAllgather(t, made.buffers.plans[i], ++g.directSerial[i], posted[i], posts);
+    } else {
+      scheduleStagingAllgather(t, made.buffers.plans[i], g.chunks[i]);
+      fenceOn(r, drainQ, pushQ);  // the runner's pushDone_ event
+    }
+    t.bound = nullptr;
+    t.boundJoin = nullptr;
+    Step end;
+    end.kind = Step::End;
+    end.group = gi;
+    end.call = c;
+    add(r, drainQ, end);
+    g.order[i].ended(drainQ);
+    g.previousEnd[i] = {drainQ, queues_[r][drainQ].recorded};
   }
 
   bool ready(int r, const Step& s) {
@@ -1632,21 +1774,52 @@ class CallsInFlight {
     }
   }
 
+  std::string stepName(const Step& s) const {
+    switch (s.kind) {
+      case Step::Fence:
+        return "a fence on " + streamName(s.queue) + " reaching step " + std::to_string(s.count);
+      case Step::Produce:
+        return "call " + std::to_string(s.call) + "'s input";
+      case Step::End:
+        return "call " + std::to_string(s.call) + "'s end";
+      case Step::Operation:
+        break;
+    }
+    static const char* const kinds[] = {"copy", "signal", "wait",   "reset",        "signal",
+                                        "wait", "join",   "gather", "gather await", "mark"};
+    static const char* const flags[] = {"Ready", "Credit", "Arrived", "Done"};
+    std::string out = std::string("call ") + std::to_string(s.call) + "'s " + kinds[s.op.kind];
+    if (s.op.kind == Op::Wait || s.op.kind == Op::WaitOne)
+      out += std::string(" for ") + flags[static_cast<int>(s.op.flag)] + " " + std::to_string(s.op.value) +
+             (s.op.kind == Op::WaitOne ? " from rank " + std::to_string(groups_[s.group]->members[s.op.peer]) : "");
+    return out;
+  }
+
+  // Where each stream with steps left stands: its head step, and the stream ahead of it on its hardware queue.
   std::string heads() const {
     std::string out;
-    for (int r = 0; r < W_; ++r)
-      for (int q = 0; q < queueCount(); ++q)
-        if (!queues_[r][q].steps.empty())
-          out += (out.empty() ? "" : ", ") + std::string("rank ") + std::to_string(r) + " queue " + std::to_string(q);
+    for (int r = 0; r < W_; ++r) {
+      for (int q = 0; q < queueCount(); ++q) {
+        if (queues_[r][q].steps.empty())
+          continue;
+        const int ahead = earlierOnHardwareQueue(r, q);
+        out += (out.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " " + streamName(q) + " at " +
+               stepName(queues_[r][q].steps.front()) +
+               (ahead < 0 ? "" : ", behind " + streamName(ahead) + " on their hardware queue");
+      }
+    }
     return out;
   }
 
   std::mt19937& rng_;
   bool ordered_;
   bool forked_;
+  bool crossedOrders_;
   int W_ = 0;
   std::vector<std::unique_ptr<Group>> groups_;
-  std::vector<std::vector<Queue>> queues_;  // [rank][queue]
+  std::vector<std::vector<Queue>> queues_;         // [rank][queue]
+  std::vector<uint64_t> submitted_;                // [rank]: steps submitted so far
+  std::vector<std::vector<int>> hardwareQueueOf_;  // [rank][queue]
   std::vector<std::unique_ptr<Call>> calls_;
   std::string what_;
 };
@@ -2107,11 +2280,14 @@ int main(int argc, char** argv) {
   const bool inFlight = argc >= 4 && strcmp(argv[3], "--calls-in-flight") == 0;
   const bool faults = argc >= 4 && strcmp(argv[3], "--faults") == 0;
   const bool exchanges = argc >= 4 && strcmp(argv[3], "--exchanges") == 0;
-  bool unordered = false, unforked = false, oldRelease = false;
+  const bool hardwareQueues = argc >= 4 && strcmp(argv[3], "--hardware-queues") == 0;
+  bool unordered = false, unforked = false, oldRelease = false, crossedOrders = false;
   auto mutation = FakeTransport::Mutation::None;
-  bool usage = argc < 3 || (argc > 3 && !inFlight && !faults && !exchanges);
+  bool usage = argc < 3 || (argc > 3 && !inFlight && !faults && !exchanges && !hardwareQueues);
   for (int a = 4; a < argc; ++a) {
-    if (inFlight && strcmp(argv[a], "--unordered") == 0)
+    if (hardwareQueues && strcmp(argv[a], "--crossed-orders") == 0)
+      crossedOrders = true;
+    else if (inFlight && strcmp(argv[a], "--unordered") == 0)
       unordered = true;
     else if (inFlight && strcmp(argv[a], "--unforked") == 0)
       unforked = true;
@@ -2126,8 +2302,8 @@ int main(int argc, char** argv) {
   }
   if (usage) {
     fprintf(stderr,
-            "usage: %s SEED CASES [--calls-in-flight [--unordered] [--unforked] | --faults [--old-release] | "
-            "--exchanges [--skip-done-wait | --arrived-before-pack]]\n",
+            "usage: %s SEED CASES [--calls-in-flight [--unordered] [--unforked] | --hardware-queues "
+            "[--crossed-orders] | --faults [--old-release] | --exchanges [--skip-done-wait | --arrived-before-pack]]\n",
             argv[0]);
     return 2;
   }
@@ -2199,11 +2375,43 @@ int main(int argc, char** argv) {
     fprintf(stderr, "FAIL: %s\n", first.c_str());
     return 1;
   }
-  if (inFlight) {
+  if (inFlight || (hardwareQueues && !crossedOrders)) {
     for (int c = 0; c < cases; ++c)
-      CallsInFlight(rng, c, !unordered, !unforked).run();
+      CallsInFlight(rng, c, !unordered, !unforked, hardwareQueues).run();
     printf("ok %d\n", cases);
     return 0;
+  }
+  if (hardwareQueues) {
+    // Crossed orders: every case runs, and the hangs are counted. A hang is what crossed orders may cause, and only
+    // where a hardware queue holds streams of both groups; anything else is a failure of the schedules.
+    failureEndsCase = true;
+    int hangs = 0, apart = 0;
+    std::string first;
+    for (int c = 0; c < cases; ++c) {
+      CallsInFlight model(rng, c, true, true, true, true);
+      const bool shared = model.groupsShareHardwareQueue();
+      apart += !shared;
+      try {
+        model.run();
+      } catch (const std::runtime_error& e) {
+        const std::string failure = e.what();
+        if (!shared || failure.find(": hang:") == std::string::npos) {
+          fprintf(stderr, "FAIL: %s\n", failure.c_str());
+          return 1;
+        }
+        if (first.empty())
+          first = failure;
+        ++hangs;
+      }
+    }
+    if (first.empty()) {
+      printf("ok %d\n", cases);
+      return 0;
+    }
+    printf("caught %d of %d cases: hang %d; none in the %d cases whose groups share no hardware queue\n", hangs, cases,
+           hangs, apart);
+    fprintf(stderr, "FAIL: %s\n", first.c_str());
+    return 1;
   }
   callCounts();
   for (int c = 0; c < cases; ++c) {
