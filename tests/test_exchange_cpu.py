@@ -130,3 +130,62 @@ def test_exchange_mistakes_raise_on_every_rank(world):
     print(mistakes_summary(values))
     problems = mistake_problems(values, MISTAKE_TIMEOUT_S, SLACK_S)
     assert not problems, "\n".join(problems) + "\n" + mistakes_summary(values)
+
+
+# ------------------------------------------------------------------------------------------------ list pieces
+def list_pieces_body(ctx):
+    """The list forms' pieces are posted where they are on CPU ranks: pieces that are views of one buffer in reverse
+    order of address, and pieces that alias an output (all_to_all with output p the input p, scatter into the root's
+    own piece, gather from the root's own slot), all as if the inputs were read before any output was written."""
+    torch.set_num_threads(1)
+    W, r, n = ctx.world, ctx.rank, 4099
+
+    def data(src, dst):  # what src sends dst
+        g = torch.Generator().manual_seed(1000 * src + dst + 7)
+        return torch.randint(-2**31, 2**31 - 1, (n,), generator=g, dtype=torch.int32)
+
+    problems = []
+
+    def expect(what, got, want):
+        if not torch.equal(got, want):
+            problems.append(f"rank {r}: {what}: first wrong element {(got != want).nonzero()[0].item()}")
+
+    buf = torch.empty(W * n, dtype=torch.int32)
+    ins = [buf[(W - 1 - p) * n:(W - p) * n] for p in range(W)]  # piece p below piece p - 1
+    for p in range(W):
+        ins[p].copy_(data(r, p))
+    outs_buf = torch.full((W * n,), -1, dtype=torch.int32)
+    outs = [outs_buf[(W - 1 - p) * n:(W - p) * n] for p in range(W)]
+    dist.all_to_all(outs, ins)
+    for p in range(W):
+        expect(f"all_to_all views in reverse order, from rank {p}", outs[p], data(p, r))
+
+    same = [data(r, p).clone() for p in range(W)]
+    dist.all_to_all(same, same)  # output p is input p
+    for p in range(W):
+        expect(f"all_to_all with output {p} the input {p}", same[p], data(p, r))
+
+    root = W - 1
+    pieces = [data(root, p).clone() for p in range(W)] if r == root else None
+    out = pieces[root] if r == root else torch.full((n,), -1, dtype=torch.int32)
+    dist.scatter(out, pieces, src=root)
+    expect("scatter into the root's own piece", out, data(root, r))
+
+    root = 0
+    mine = data(r, root).clone()
+    slots = [torch.full((n,), -1, dtype=torch.int32) for _ in range(W)] if r == root else None
+    if r == root:
+        slots[root] = mine
+    dist.gather(mine, slots, dst=root)
+    if r == root:
+        for p in range(W):
+            expect(f"gather from the root's own slot, rank {p}", slots[p], data(p, root))
+    return problems
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_list_pieces_in_place_and_aliased(world):
+    res = run_group(list_pieces_body, world, "sdma", env=ENV, timeout=120, pg_timeout_s=20)
+    res.check()
+    for rank, problems in enumerate(res.values()):
+        assert not problems, f"rank {rank}: {problems}"

@@ -1,7 +1,7 @@
 // What every collective that moves each rank's bytes to chosen peers reduces to (all-to-all, broadcast, gather,
 // scatter): per peer, a byte range of this rank's input region that goes to it, and a byte range of this rank's
 // output region that it fills. A region is one tensor's bytes, or, for the list forms, a bounce area the schedule
-// packs the pieces into before and unpacks after.
+// packs the pieces into before and unpacks after (or, on CPU ranks, the span of the pieces where they are).
 #pragma once
 
 #include <cstddef>

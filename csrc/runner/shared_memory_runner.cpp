@@ -15,6 +15,65 @@
 
 namespace sdma {
 
+namespace {
+
+// CPU copies reach any address of a peer (process_vm_readv/writev), so a list form's pieces are posted where they
+// are, as ranges from the lowest piece, rather than packed into a bounce area: no copy on either side and no fresh
+// pages per call. `ranges` are offsets into the packed pieces; on success they become offsets from `*region`. A range
+// that spans two pieces keeps the bounce area (false).
+bool postPiecesInPlace(const std::vector<ByteSpan>& pieces, std::vector<ByteRange>& ranges, char** region) {
+  char* base = nullptr;
+  for (const ByteSpan& piece : pieces) {
+    if (piece.bytes > 0 && (!base || piece.ptr < base)) {
+      base = piece.ptr;
+    }
+  }
+  if (!base) {
+    return false;
+  }
+  std::vector<ByteRange> placed = ranges;
+  for (ByteRange& range : placed) {
+    if (range.bytes == 0) {
+      range.offset = 0;
+      continue;
+    }
+    uint64_t start = 0;
+    bool found = false;
+    for (const ByteSpan& piece : pieces) {
+      if (range.offset >= start && range.offset + range.bytes <= start + piece.bytes) {
+        range.offset = static_cast<uint64_t>(piece.ptr - base) + (range.offset - start);
+        found = true;
+        break;
+      }
+      start += piece.bytes;
+    }
+    if (!found) {
+      return false;
+    }
+  }
+  ranges = std::move(placed);
+  *region = base;
+  return true;
+}
+
+// An input piece that is also an output keeps the bounce area: peers would write it while others still read it.
+bool piecesOverlap(const std::vector<ByteSpan>& a, const std::vector<ByteSpan>& b) {
+  for (const ByteSpan& x : a) {
+    for (const ByteSpan& y : b) {
+      if (x.bytes > 0 && y.bytes > 0 && x.ptr < y.ptr + y.bytes && y.ptr < x.ptr + x.bytes) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+std::vector<ByteSpan> outputSpans(const ExchangePlan& plan) {
+  return plan.outputPacked() ? plan.outputPieces : std::vector<ByteSpan>{ByteSpan{plan.output, plan.outputBytes}};
+}
+
+}  // namespace
+
 std::string sharedMemoryPathProblem(c10d::Store& store, int rank, int size) {
   return HostShmTransport::checkSameHost(store, "shm/create", rank, size);
 }
@@ -140,12 +199,21 @@ CollectivePath SharedMemoryRunner::pathFor(const PlannedExchange& /*planned*/) {
 
 c10::intrusive_ptr<c10d::Work> SharedMemoryRunner::run(PlannedExchange& planned, bool asyncOp,
                                                        const CollectiveInfo& info) {
-  const ExchangePlan& plan = planned.plan;
+  ExchangePlan& plan = planned.plan;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     failure_.refuse(info);
   }
-  // The list forms are packed into regions of their own, which the work keeps (and keeps for good if it fails).
+  // The list forms' pieces are posted where they are, or else packed into regions of their own; the work keeps both
+  // (and keeps them for good if it fails).
+  char* region = nullptr;
+  if (plan.inputPacked() && !piecesOverlap(plan.inputPieces, outputSpans(plan)) &&
+      postPiecesInPlace(plan.inputPieces, plan.sendTo, &region)) {
+    plan.input = region;
+  }
+  if (plan.outputPacked() && postPiecesInPlace(plan.outputPieces, plan.recvFrom, &region)) {
+    plan.output = region;
+  }
   PostedBuffers posted{plan.input, plan.output};
   if (plan.inputPacked()) {
     planned.keepAlive.push_back(at::empty({static_cast<int64_t>(plan.inputBytes)}, at::kByte));
