@@ -23,7 +23,9 @@
 //
 // schedule_simulation SEED CASES --faults [--old-release] runs the model of the fault protocol (FaultCase below, with
 // csrc/collective/fault_release.hpp): it must print "ok <cases>"; with --old-release (every failed rank passing its
-// own waits) it runs every case and prints "caught N of CASES cases: <kind> <count>; ..." and exits 1.
+// own waits) it runs every case and prints "caught N of CASES cases: <kind> <count>; ..." and exits 1. With
+// --shared-queue-crossed (two groups whose calls the ranks issue in crossed orders, every stream of a rank on one
+// hardware queue) the protocol is caught hanging, a known limitation: "caught N of CASES cases: hang N;", exit 1.
 //
 // schedule_simulation SEED CASES --exchanges [--skip-done-wait | --arrived-before-pack] runs the exchange schedule
 // (exchangeCase below): it must print "ok <cases>"; with a wrong schedule (its Done waits left out, or its Arrived
@@ -1250,6 +1252,21 @@ void hierarchicalCase(std::mt19937& rng, int caseNo) {
   }
 }
 
+// A hardware queue is one FIFO of the work a rank's host submitted to the streams mapped onto it: a stream's head step
+// leaves it only once every step submitted before it there has. Of one rank's streams (`queues`, each a deque `steps`
+// of steps stamped `submitted`), mapped by `hardwareQueueOf`: the stream holding a step submitted before stream q's
+// head on q's hardware queue, or -1. The calls-in-flight and the fault models share it.
+template <class Queue>
+int earlierOnHardwareQueue(const std::vector<Queue>& queues, const std::vector<int>& hardwareQueueOf, int q) {
+  const uint64_t at = queues[q].steps.front().submitted;
+  for (size_t p = 0; p < queues.size(); ++p) {
+    if (static_cast<int>(p) != q && hardwareQueueOf[p] == hardwareQueueOf[q] && !queues[p].steps.empty() &&
+        queues[p].steps.front().submitted < at)
+      return static_cast<int>(p);
+  }
+  return -1;
+}
+
 // Calls in flight across streams: a model check of how a group's collectives are ordered on the GPU. 2 or 3 ranks,
 // 1 to 3 groups, each over every rank or two of them, chunk and direct serials from 0 or near the wrap. Each rank has
 // the queues its GPU streams are: a push stream and a drain stream per group, and two caller streams shared by all
@@ -1460,16 +1477,8 @@ class CallsInFlight {
     return "g" + std::to_string(q / 2) + (q % 2 ? " drain" : " push");
   }
 
-  // A hardware queue is one FIFO of the work the rank's host submitted to the streams mapped onto it: a stream's head
-  // step leaves it only once every step submitted before it there has. The stream holding such an earlier step, or -1.
   int earlierOnHardwareQueue(int r, int q) const {
-    const uint64_t at = queues_[r][q].steps.front().submitted;
-    for (int p = 0; p < queueCount(); ++p) {
-      if (p != q && hardwareQueueOf_[r][p] == hardwareQueueOf_[r][q] && !queues_[r][p].steps.empty() &&
-          queues_[r][p].steps.front().submitted < at)
-        return p;
-    }
-    return -1;
+    return ::earlierOnHardwareQueue(queues_[r], hardwareQueueOf_[r], q);
   }
 
   // Each rank's streams on its hardware queues: all on one (CUDA_DEVICE_MAX_CONNECTIONS=1, as Megatron sets it), each
@@ -1845,41 +1854,42 @@ class CallsInFlight {
 // Checked: (a) a call that ends without error holds bit-exact bytes when it ends; (b) no copy reads or writes a
 // rank's buffers of a call after that call ended there, or buffers the rank never posted; (c) once every rank failed,
 // every lane runs out (no hang); (d) a case without faults runs every call without error and without a timeout.
+//
+// Shared queue, crossed orders (--shared-queue-crossed): two such groups over the two ranks, up to three calls each,
+// each rank issuing them in an order of its own that keeps each group's call order (a thread per group), rank 1's
+// interleaving otherwise than rank 0's, and every stream of a rank (both groups' push and drain) on one hardware queue,
+// a FIFO of the steps in the order the rank submitted them, as in CallsInFlight (earlierOnHardwareQueue): a wait at its
+// head holds both groups. Faults as above, each group's own; the watchdog fails every group with a call stuck when
+// nothing else can move, on each rank. Without faults the crossed orders may deadlock by themselves, so (d) is not
+// checked there. Under the protocol this hangs: once both ranks failed both groups, each rank's lanes wait, directly
+// or behind the other group's wait on their hardware queue, for a step of the peer's that sits behind the peer's own
+// wait, so no rank's lanes of a group run out and no release (rule 3) is ever written.
 enum class ReleaseRule { New, Old };
+
+// What a FaultCase runs: the release rule, and the scenario (one group on a rank's own streams, or two groups whose
+// calls the ranks issue in crossed orders, every stream of a rank on one hardware queue).
+struct FaultOptions {
+  ReleaseRule rule = ReleaseRule::New;
+  bool sharedQueueCrossed = false;
+};
 
 class FaultCase {
  public:
-  FaultCase(std::mt19937& rng, int caseNo, ReleaseRule rule) : rng_(rng), rule_(rule) {
-    StagingGeometry sg;
-    sg.worldSize = kW;
-    sg.slots = pick(0, 1) ? 2 : 4;
-    sg.chunkBytes = std::uniform_int_distribution<size_t>(1, 128)(rng_);
-    sg.pipelineChunkBytes = pick(0, 1) ? 0 : std::uniform_int_distribution<size_t>(1, 40)(rng_);
-    StagingGeometry dg;
-    dg.worldSize = kW;
-    dg.slots = pick(0, 1) ? 2 : 4;
-    dg.chunkBytes = 64;
-    dg.packs = false;
-    const uint64_t start = pick(0, 3) == 0 ? 0xFFFFFFF0u : 0;
-    const uint32_t bases[] = {0, 0xfffffffdu, static_cast<uint32_t>(rng_())};
-    const uint32_t flagBase = bases[pick(0, 2)];
-    for (int i = 0; i < kW; ++i) {
-      staging_.ranks.push_back(std::make_unique<FakeTransport>(&staging_, i, sg));
-      FakeTransport& t = *staging_.ranks.back();
-      for (int q = 0; q < kW; ++q)
-        for (int s = 0; s < sg.slots; ++s)
-          t.flag(Flag::Credit, q, s) = t.flag(Flag::Ready, q, s) = static_cast<uint32_t>(start);
-      direct_.ranks.push_back(std::make_unique<FakeTransport>(&direct_, i, dg, flagBase));
-      chunks_[i] = start;
-      directSerial_[i] = flagBase;
+  FaultCase(std::mt19937& rng, int caseNo, const FaultOptions& options) : rng_(rng), o_(options) {
+    const int groups = o_.sharedQueueCrossed ? 2 : 1;
+    what_ =
+        "faults case " + std::to_string(caseNo) + " (" + (o_.rule == ReleaseRule::New ? "new" : "old") + " rule" + "";
+    for (int g = 0; g < groups; ++g)
+      addGroup(groups > 1 ? "; group " + std::to_string(g) + ":" : ",");
+    int calls[2] = {0, 0};
+    for (int g = 0; g < groups; ++g) {
+      calls[g] = groups > 1 ? pick(1, 3) : pick(1, 5);
+      groups_[g]->calls = calls[g];
+      total_ += calls[g];
     }
-    calls_ = pick(1, 5);
     faultFree_ = pick(0, 3) == 0;
-    what_ = "faults case " + std::to_string(caseNo) + " (" + (rule_ == ReleaseRule::New ? "new" : "old") +
-            " rule, staging slots=" + std::to_string(sg.slots) + " segment=" + std::to_string(sg.chunkBytes) +
-            " chunk=" + std::to_string(sg.pipelineChunkBytes) + ", direct slots=" + std::to_string(dg.slots);
     for (int r = 0; r < kW; ++r) {
-      limit_[r] = calls_;
+      limit_[r] = total_;
       delay_[r] = 0;
     }
     if (pick(0, 1)) {
@@ -1890,13 +1900,15 @@ class FaultCase {
     if (!faultFree_) {
       if (pick(0, 2) == 0) {
         const int r = pick(0, kW - 1);
-        limit_[r] = pick(0, calls_ - 1);
+        limit_[r] = pick(0, total_ - 1);
         what_ += ", rank " + std::to_string(r) + " enqueues only " + std::to_string(limit_[r]) + " calls";
       }
       if (pick(0, 1)) {
         faultRank_ = pick(0, kW - 1);
         faultStep_ = pick(0, 150);
-        what_ += ", rank " + std::to_string(faultRank_) + " fails at step " + std::to_string(faultStep_);
+        faultGroup_ = groups > 1 ? pick(0, groups - 1) : 0;
+        what_ += ", rank " + std::to_string(faultRank_) + " fails" +
+                 (groups > 1 ? " group " + std::to_string(faultGroup_) : "") + " at step " + std::to_string(faultStep_);
       }
       if (pick(0, 3) == 0) {
         deathRank_ = pick(0, kW - 1);
@@ -1905,78 +1917,80 @@ class FaultCase {
       }
     }
     what_ += "; calls:";
-    for (int c = 0; c < calls_; ++c) {
-      Planned p;
-      p.bytes = pick(0, 4) == 0 ? 0 : std::uniform_int_distribution<size_t>(1, 200)(rng_);
-      const bool direct = pick(0, 1);
-      p.exchange = direct && pick(0, 2) == 0;  // an exchange where a direct all-gather could be
-      p.form = direct ? (pick(0, 1) ? Form::IntoTensor : Form::InPlace) : static_cast<Form>(pick(0, 3));
-      for (int r = 0; r < kW; ++r)
-        p.direct[r] = direct;
-      if (!faultFree_ && pick(0, 5) == 0) {
-        // Paths apart: a zero-size call through staging on one rank and direct on the other, or sizes apart (an
-        // exchange: splits, roots or sizes apart, the path the same).
-        p.diverges = true;
-        const int other = pick(0, kW - 1);
-        if (!p.exchange && (p.form == Form::IntoTensor || p.form == Form::InPlace))
-          p.direct[other] = !p.direct[other];
-        p.firstAlsoRefuses = pick(0, 2) == 0;
+    for (int g = 0; g < groups; ++g)
+      for (int c = 0; c < calls[g]; ++c)
+        plan(g, c, groups > 1);
+    // The order each rank issues the calls in: one group's in call order; two groups' interleaved as two threads
+    // a rank may, rank 1 otherwise than rank 0.
+    std::vector<int> groupOfCall;
+    for (int g = 0; g < groups; ++g)
+      groupOfCall.insert(groupOfCall.end(), calls[g], g);
+    for (int r = 0; r < kW; ++r) {
+      std::vector<int> interleaving = groupOfCall;
+      if (groups > 1) {
+        do
+          std::shuffle(interleaving.begin(), interleaving.end(), rng_);
+        while (r > 0 && interleaving == rank0Order_);
+        if (r == 0)
+          rank0Order_ = interleaving;
+        what_ += std::string(r ? "," : "; issued") + " r" + std::to_string(r) + ":";
       }
-      if (p.exchange) {
-        p.x = makeExchange(static_cast<ExchangeKind>(pick(0, kExchangeKinds - 1)), kW, rng_);
-      } else {
-        p.buffers = makeCollective(p.form, kW, p.bytes, rng_);
-        p.original = p.buffers.inputs;
-        if (p.form == Form::InPlace)
-          for (int i = 0; i < kW; ++i)
-            p.original[i].assign(p.buffers.plans[i].input[0].ptr, p.buffers.plans[i].input[0].ptr + p.bytes);
+      int next[2] = {0, 0};
+      for (int g : interleaving) {
+        order_[r].push_back({g, next[g]++});
+        if (groups > 1)
+          what_ += " g" + std::to_string(g) + "." + std::to_string(next[g] - 1);
       }
-      what_ +=
-          std::string(c ? "; " : " ") +
-          (p.exchange ? p.x.description + " "
-                      : formName(p.form) + (" " + std::to_string(p.bytes)) + "B " +
-                            (p.direct[0] ? "direct" : "staging") + (p.direct[0] != p.direct[1] ? "/other path" : "")) +
-          (p.diverges ? " apart" : "");
-      planned_.push_back(std::move(p));
     }
     what_ += ")";
+    // Every stream of a rank on one hardware queue in the shared scenario, else each on its own.
     for (int r = 0; r < kW; ++r) {
-      posted_[r].assign(calls_, Posted::No);
-      ended_[r].assign(calls_, false);
+      queues_[r].resize(2 * groups);
+      hardwareQueueOf_[r].resize(2 * groups);
+      for (int q = 0; q < 2 * groups; ++q)
+        hardwareQueueOf_[r][q] = o_.sharedQueueCrossed ? 0 : q;
     }
   }
 
   // "" when every property held, else the failure.
   std::string run() {
+    const int groups = static_cast<int>(groups_.size());
     for (int& step = step_;; ++step) {
       if (!failure_.empty())
         return failure_;
-      if (step == faultStep_ && !failed_[faultRank_] && !gone_[faultRank_])
-        fail(faultRank_, "its watchdog's timeout");
+      if (step == faultStep_ && !group(faultGroup_).failed[faultRank_] && !gone_[faultRank_])
+        fail(faultRank_, faultGroup_, "its watchdog's timeout");
       if (step == deathStep_ && !gone_[deathRank_]) {
         // Killed: nothing of it runs any more; what it posted is gone with it.
         gone_[deathRank_] = true;
-        queues_[deathRank_][0].steps.clear();
-        queues_[deathRank_][1].steps.clear();
+        for (Queue& q : queues_[deathRank_])
+          q.steps.clear();
       }
       std::vector<std::function<void()>> moves;
       for (int r = 0; r < kW; ++r) {
         if (gone_[r])
           continue;
-        for (int q = 0; q < 2; ++q)
-          if (!queues_[r][q].steps.empty() && ready(r, queues_[r][q].steps.front()))
+        for (int q = 0; q < 2 * groups; ++q)
+          if (!queues_[r][q].steps.empty() && ready(r, queues_[r][q].steps.front()) &&
+              earlierOnHardwareQueue(queues_[r], hardwareQueueOf_[r], q) < 0)
             moves.push_back([this, r, q] { runHead(r, q); });
-        if (!failed_[r] && next_[r] < limit_[r] && step >= delay_[r])
+        if (!failedEveryGroup(r) && next_[r] < limit_[r] && step >= delay_[r])
           moves.push_back([this, r] { enqueue(r); });
-        if (!failed_[r] && gone_[1 - r])
-          moves.push_back([this, r] { fail(r, "its watchdog saw the peer's process gone"); });
-        if (rule_ == ReleaseRule::New && mayPassOwnWaits(failed_[r], gone_[1 - r]) && !passedOwn_[r])
-          moves.push_back([this, r] { passOwnWaits(r, 1 - r); });
-        const bool peerFailed = failed_[1 - r];
-        if (rule_ == ReleaseRule::New && failsForPeer(failed_[r], peerFailed))
-          moves.push_back([this, r] { fail(r, "its watchdog saw the peer's \"failed\""); });
-        if (rule_ == ReleaseRule::New && mayReleaseInto(failed_[r], quiesced(r), peerFailed, released_[r]))
-          moves.push_back([this, r] { release(r, 1 - r); });
+        for (int g = 0; g < groups; ++g) {
+          Group& gr = group(g);
+          if (!gr.failed[r] && gone_[1 - r])
+            moves.push_back([this, r, g] { fail(r, g, "its watchdog saw the peer's process gone"); });
+          if (o_.rule == ReleaseRule::New && mayPassOwnWaits(gr.failed[r], gone_[1 - r]) && !gr.passedOwn[r])
+            moves.push_back([this, r, g] {
+              group(g).passedOwn[r] = true;
+              passOwnWaits(r, g, 1 - r);
+            });
+          const bool peerFailed = gr.failed[1 - r];
+          if (o_.rule == ReleaseRule::New && failsForPeer(gr.failed[r], peerFailed))
+            moves.push_back([this, r, g] { fail(r, g, "its watchdog saw the peer's \"failed\""); });
+          if (o_.rule == ReleaseRule::New && mayReleaseInto(gr.failed[r], quiesced(r, g), peerFailed, gr.released[r]))
+            moves.push_back([this, r, g] { release(r, g, 1 - r); });
+        }
       }
       if (!moves.empty()) {
         moves[std::uniform_int_distribution<size_t>(0, moves.size() - 1)(rng_)]();
@@ -1985,19 +1999,22 @@ class FaultCase {
       // Nothing can move but time: a late rank's first call is still to come.
       bool lateToCome = false;
       for (int r = 0; r < kW; ++r)
-        lateToCome |= !failed_[r] && !gone_[r] && next_[r] < limit_[r] && step < delay_[r];
+        lateToCome |= !failedEveryGroup(r) && !gone_[r] && next_[r] < limit_[r] && step < delay_[r];
       lateToCome |= step < deathStep_ && !gone_[deathRank_];  // and a kill is still to come
       if (lateToCome)
         continue;
-      // Nothing can move: a rank still healthy with a call stuck behind a late peer is failed by its timeout.
-      std::vector<int> stuck;
+      // Nothing can move: a group still healthy on a rank with a call stuck (behind a late peer, or behind another
+      // group's wait on their hardware queue) is failed there by its watchdog's timeout.
+      std::vector<std::pair<int, int>> stuck;
       for (int r = 0; r < kW; ++r)
-        if (!failed_[r] && !gone_[r] && !quiesced(r))
-          stuck.push_back(r);
+        for (int g = 0; g < groups; ++g)
+          if (!group(g).failed[r] && !gone_[r] && !quiesced(r, g))
+            stuck.push_back({r, g});
       if (!stuck.empty()) {
-        if (faultFree_)
+        if (faultFree_ && !o_.sharedQueueCrossed)
           return "fault-free run timed out: a call of a case without faults was stuck (" + what_ + ")";
-        fail(stuck[std::uniform_int_distribution<size_t>(0, stuck.size() - 1)(rng_)], "a timeout while stuck");
+        auto [r, g] = stuck[std::uniform_int_distribution<size_t>(0, stuck.size() - 1)(rng_)];
+        fail(r, g, "a timeout while stuck");
         continue;
       }
       break;
@@ -2005,11 +2022,13 @@ class FaultCase {
     if (!failure_.empty())
       return failure_;
     for (int r = 0; r < kW; ++r)
-      if (!quiesced(r))
-        return "hang: rank " + std::to_string(r) + "'s lanes never run out after every rank failed (" + what_ + ")";
-    if (faultFree_) {
+      for (int g = 0; g < groups; ++g)
+        if (!quiesced(r, g))
+          return "hang: rank " + std::to_string(r) + "'s lanes never run out after every rank failed (" + heads() +
+                 "; " + what_ + ")";
+    if (faultFree_ && !o_.sharedQueueCrossed) {
       for (int r = 0; r < kW; ++r)
-        if (failed_[r] || next_[r] != calls_)
+        if (failedAnyGroup(r) || next_[r] != total_)
           return "fault-free run failed: rank " + std::to_string(r) + " (" + what_ + ")";
     }
     return "";
@@ -2030,14 +2049,28 @@ class FaultCase {
     bool exchange = false;  // an exchange's buffers instead of `buffers`
     Exchange x;
   };
+  // One group over both ranks: its transports, serials, calls and each rank's state of the fault protocol.
+  struct Group {
+    World staging, direct;
+    uint64_t chunks[kW] = {0, 0};
+    uint32_t directSerial[kW] = {0, 0};
+    int calls = 0;
+    std::vector<Planned> planned;
+    std::vector<Posted> posted[kW];
+    std::vector<bool> ended[kW], endedWithError[kW];
+    bool failed[kW] = {false, false}, released[kW] = {false, false}, passedOwn[kW] = {false, false};
+    std::string why[kW];
+  };
   struct Step {
     enum Kind { Operation, Fence, End } kind = Operation;
     Op op{Op::Copy};
+    int group = 0;
     bool direct = false;
     int after = 0;  // Fence: runs once queue `after` ran `count` steps
     uint64_t count = 0;
     int call = -1;  // End
     std::vector<std::pair<int, int>> touches;
+    uint64_t submitted = 0;  // its place in the order the rank's host submitted work (its hardware queue's FIFO)
   };
   struct Queue {
     std::deque<Step> steps;
@@ -2047,12 +2080,102 @@ class FaultCase {
   int pick(int lo, int hi) {
     return std::uniform_int_distribution<int>(lo, hi)(rng_);
   }
-  bool quiesced(int r) const {
-    return queues_[r][0].steps.empty() && queues_[r][1].steps.empty();
+  Group& group(int g) {
+    return *groups_[g];
+  }
+  const Group& group(int g) const {
+    return *groups_[g];
+  }
+  // Rank r's queues of group g: push 2g, drain 2g + 1.
+  bool quiesced(int r, int g) const {
+    return queues_[r][2 * g].steps.empty() && queues_[r][2 * g + 1].steps.empty();
+  }
+  bool failedEveryGroup(int r) const {
+    for (const auto& g : groups_)
+      if (!g->failed[r])
+        return false;
+    return true;
+  }
+  bool failedAnyGroup(int r) const {
+    for (const auto& g : groups_)
+      if (g->failed[r])
+        return true;
+    return false;
   }
   void violation(const std::string& s) {
     if (failure_.empty())
       failure_ = s + " (" + what_ + ")";
+  }
+
+  void addGroup(const std::string& label) {
+    groups_.push_back(std::make_unique<Group>());
+    Group& gr = *groups_.back();
+    StagingGeometry sg;
+    sg.worldSize = kW;
+    sg.slots = pick(0, 1) ? 2 : 4;
+    sg.chunkBytes = std::uniform_int_distribution<size_t>(1, 128)(rng_);
+    sg.pipelineChunkBytes = pick(0, 1) ? 0 : std::uniform_int_distribution<size_t>(1, 40)(rng_);
+    StagingGeometry dg;
+    dg.worldSize = kW;
+    dg.slots = pick(0, 1) ? 2 : 4;
+    dg.chunkBytes = 64;
+    dg.packs = false;
+    const uint64_t start = pick(0, 3) == 0 ? 0xFFFFFFF0u : 0;
+    const uint32_t bases[] = {0, 0xfffffffdu, static_cast<uint32_t>(rng_())};
+    const uint32_t flagBase = bases[pick(0, 2)];
+    for (int i = 0; i < kW; ++i) {
+      gr.staging.ranks.push_back(std::make_unique<FakeTransport>(&gr.staging, i, sg));
+      FakeTransport& t = *gr.staging.ranks.back();
+      for (int q = 0; q < kW; ++q)
+        for (int s = 0; s < sg.slots; ++s)
+          t.flag(Flag::Credit, q, s) = t.flag(Flag::Ready, q, s) = static_cast<uint32_t>(start);
+      gr.direct.ranks.push_back(std::make_unique<FakeTransport>(&gr.direct, i, dg, flagBase));
+      gr.chunks[i] = start;
+      gr.directSerial[i] = flagBase;
+    }
+    what_ += label + " staging slots=" + std::to_string(sg.slots) + " segment=" + std::to_string(sg.chunkBytes) +
+             " chunk=" + std::to_string(sg.pipelineChunkBytes) + ", direct slots=" + std::to_string(dg.slots);
+  }
+
+  void plan(int g, int c, bool named) {
+    Group& gr = group(g);
+    Planned p;
+    p.bytes = pick(0, 4) == 0 ? 0 : std::uniform_int_distribution<size_t>(1, 200)(rng_);
+    const bool direct = pick(0, 1);
+    p.exchange = direct && pick(0, 2) == 0;  // an exchange where a direct all-gather could be
+    p.form = direct ? (pick(0, 1) ? Form::IntoTensor : Form::InPlace) : static_cast<Form>(pick(0, 3));
+    for (int r = 0; r < kW; ++r)
+      p.direct[r] = direct;
+    if (!faultFree_ && pick(0, 5) == 0) {
+      // Paths apart: a zero-size call through staging on one rank and direct on the other, or sizes apart (an
+      // exchange: splits, roots or sizes apart, the path the same).
+      p.diverges = true;
+      const int other = pick(0, kW - 1);
+      if (!p.exchange && (p.form == Form::IntoTensor || p.form == Form::InPlace))
+        p.direct[other] = !p.direct[other];
+      p.firstAlsoRefuses = pick(0, 2) == 0;
+    }
+    if (p.exchange) {
+      p.x = makeExchange(static_cast<ExchangeKind>(pick(0, kExchangeKinds - 1)), kW, rng_);
+    } else {
+      p.buffers = makeCollective(p.form, kW, p.bytes, rng_);
+      p.original = p.buffers.inputs;
+      if (p.form == Form::InPlace)
+        for (int i = 0; i < kW; ++i)
+          p.original[i].assign(p.buffers.plans[i].input[0].ptr, p.buffers.plans[i].input[0].ptr + p.bytes);
+    }
+    what_ +=
+        std::string(g || c ? "; " : " ") + (named ? "g" + std::to_string(g) + "." + std::to_string(c) + " " : "") +
+        (p.exchange ? p.x.description + " "
+                    : formName(p.form) + (" " + std::to_string(p.bytes)) + "B " + (p.direct[0] ? "direct" : "staging") +
+                          (p.direct[0] != p.direct[1] ? "/other path" : "")) +
+        (p.diverges ? " apart" : "");
+    gr.planned.push_back(std::move(p));
+    for (int r = 0; r < kW; ++r) {
+      gr.posted[r].push_back(Posted::No);
+      gr.ended[r].push_back(false);
+      gr.endedWithError[r].push_back(false);
+    }
   }
 
   // Rank i's buffers of a call: what a copy into or out of them touches.
@@ -2062,14 +2185,23 @@ class FaultCase {
     return {&p.buffers.inputs[i], &p.buffers.outputs[i]};
   }
 
-  std::vector<std::pair<int, int>> touchesOf(const Op& op) const {
+  // Whether a copy writes into rank i's buffers of a call (else it only reads them).
+  static bool writesInto(const Op& op, const Planned& p, int i) {
+    for (const std::vector<char>* v : buffersOf(p, i))
+      if (op.bytes > 0 && !v->empty() && op.dst < v->data() + v->size() && v->data() < op.dst + op.bytes)
+        return true;
+    return false;
+  }
+
+  std::vector<std::pair<int, int>> touchesOf(int g, const Op& op) const {
     std::vector<std::pair<int, int>> found;
     auto overlaps = [](const char* p, size_t n, const std::vector<char>& v) {
       return n > 0 && !v.empty() && p < v.data() + v.size() && v.data() < p + n;
     };
-    for (int c = 0; c < calls_; ++c)
+    const Group& gr = group(g);
+    for (int c = 0; c < gr.calls; ++c)
       for (int i = 0; i < kW; ++i)
-        for (const std::vector<char>* v : buffersOf(planned_[c], i))
+        for (const std::vector<char>* v : buffersOf(gr.planned[c], i))
           if (overlaps(op.dst, op.bytes, *v) || overlaps(op.src, op.bytes, *v)) {
             found.push_back({i, c});
             break;
@@ -2077,16 +2209,17 @@ class FaultCase {
     return found;
   }
 
-  void fail(int r, const std::string& why) {
-    if (failed_[r])
+  void fail(int r, int g, const std::string& why) {
+    Group& gr = group(g);
+    if (gr.failed[r])
       return;
-    failed_[r] = true;  // every call in flight now carries an error; "failed" is published with it
-    why_[r] = why;
-    if (rule_ == ReleaseRule::Old) {
+    gr.failed[r] = true;  // every call in flight now carries an error; "failed" is published with it
+    gr.why[r] = why;
+    if (o_.rule == ReleaseRule::Old) {
       // The old rule: every flag word of its own, on each transport, to the serial of the last call enqueued.
       for (int t = 0; t < 2; ++t) {
-        FakeTransport& mine = t ? *direct_.ranks[r] : *staging_.ranks[r];
-        const uint32_t value = t ? directSerial_[r] : static_cast<uint32_t>(chunks_[r]);
+        FakeTransport& mine = t ? *gr.direct.ranks[r] : *gr.staging.ranks[r];
+        const uint32_t value = t ? gr.directSerial[r] : static_cast<uint32_t>(gr.chunks[r]);
         for (int q = 0; q < kW; ++q)
           if (q != r)
             forEachReleasedWord(mine.geometry().slots, [&](Flag f, int s) { mine.flag(f, q, s) = value; });
@@ -2095,110 +2228,123 @@ class FaultCase {
   }
 
   // A peer's process is gone: this failed rank writes its own flag words from that peer (rule 2's exception).
-  void passOwnWaits(int r, int peer) {
-    passedOwn_[r] = true;
+  void passOwnWaits(int r, int g, int peer) {
+    Group& gr = group(g);
     for (int t = 0; t < 2; ++t) {
-      FakeTransport& mine = t ? *direct_.ranks[r] : *staging_.ranks[r];
-      const uint32_t value = releaseValue(t ? directSerial_[r] : static_cast<uint32_t>(chunks_[r]));
+      FakeTransport& mine = t ? *gr.direct.ranks[r] : *gr.staging.ranks[r];
+      const uint32_t value = releaseValue(t ? gr.directSerial[r] : static_cast<uint32_t>(gr.chunks[r]));
       forEachReleasedWord(mine.geometry().slots, [&](Flag f, int s) { mine.flag(f, peer, s) = value; });
     }
   }
 
-  void release(int r, int peer) {
-    released_[r] = true;
+  void release(int r, int g, int peer) {
+    Group& gr = group(g);
+    gr.released[r] = true;
     for (int t = 0; t < 2; ++t) {
-      FakeTransport& theirs = t ? *direct_.ranks[peer] : *staging_.ranks[peer];
-      const uint32_t value = releaseValue(t ? directSerial_[r] : static_cast<uint32_t>(chunks_[r]));
+      FakeTransport& theirs = t ? *gr.direct.ranks[peer] : *gr.staging.ranks[peer];
+      const uint32_t value = releaseValue(t ? gr.directSerial[r] : static_cast<uint32_t>(gr.chunks[r]));
       forEachReleasedWord(theirs.geometry().slots, [&](Flag f, int s) { theirs.flag(f, r, s) = value; });
     }
   }
 
+  // Rank r makes the next call of its order; a call of a group it failed is refused before anything is posted.
   void enqueue(int r) {
-    const int c = next_[r]++;
-    Planned& p = planned_[c];
+    const auto [g, c] = order_[r][next_[r]++];
+    Group& gr = group(g);
+    if (gr.failed[r])
+      return;
+    Planned& p = gr.planned[c];
     const int peer = 1 - r;
-    if (rule_ == ReleaseRule::New && !mayEnqueue(failed_[r], failed_[peer])) {
-      fail(r, "the peer's \"failed\" read before enqueueing");
+    if (o_.rule == ReleaseRule::New && !mayEnqueue(gr.failed[r], gr.failed[peer])) {
+      fail(r, g, "the peer's \"failed\" read before enqueueing");
       return;
     }
     if (p.diverges) {
-      const bool second = posted_[peer][c] != Posted::No;
+      const bool second = gr.posted[peer][c] != Posted::No;
       if (second || p.firstAlsoRefuses) {
-        posted_[r][c] = Posted::Refused;  // its posted buffers stay with it for good
-        fail(r, "a call posted apart from the peer's");
+        gr.posted[r][c] = Posted::Refused;  // its posted buffers stay with it for good
+        fail(r, g, "a call posted apart from the peer's");
         return;
       }
     }
     const bool direct = p.direct[r];
     bool together = false;  // both at the mailbox at once: each pushes its own bytes, the peer's enqueue right behind
     if (direct) {
-      if (posted_[peer][c] == Posted::Enqueued) {
+      if (gr.posted[peer][c] == Posted::Enqueued) {
         p.pairing[r] = p.pairing[peer] == Pairing::kEachPushesOwn ? Pairing::kEachPushesOwn : Pairing::kThisCameLate;
       } else {
-        together = !p.diverges && p.direct[peer] && posted_[peer][c] == Posted::No && next_[peer] == c &&
-                   !failed_[peer] && !gone_[peer] && c < limit_[peer] && step_ >= delay_[peer] && pick(0, 2) == 0;
+        const bool peerIsThere =
+            next_[peer] < static_cast<int>(order_[peer].size()) && order_[peer][next_[peer]] == std::make_pair(g, c);
+        together = !p.diverges && p.direct[peer] && gr.posted[peer][c] == Posted::No && peerIsThere &&
+                   !gr.failed[peer] && !gone_[peer] && next_[peer] < limit_[peer] && step_ >= delay_[peer] &&
+                   pick(0, 2) == 0;
         p.pairing[r] = together ? Pairing::kEachPushesOwn : Pairing::kPeerCameLate;
       }
     }
-    schedule(r, c);
+    schedule(r, g, c);
     if (together) {
       ++next_[peer];
       p.pairing[peer] = Pairing::kEachPushesOwn;
-      schedule(peer, c);
+      schedule(peer, g, c);
     }
   }
 
-  // Records rank r's call c on its lanes (its pairing already settled for the direct path).
-  void schedule(int r, int c) {
-    Planned& p = planned_[c];
-    posted_[r][c] = Posted::Enqueued;
+  // Records rank r's call c of group g on its lanes (its pairing already settled for the direct path).
+  void schedule(int r, int g, int c) {
+    Group& gr = group(g);
+    Planned& p = gr.planned[c];
+    gr.posted[r][c] = Posted::Enqueued;
     const bool direct = p.direct[r];
-    FakeTransport& t = direct ? *direct_.ranks[r] : *staging_.ranks[r];
-    t.bound = [this, r, direct](int lane, const Op& op) {
+    FakeTransport& t = direct ? *gr.direct.ranks[r] : *gr.staging.ranks[r];
+    t.bound = [this, r, g, direct](int lane, const Op& op) {
       Step s;
       s.op = op;
+      s.group = g;
       s.direct = direct;
       if (op.kind == Op::Copy)
-        s.touches = touchesOf(op);
-      add(r, lane, s);
+        s.touches = touchesOf(g, op);
+      add(r, 2 * g + lane, s);
     };
-    t.boundJoin = [this, r](int into, int from) {
+    t.boundJoin = [this, r, g](int into, int from) {
       if (into != from)
-        fence(r, into);
+        fence(r, g, into);
     };
     if (p.exchange) {
       std::vector<std::vector<Pairing>> pairing(kW, std::vector<Pairing>(kW));
       pairing[r][1 - r] = p.pairing[r];
-      scheduleDirectExchange(t, p.x.plans[r], ++directSerial_[r], p.x.posted[r], exchangePeers(p.x, pairing, r));
+      scheduleDirectExchange(t, p.x.plans[r], ++gr.directSerial[r], p.x.posted[r], exchangePeers(p.x, pairing, r));
     } else if (direct) {
       const AllgatherPlan& plan = p.buffers.plans[r];
       std::vector<PeerBuffers> posts(kW);
       const int peer = 1 - r;
       posts[peer] = {p.pairing[r], reinterpret_cast<uint64_t>(p.buffers.plans[peer].input[0].ptr),
                      reinterpret_cast<uint64_t>(p.buffers.plans[peer].outputBase)};
-      scheduleDirectAllgather(t, plan, ++directSerial_[r], {plan.input[0].ptr, plan.outputBase}, posts);
+      scheduleDirectAllgather(t, plan, ++gr.directSerial[r], {plan.input[0].ptr, plan.outputBase}, posts);
     } else {
-      scheduleStagingAllgather(t, p.buffers.plans[r], chunks_[r]);
-      fence(r);  // the runner's pushDone_ event
+      scheduleStagingAllgather(t, p.buffers.plans[r], gr.chunks[r]);
+      fence(r, g);  // the runner's pushDone_ event
     }
     t.bound = nullptr;
     t.boundJoin = nullptr;
     Step end;
     end.kind = Step::End;
+    end.group = g;
     end.call = c;
-    add(r, 1, end);
+    add(r, 2 * g + 1, end);
   }
   void add(int r, int q, Step s) {
+    s.submitted = submitted_[r]++;
     queues_[r][q].steps.push_back(std::move(s));
     ++queues_[r][q].recorded;
   }
-  // Queue `into` (drain unless said) waits for what the other one recorded so far.
-  void fence(int r, int into = 1) {
+  // Group g's lane `into` (drain unless said) waits for what its other lane recorded so far.
+  void fence(int r, int g, int into = 1) {
     Step s;
     s.kind = Step::Fence;
-    s.after = 1 - into;
+    s.group = g;
+    s.after = 2 * g + 1 - into;
     s.count = queues_[r][s.after].recorded;
-    add(r, into, s);
+    add(r, 2 * g + into, s);
   }
 
   bool ready(int r, const Step& s) {
@@ -2206,45 +2352,51 @@ class FaultCase {
       return queues_[r][s.after].executed >= s.count;
     if (s.kind == Step::End)
       return true;
-    return (s.direct ? direct_ : staging_).ready(r, s.op);
+    Group& gr = group(s.group);
+    return (s.direct ? gr.direct : gr.staging).ready(r, s.op);
   }
 
   void runHead(int r, int q) {
     Step s = queues_[r][q].steps.front();
     queues_[r][q].steps.pop_front();
     ++queues_[r][q].executed;
+    Group& gr = group(s.group);
+    const std::string call = groups_.size() > 1 ? "call g" + std::to_string(s.group) + "." : "call ";
     if (s.kind == Step::Operation) {
-      for (auto [owner, call] : s.touches) {
+      for (auto [owner, c] : s.touches) {
         if (gone_[owner])
           continue;  // its memory went with its process
-        if (posted_[owner][call] == Posted::No)
+        if (gr.posted[owner][c] == Posted::No)
           violation("a copy into or out of buffers never posted: rank " + std::to_string(r) + " touched rank " +
-                    std::to_string(owner) + "'s buffers of call " + std::to_string(call));
-        else if (ended_[owner][call])
-          violation("write after end: rank " + std::to_string(r) + " copied into or out of rank " +
-                    std::to_string(owner) + "'s buffers of call " + std::to_string(call) + " after that call ended " +
-                    "there (" + (failed_[owner] ? "with an error" : "without error") + ")");
+                    std::to_string(owner) + "'s buffers of " + call + std::to_string(c));
+        else if (gr.ended[owner][c])
+          violation("write after end: rank " + std::to_string(r) + " copied " +
+                    (writesInto(s.op, gr.planned[c], owner) ? "into" : "out of") + " rank " + std::to_string(owner) +
+                    "'s buffers of " + call + std::to_string(c) + " after that call ended " + "there (" +
+                    (gr.endedWithError[owner][c] ? "with an error" : "without error") + ")");
       }
-      (s.direct ? direct_ : staging_).execute(r, s.op);
+      (s.direct ? gr.direct : gr.staging).execute(r, s.op);
       return;
     }
     if (s.kind != Step::End)
       return;
-    ended_[r][s.call] = true;  // its buffers go back to the allocator
-    if (failed_[r])
+    gr.ended[r][s.call] = true;  // its buffers go back to the allocator
+    if (gr.failed[r]) {
+      gr.endedWithError[r][s.call] = true;
       return;  // the call ends with the error
-    const Planned& p = planned_[s.call];
+    }
+    const Planned& p = gr.planned[s.call];
     if (p.exchange) {
       const std::string wrong = exchangeMismatch(p.x, r);
       if (!wrong.empty())
-        violation("wrong bytes in a call that ended without error: call " + std::to_string(s.call) + ": " + wrong);
+        violation("wrong bytes in a call that ended without error: " + call + std::to_string(s.call) + ": " + wrong);
       return;
     }
     for (int q = 0; q < kW; ++q) {
       size_t at = 0;
       for (const ByteSpan& span : p.buffers.plans[r].outputByRank[q]) {
         if (span.bytes > 0 && memcmp(span.ptr, p.original[q].data() + at, span.bytes) != 0) {
-          violation("wrong bytes in a call that ended without error: call " + std::to_string(s.call) + " on rank " +
+          violation("wrong bytes in a call that ended without error: " + call + std::to_string(s.call) + " on rank " +
                     std::to_string(r) + " holds wrong bytes for rank " + std::to_string(q));
           return;
         }
@@ -2253,23 +2405,46 @@ class FaultCase {
     }
   }
 
+  // Where each stream with steps left stands (for a hang's report).
+  std::string heads() {
+    static const char* const kFlagNames[] = {"Ready", "Credit", "Arrived", "Done"};
+    std::string out;
+    for (int r = 0; r < kW; ++r) {
+      for (size_t q = 0; q < queues_[r].size(); ++q) {
+        if (queues_[r][q].steps.empty())
+          continue;
+        const Step& s = queues_[r][q].steps.front();
+        std::string at = s.kind == Step::Fence ? "a fence"
+                         : s.kind == Step::End ? "call " + std::to_string(s.call) + "'s end"
+                         : s.op.kind == Op::Wait || s.op.kind == Op::WaitOne
+                             ? std::string("a wait for ") + kFlagNames[static_cast<int>(s.op.flag)] +
+                                   (ready(r, s) ? "" : " not reached")
+                             : "an operation";
+        const int ahead = earlierOnHardwareQueue(queues_[r], hardwareQueueOf_[r], static_cast<int>(q));
+        out += (out.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " g" + std::to_string(q / 2) +
+               (q % 2 ? " drain" : " push") + " at " + at +
+               (ahead < 0 ? ""
+                          : ", behind g" + std::to_string(ahead / 2) + (ahead % 2 ? " drain" : " push") +
+                                " on their hardware queue");
+      }
+    }
+    return out;
+  }
+
   std::mt19937& rng_;
-  ReleaseRule rule_;
-  World staging_, direct_;
-  uint64_t chunks_[kW] = {0, 0};
-  uint32_t directSerial_[kW] = {0, 0};
-  int calls_ = 0;
+  FaultOptions o_;
+  std::vector<std::unique_ptr<Group>> groups_;
+  int total_ = 0;  // calls of every group
   bool faultFree_ = false;
   int limit_[kW] = {0, 0}, delay_[kW] = {0, 0}, next_[kW] = {0, 0};
-  int faultRank_ = 0, faultStep_ = -1;
-  bool failed_[kW] = {false, false}, released_[kW] = {false, false};
-  bool gone_[kW] = {false, false}, passedOwn_[kW] = {false, false};
+  std::vector<std::pair<int, int>> order_[kW];  // (group, call) in the order the rank issues them
+  std::vector<int> rank0Order_;                 // rank 0's interleaving of the two groups
+  int faultRank_ = 0, faultStep_ = -1, faultGroup_ = 0;
+  bool gone_[kW] = {false, false};
   int deathRank_ = 0, deathStep_ = -1;
-  std::string why_[kW];
-  std::vector<Planned> planned_;
-  std::vector<Posted> posted_[kW];
-  std::vector<bool> ended_[kW];
-  Queue queues_[kW][2];
+  std::vector<Queue> queues_[kW];         // per group g: push 2g, drain 2g + 1
+  std::vector<int> hardwareQueueOf_[kW];  // [rank][queue]
+  uint64_t submitted_[kW] = {0, 0};       // [rank]: steps submitted so far
   int step_ = 0;
   std::string failure_;
   std::string what_;
@@ -2281,7 +2456,8 @@ int main(int argc, char** argv) {
   const bool faults = argc >= 4 && strcmp(argv[3], "--faults") == 0;
   const bool exchanges = argc >= 4 && strcmp(argv[3], "--exchanges") == 0;
   const bool hardwareQueues = argc >= 4 && strcmp(argv[3], "--hardware-queues") == 0;
-  bool unordered = false, unforked = false, oldRelease = false, crossedOrders = false;
+  bool unordered = false, unforked = false, crossedOrders = false;
+  FaultOptions faultOptions;
   auto mutation = FakeTransport::Mutation::None;
   bool usage = argc < 3 || (argc > 3 && !inFlight && !faults && !exchanges && !hardwareQueues);
   for (int a = 4; a < argc; ++a) {
@@ -2292,7 +2468,9 @@ int main(int argc, char** argv) {
     else if (inFlight && strcmp(argv[a], "--unforked") == 0)
       unforked = true;
     else if (faults && strcmp(argv[a], "--old-release") == 0)
-      oldRelease = true;
+      faultOptions.rule = ReleaseRule::Old;
+    else if (faults && strcmp(argv[a], "--shared-queue-crossed") == 0)
+      faultOptions.sharedQueueCrossed = true;
     else if (exchanges && mutation == FakeTransport::Mutation::None && strcmp(argv[a], "--skip-done-wait") == 0)
       mutation = FakeTransport::Mutation::SkipDoneWait;
     else if (exchanges && mutation == FakeTransport::Mutation::None && strcmp(argv[a], "--arrived-before-pack") == 0)
@@ -2303,7 +2481,8 @@ int main(int argc, char** argv) {
   if (usage) {
     fprintf(stderr,
             "usage: %s SEED CASES [--calls-in-flight [--unordered] [--unforked] | --hardware-queues "
-            "[--crossed-orders] | --faults [--old-release] | --exchanges [--skip-done-wait | --arrived-before-pack]]\n",
+            "[--crossed-orders] | --faults [--old-release] [--shared-queue-crossed] | --exchanges [--skip-done-wait | "
+            "--arrived-before-pack]]\n",
             argv[0]);
     return 2;
   }
@@ -2348,14 +2527,16 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (faults) {
-    // The new rule stops at its first failure. The old one runs every case and counts what it is caught at.
+    // The protocol on its own streams stops at its first failure. The old rule and the shared hardware queue run every
+    // case and count what they are caught at.
+    const bool counts = faultOptions.rule == ReleaseRule::Old || faultOptions.sharedQueueCrossed;
     std::map<std::string, int> caught;
     std::string first;
     for (int c = 0; c < cases; ++c) {
-      const std::string failure = FaultCase(rng, c, oldRelease ? ReleaseRule::Old : ReleaseRule::New).run();
+      const std::string failure = FaultCase(rng, c, faultOptions).run();
       if (failure.empty())
         continue;
-      if (!oldRelease)
+      if (!counts)
         fail(failure);
       if (first.empty())
         first = failure;
