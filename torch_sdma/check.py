@@ -83,6 +83,14 @@ def expected_output(world, n_bytes, device):
     return torch.cat([hashed_bytes(r, n_bytes, device) for r in range(world)])
 
 
+def first_wrong_byte(got, want):
+    """None where the uint8 tensors are equal; else the first differing index and 'got 0x.., expected 0x..'."""
+    if torch.equal(got, want):
+        return None
+    bad = (got != want).nonzero()[0].item()
+    return bad, f"0x{got[bad].item():02x}, expected 0x{want[bad].item():02x}"
+
+
 def seconds_per_call(fn, iters, gpu):
     """Seconds per call of `fn` (which blocks, or on a GPU enqueues on the current stream), averaged over `iters`."""
     if gpu:
@@ -330,16 +338,32 @@ class Check:
                 (f"{SINGLE} x{ASYNC_IN_FLIGHT} async", in_flight), (f"{SINGLE} coalesced", coalesced),
                 ("all_gather", as_list), ("all_gather_coalesced", list_coalesced)]
 
-    def sweep(self):
-        """Every form in every group; stops at the first call that raises, since the ranks may then disagree on
-        what comes next."""
+    def sweep(self, body):
+        """Runs a sweep (`body`); it stops at the first call that raises, since the ranks may then disagree on what
+        comes next. True when no call raised on any rank."""
         try:
-            self._sweep()
+            body()
         except _StopSweep:
             pass
         for e in sum(self.gather_all(self.errors), []):
             self.fail(f"ERROR: {e}")
         return not self.errors
+
+    def swept_call(self, key, call, *args):
+        """`call(*args)`, which ends the sweep if it raises (reported with `key`, the call's name)."""
+        self.watchdog.enter(f"sweep: {key}")
+        try:
+            return call(*args)
+        except Exception as e:  # noqa: BLE001  (reported with the call; the ranks may now disagree)
+            self.errors.append(f"{key}, rank {self.rank}: {type(e).__name__}: {e}"[:400])
+            raise _StopSweep() from None
+
+    def plants(self, name):
+        """Whether this call is the one TORCH_SDMA_CHECK_PLANT_WRONG_BYTE names (its first, on the last rank)."""
+        if self.plant == name and not self.planted and self.rank == self.world - 1:
+            self.planted = True
+            return True
+        return False
 
     def _sweep(self):
         forms = self.forms()
@@ -356,25 +380,17 @@ class Check:
                     for size in SWEEP_BYTES:
                         n = max(1, size // elem) * elem
                         key = f"group {group_name}, {form}, {str(dtype).removeprefix('torch.')}, {n} B per rank"
-                        self.watchdog.enter(f"sweep: {key}")
                         if n not in expected:
                             expected[n] = expected_output(self.world, n, self.device)
                             inputs[n] = expected[n][self.rank * n:(self.rank + 1) * n].clone()
                         out = torch.full((self.world * n,), 0xA5, dtype=torch.uint8, device=self.device)
-                        inp = inputs[n]
-                        try:
-                            call(out, inp, dtype, group)
-                        except Exception as e:  # noqa: BLE001  (reported with the call; the ranks may now disagree)
-                            self.errors.append(f"{key}, rank {self.rank}: {type(e).__name__}: {e}"[:400])
-                            raise _StopSweep() from None
-                        if self.plant and self.plant == form and not self.planted and self.rank == self.world - 1:
+                        self.swept_call(key, call, out, inputs[n], dtype, group)
+                        if self.plants(form):
                             out[0] ^= 0xFF
-                            self.planted = True
-                        if not torch.equal(out, expected[n]):
-                            bad = (out != expected[n]).nonzero()[0].item()
-                            got, want = out[bad].item(), expected[n][bad].item()
-                            wrong.append(f"{key}, rank {self.rank}: first wrong byte at {bad} (from rank "
-                                         f"{bad // n}): 0x{got:02x}, expected 0x{want:02x}")
+                        bad = first_wrong_byte(out, expected[n])
+                        if bad:
+                            wrong.append(f"{key}, rank {self.rank}: first wrong byte at {bad[0]} (from rank "
+                                         f"{bad[0] // n}): {bad[1]}")
                 paths[form] = path_moved(before, torch_sdma.stats(group))
             all_wrong = sum(self.gather_all(wrong), [])
             for w in all_wrong:
@@ -391,16 +407,7 @@ class Check:
                     self.fail(f"group {group_name} (TORCH_SDMA_MIN_BYTES=0): {form} took {path}, not the DMA path")
 
     def exchange_sweep(self):
-        """Every exchange op in the defaults and the every-size-on-DMA group; stops at the first call that raises."""
-        try:
-            self._exchange_sweep()
-        except _StopSweep:
-            pass
-        for e in sum(self.gather_all(self.errors), []):
-            self.fail(f"ERROR: {e}")
-        return not self.errors
-
-    def _exchange_sweep(self):
+        """Every exchange op in the defaults and the every-size-on-DMA group."""
         ops = Exchanges(self.rank, self.world, self.device, hashed_bytes).ops()
         self.say(f"\n## Exchange sweep: {len(ops)} ops x {len(DTYPES)} dtypes x {len(EXCHANGE_BYTES)} sizes per "
                  f"group, {self.world} ranks")
@@ -412,20 +419,13 @@ class Check:
                     for size in EXCHANGE_BYTES:
                         n = max(1, size // elem) * elem
                         key = f"group {group_name}, {name}, {str(dtype).removeprefix('torch.')}, {n} B per pair"
-                        self.watchdog.enter(f"exchange sweep: {key}")
-                        try:
-                            pairs = call(n, dtype, group)
-                        except Exception as e:  # noqa: BLE001  (reported with the call; the ranks may now disagree)
-                            self.errors.append(f"{key}, rank {self.rank}: {type(e).__name__}: {e}"[:400])
-                            raise _StopSweep() from None
-                        if self.plant == name and not self.planted and self.rank == self.world - 1:
+                        pairs = self.swept_call(key, call, n, dtype, group)
+                        if self.plants(name):
                             pairs[0][0][0] ^= 0xFF
-                            self.planted = True
                         for got, want in pairs:
-                            if not torch.equal(got, want):
-                                bad = (got != want).nonzero()[0].item()
-                                wrong.append(f"{key}, rank {self.rank}: first wrong byte at {bad}: "
-                                             f"0x{got[bad].item():02x}, expected 0x{want[bad].item():02x}")
+                            bad = first_wrong_byte(got, want)
+                            if bad:
+                                wrong.append(f"{key}, rank {self.rank}: first wrong byte at {bad[0]}: {bad[1]}")
                                 break
                 paths[name] = torch_sdma.group_path(group, op=op)
             all_wrong = sum(self.gather_all(wrong), [])
@@ -536,7 +536,7 @@ class Check:
     def run(self):
         self.registration()
         self.hardware_queues()
-        if self.sweep() and self.exchange_sweep() and not self.args.skip_busbw:
+        if self.sweep(self._sweep) and self.sweep(self.exchange_sweep) and not self.args.skip_busbw:
             if self.args.share_gpu and self.mode == "gpu":
                 # NCCL refuses two ranks on one GPU, and ranks that time-slice one GPU's engines time nothing.
                 self.say("busbw: skipped, ranks share GPUs (--share-gpu)")
