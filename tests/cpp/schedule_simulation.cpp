@@ -310,6 +310,40 @@ struct World {
   }
 };
 
+// One group's staging and direct transports for n ranks, as the calls-in-flight and fault models draw them: staging
+// segments of 1..maxSegment bytes, with or without pipelining, 2 or 4 slots for each path, and flags that start at 0,
+// near the 2^32 wrap or anywhere, so that serials wrap inside a case.
+struct DrawnTransports {
+  StagingGeometry staging, direct;
+  uint64_t start = 0;     // the staging flags' and chunk counters' first value
+  uint32_t flagBase = 0;  // the direct serials' first value
+};
+
+DrawnTransports drawTransports(std::mt19937& rng, int n, size_t maxSegment, World& staging, World& direct) {
+  auto pick = [&rng](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  DrawnTransports d;
+  d.staging.worldSize = n;
+  d.staging.slots = pick(0, 1) ? 2 : 4;
+  d.staging.chunkBytes = std::uniform_int_distribution<size_t>(1, maxSegment)(rng);
+  d.staging.pipelineChunkBytes = pick(0, 1) ? 0 : std::uniform_int_distribution<size_t>(1, 40)(rng);
+  d.direct.worldSize = n;
+  d.direct.slots = pick(0, 1) ? 2 : 4;
+  d.direct.chunkBytes = 64;
+  d.direct.packs = false;
+  d.start = pick(0, 3) == 0 ? 0xFFFFFFF0u : 0;
+  const uint32_t bases[] = {0, 0xfffffffdu, static_cast<uint32_t>(rng())};
+  d.flagBase = bases[pick(0, 2)];
+  for (int i = 0; i < n; ++i) {
+    staging.ranks.push_back(std::make_unique<FakeTransport>(&staging, i, d.staging));
+    FakeTransport& t = *staging.ranks.back();
+    for (int q = 0; q < n; ++q)
+      for (int s = 0; s < d.staging.slots; ++s)
+        t.flag(Flag::Credit, q, s) = t.flag(Flag::Ready, q, s) = static_cast<uint32_t>(d.start);
+    direct.ranks.push_back(std::make_unique<FakeTransport>(&direct, i, d.direct, d.flagBase));
+  }
+  return d;
+}
+
 void FakeTransport::pushChunkToPeers(Lane lane, int slot, const void* src, size_t bytes, size_t at) {
   for (int k = 1; k < g_.worldSize; ++k) {
     const int peer = (rank_ + k) % g_.worldSize;
@@ -1314,29 +1348,9 @@ class CallsInFlight {
         g->members.erase(g->members.begin() + pick(0, W_ - 1));
       }
       const int n = static_cast<int>(g->members.size());
-      StagingGeometry sg;
-      sg.worldSize = n;
-      sg.slots = pick(0, 1) ? 2 : 4;
-      sg.chunkBytes = std::uniform_int_distribution<size_t>(1, 256)(rng_);
-      sg.pipelineChunkBytes = pick(0, 1) ? 0 : std::uniform_int_distribution<size_t>(1, 40)(rng_);
-      StagingGeometry dg;
-      dg.worldSize = n;
-      dg.slots = pick(0, 1) ? 2 : 4;
-      dg.chunkBytes = 64;
-      dg.packs = false;
-      const uint64_t start = pick(0, 3) == 0 ? 0xFFFFFFF0u : 0;
-      const uint32_t bases[] = {0, 0xfffffffdu, static_cast<uint32_t>(rng_())};
-      const uint32_t flagBase = bases[pick(0, 2)];
-      for (int i = 0; i < n; ++i) {
-        g->staging.ranks.push_back(std::make_unique<FakeTransport>(&g->staging, i, sg));
-        FakeTransport& t = *g->staging.ranks.back();
-        for (int q = 0; q < n; ++q)
-          for (int s = 0; s < sg.slots; ++s)
-            t.flag(Flag::Credit, q, s) = t.flag(Flag::Ready, q, s) = static_cast<uint32_t>(start);
-        g->direct.ranks.push_back(std::make_unique<FakeTransport>(&g->direct, i, dg, flagBase));
-      }
-      g->chunks.assign(n, start);
-      g->directSerial.assign(n, flagBase);
+      const DrawnTransports d = drawTransports(rng_, n, 256, g->staging, g->direct);
+      g->chunks.assign(n, d.start);
+      g->directSerial.assign(n, d.flagBase);
       g->order.resize(n);
       g->previousEnd.assign(n, {-1, 0});
       groups_.push_back(std::move(g));
@@ -2110,31 +2124,15 @@ class FaultCase {
   void addGroup(const std::string& label) {
     groups_.push_back(std::make_unique<Group>());
     Group& gr = *groups_.back();
-    StagingGeometry sg;
-    sg.worldSize = kW;
-    sg.slots = pick(0, 1) ? 2 : 4;
-    sg.chunkBytes = std::uniform_int_distribution<size_t>(1, 128)(rng_);
-    sg.pipelineChunkBytes = pick(0, 1) ? 0 : std::uniform_int_distribution<size_t>(1, 40)(rng_);
-    StagingGeometry dg;
-    dg.worldSize = kW;
-    dg.slots = pick(0, 1) ? 2 : 4;
-    dg.chunkBytes = 64;
-    dg.packs = false;
-    const uint64_t start = pick(0, 3) == 0 ? 0xFFFFFFF0u : 0;
-    const uint32_t bases[] = {0, 0xfffffffdu, static_cast<uint32_t>(rng_())};
-    const uint32_t flagBase = bases[pick(0, 2)];
+    const DrawnTransports d = drawTransports(rng_, kW, 128, gr.staging, gr.direct);
     for (int i = 0; i < kW; ++i) {
-      gr.staging.ranks.push_back(std::make_unique<FakeTransport>(&gr.staging, i, sg));
-      FakeTransport& t = *gr.staging.ranks.back();
-      for (int q = 0; q < kW; ++q)
-        for (int s = 0; s < sg.slots; ++s)
-          t.flag(Flag::Credit, q, s) = t.flag(Flag::Ready, q, s) = static_cast<uint32_t>(start);
-      gr.direct.ranks.push_back(std::make_unique<FakeTransport>(&gr.direct, i, dg, flagBase));
-      gr.chunks[i] = start;
-      gr.directSerial[i] = flagBase;
+      gr.chunks[i] = d.start;
+      gr.directSerial[i] = d.flagBase;
     }
-    what_ += label + " staging slots=" + std::to_string(sg.slots) + " segment=" + std::to_string(sg.chunkBytes) +
-             " chunk=" + std::to_string(sg.pipelineChunkBytes) + ", direct slots=" + std::to_string(dg.slots);
+    what_ += label + " staging slots=" + std::to_string(d.staging.slots) +
+             " segment=" + std::to_string(d.staging.chunkBytes) +
+             " chunk=" + std::to_string(d.staging.pipelineChunkBytes) +
+             ", direct slots=" + std::to_string(d.direct.slots);
   }
 
   void plan(int g, int c, bool named) {
