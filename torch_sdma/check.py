@@ -473,8 +473,10 @@ class Check:
         except Exception as e:  # an older torch or a machine without peer access
             return None, f"symmetric memory unavailable ({type(e).__name__})"
         inp = hashed_bytes(self.rank, n, self.device)
+        mapped = (buf, handle)  # the peers' views are only valid while this rank's buffer and handle live
 
         def push():
+            assert mapped
             for dst in peers:
                 dst.copy_(inp)
         return push, ""
