@@ -19,6 +19,7 @@ still hold (see check_resources).
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import datetime
 import math
@@ -376,7 +377,10 @@ class Soak:
 
     # --- resources
     def warm_up(self):
-        """One small call on every group, so that every group has connected before the resources are counted."""
+        """One small call on every group, so that every group has connected before the resources are counted; and one
+        that the inner backend runs, where it can, since NCCL opens descriptors of its own at its first call (NCCL
+        refuses two ranks on one GPU)."""
+        inner_ok = not self.cuda or torch.cuda.device_count() >= self.world
         for i, g in enumerate(self.groups):
             if self.rank not in self.members[i]:
                 continue
@@ -384,11 +388,14 @@ class Soak:
             x = torch.full((16,), self.rank, dtype=torch.int32, device=self.device)
             out = torch.empty(W * 16, dtype=torch.int32, device=self.device)
             dist.all_gather_into_tensor(out, x, group=g)
+            if inner_ok:
+                dist.all_reduce(x, group=g)
         if self.cuda:
             torch.cuda.synchronize(self.device)
         dist.barrier(group=self.ctrl)
 
     def resources(self):
+        self.fd_kinds0 = getattr(self, "fd_kinds0", None) or _fd_kinds()
         return _fd_count(), [_peer_mapped(g) if self.rank in m else 0 for g, m in zip(self.groups, self.members)]
 
     def run(self):
@@ -463,7 +470,9 @@ class Soak:
             dist.all_gather_object(held, mine, group=self.ctrl)
             problems = []
             if fds > fds0 + FD_SLACK:
-                problems.append(f"{fds - fds0} more file descriptors than after the warm-up ({fds0} -> {fds})")
+                grown = _fd_kinds() - self.fd_kinds0
+                problems.append(f"{fds - fds0} more file descriptors than after the warm-up ({fds0} -> {fds}; "
+                                f"more of: {dict(grown.most_common(8))})")
             for i, m in enumerate(mapped):
                 peers = [r for r in self.members[i] if r != self.rank]
                 allowed = max(mapped0[i], sum(held[r]["reserved"] + held[r]["staging"][i] + MAPPED_SLACK_PER_PEER
@@ -481,6 +490,19 @@ class Soak:
 
 def _fd_count():
     return len(os.listdir("/proc/self/fd"))
+
+
+def _fd_kinds():
+    """Open descriptors by what they are ("socket", "pipe", "anon_inode:[eventfd]", "/dev/shm/...", a path), for
+    saying what leaked."""
+    kinds = collections.Counter()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        kinds[target.split(":[")[0] if ":[" in target and not target.startswith("anon_inode") else target] += 1
+    return kinds
 
 
 def _sdma():
