@@ -239,6 +239,9 @@ def _child_main(rank, world, fn, kwargs, init, env, run_dir, store_port, pg_time
         if ctx.extra.get("cuda"):
             import torch
 
+            if init and "sdma" in init:
+                # As users are told: loaded before CUDA starts, torch_sdma asks for its 32 hardware queues.
+                import torch_sdma  # noqa: F401
             torch.cuda.set_device(ctx.device)
         if init:
             ctx.init_pg(init)

@@ -21,7 +21,30 @@ CALLS = 40
 CONNECT_LIMIT_S = 8.0
 
 
-def first_calls_from_threads_body(ctx, rounds, calls, numel):
+class CallTurns:
+    """Call i > 0 of thread t enqueues at turn 2 * (i - 1) + t, the same order on every rank: groups' GPU work in
+    crossed orders may wait on each other through a shared hardware queue (docs/errors.md), as NCCL's communicators
+    may, so only the first calls, whose connects are what is tested, go at once."""
+
+    def __init__(self):
+        self.turn = 0
+        self.cond = threading.Condition()
+
+    @contextlib.contextmanager
+    def take(self, t, i):
+        mine = 2 * (i - 1) + t
+        with self.cond:
+            if not self.cond.wait_for(lambda: self.turn == mine, timeout=PG_TIMEOUT_S * 3):
+                raise TimeoutError(f"thread {t} call {i}: turn {mine} never came (at {self.turn})")
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.turn += 1
+                self.cond.notify_all()
+
+
+def first_calls_from_threads_body(ctx, rounds, calls, numel, one_order_after_first=False):
     W, rank, dev = ctx.world, ctx.rank, ctx.device
     errors, first_call_s = [], []
     for r in range(rounds):
@@ -29,6 +52,7 @@ def first_calls_from_threads_body(ctx, rounds, calls, numel):
         groups = [dist.new_group(list(range(W))) for _ in range(2)]
         ctx.barrier_store(f"round{r}")
         start = threading.Barrier(2)
+        turns = CallTurns()
 
         def run(t, group):
             # On GPUs each thread issues on a stream of its own: two groups' calls interleaved on one stream in
@@ -48,7 +72,8 @@ def first_calls_from_threads_body(ctx, rounds, calls, numel):
                 x = rand(name, rank, (n,), torch.float32, device=dev)
                 out = poison_(torch.empty(W * n, device=dev))
                 t0 = time.monotonic()
-                dist.all_gather_into_tensor(out, x, group=group)
+                with turns.take(t, i) if one_order_after_first and i > 0 else contextlib.nullcontext():
+                    dist.all_gather_into_tensor(out, x, group=group)
                 if i == 0:
                     first_call_s.append(time.monotonic() - t0)
                 assert_bytes_equal(out, expected_concat(name, range(W), (n,), torch.float32, device=dev),
@@ -68,10 +93,11 @@ def first_calls_from_threads_body(ctx, rounds, calls, numel):
     return {"errors": errors, "slowest_first_call_s": max(first_call_s) if first_call_s else None}
 
 
-def run_first_calls_from_threads(cuda=False, env=None, rounds=ROUNDS):
+def run_first_calls_from_threads(cuda=False, env=None, rounds=ROUNDS, one_order_after_first=False):
     res = run_group(first_calls_from_threads_body, world=2, init="cpu:gloo,cuda:sdma" if cuda else "sdma",
                     cuda=cuda, env=env, pg_timeout_s=PG_TIMEOUT_S, timeout=60 + rounds * (PG_TIMEOUT_S + 10),
-                    kwargs={"rounds": rounds, "calls": CALLS, "numel": 4096})
+                    kwargs={"rounds": rounds, "calls": CALLS, "numel": 4096,
+                            "one_order_after_first": one_order_after_first})
     res.check()
     for rank, v in enumerate(res.values()):
         assert not v["errors"], f"rank {rank}: {v['errors']}"
