@@ -250,6 +250,15 @@ def test_p2p_serials_need_one_order_per_pair_in_a_batch(simulation, seed):
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
+def test_p2p_signals_need_the_serial_order(simulation, seed):
+    """Numbered in the pair's order but signalled in call order: a later op's Arrived lets the peer copy with an earlier
+    op's buffers before that op arrived, and the word then rolls back below a serial the peer waits for (a hang);
+    about half the cases."""
+    total, counts = _caught(_p2p(simulation, seed, 1000, "--signals-in-call-order"), 1000)
+    assert counts.get("hang", 0) > 0 and counts.get("copy before arrival", 0) > 0, counts
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
 def test_p2p_connects_of_a_batch_need_to_wait_at_once(simulation, seed):
     """Connecting a batch's new pairs one after another, each CPU waiting for the peer at each: a ring's first batch
     waits in a circle (about 10% of the cases)."""

@@ -2486,10 +2486,12 @@ class FaultCase {
 // Wrong variants it must catch: --wait-before-arrived (each op of a batch run whole in turn, as scheduleDirectExchange
 // runs alone: a ring of 3 or more ranks listed the usual way hangs, every time), --copy-before-arrived (a push into a
 // peer without waiting for its Arrived) and, with --faults, --pass-own-waits (a failed rank passes its own waits on
-// live peers too: its call ends, and its buffers go back, while a live peer still writes into them). And two rules the
-// design needs beyond its words, each caught without it: --serials-in-call-order (each rank numbering a batch's ops
+// live peers too: its call ends, and its buffers go back, while a live peer still writes into them). And three rules
+// the design needs beyond its words, each caught without it: --serials-in-call-order (each rank numbering a batch's ops
 // with a peer in its own call order: ranks that list a batch's send and recv to each other in other orders, as NCCL
-// allows, disagree on the serials) and --connect-in-turn (a batch connecting its new pairs one after another in its
+// allows, disagree on the serials), --signals-in-call-order (numbered in one order, signalled in call order: a later
+// op's Arrived lets the peer copy with an earlier op's buffers before that op arrived, and the word then rolls back
+// below a serial the peer waits for) and --connect-in-turn (a batch connecting its new pairs one after another in its
 // call order, each CPU waiting for the peer at each: a ring's first batch waits in a circle).
 //
 // Programs the design does not serve, though NCCL's rules allow them: --unmatched-batches adds batches whose peers
@@ -2500,7 +2502,15 @@ class FaultCase {
 // themselves, still hangs it in a few cases: a copy of one op waits for a peer held by a third rank that waits for a
 // later op's Done.
 struct P2POptions {
-  enum class Mutation { None, WaitBeforeArrived, CopyBeforeArrived, PassOwnWaits, SerialsInCallOrder, ConnectInTurn };
+  enum class Mutation {
+    None,
+    WaitBeforeArrived,
+    CopyBeforeArrived,
+    PassOwnWaits,
+    SerialsInCallOrder,
+    SignalsInCallOrder,
+    ConnectInTurn
+  };
   bool faults = false;
   Mutation mutation = Mutation::None;
   bool unmatchedBatches = false;  // batches that peers match by lone calls (addUnmatchedBatch)
@@ -3352,10 +3362,15 @@ class P2PCase {
   // Arrived (after its pack) before any wait on a peer, then every op's waits for the peer's Arrived and copies, then
   // every Done signal, then every Done wait, then the unpacks. (The batch schedule of csrc/ is to replace this; it
   // mirrors scheduleDirectExchange, csrc/collective/direct_exchange.cpp, cut at its flags.)
-  void batchIsendIrecvSchedule(int r, int it, const std::vector<int>& units, const int laneQueue[2]) {
+  void batchIsendIrecvSchedule(int r, int it, std::vector<int> units, const int laneQueue[2]) {
+    std::map<int, std::array<std::vector<RecordedOp>, 5>> phasesOf;
+    for (int id : units)  // numbered in serial order (record)
+      phasesOf[id] = exchangePhases(record(r, id));
+    if (o_.mutation == P2POptions::Mutation::SignalsInCallOrder)
+      units = items_[it].units.at(r);
     std::vector<std::array<std::vector<RecordedOp>, 5>> phases;
     for (int id : units)
-      phases.push_back(exchangePhases(record(r, id)));
+      phases.push_back(phasesOf.at(id));
     // (op, phase) in the order they are enqueued.
     std::vector<std::pair<size_t, int>> order;
     const size_t n = units.size();
@@ -3693,6 +3708,8 @@ bool parseP2POption(const char* arg, P2POptions& o) {
     o.mutation = P2POptions::Mutation::PassOwnWaits;
   else if (unmutated && strcmp(arg, "--serials-in-call-order") == 0)
     o.mutation = P2POptions::Mutation::SerialsInCallOrder;
+  else if (unmutated && strcmp(arg, "--signals-in-call-order") == 0)
+    o.mutation = P2POptions::Mutation::SignalsInCallOrder;
   else if (unmutated && strcmp(arg, "--connect-in-turn") == 0)
     o.mutation = P2POptions::Mutation::ConnectInTurn;
   else if (strcmp(arg, "--unmatched-batches") == 0)
@@ -3781,7 +3798,8 @@ int main(int argc, char** argv) {
         "usage: %s SEED CASES [--calls-in-flight [--unordered] [--unforked] | --hardware-queues "
         "[--crossed-orders] | --faults [--old-release] [--shared-queue-crossed] | --exchanges [--skip-done-wait | "
         "--arrived-before-pack] | --p2p [--faults] [--wait-before-arrived | --copy-before-arrived | --pass-own-waits | "
-        "--serials-in-call-order | --connect-in-turn] [--unmatched-batches | --interleaved-peers] [--done-per-op]]\n",
+        "--serials-in-call-order | --signals-in-call-order | --connect-in-turn] [--unmatched-batches | "
+        "--interleaved-peers] [--done-per-op]]\n",
         argv[0]);
     return 2;
   }
