@@ -3358,10 +3358,11 @@ class P2PCase {
     add(r, laneQueue[o.lane], s);
   }
 
-  // A batch of p2p ops on rank r, as the runner is to enqueue it, from each op's scheduleDirectExchange: every op's
-  // Arrived (after its pack) before any wait on a peer, then every op's waits for the peer's Arrived and copies, then
-  // every Done signal, then every Done wait, then the unpacks. (The batch schedule of csrc/ is to replace this; it
-  // mirrors scheduleDirectExchange, csrc/collective/direct_exchange.cpp, cut at its flags.)
+  // The batch schedule of batch_isend_irecv (a lone send or recv is a batch of one) on rank r, modelled here until
+  // csrc/collective/ has one: it mirrors scheduleDirectExchange (csrc/collective/direct_exchange.cpp), recording each
+  // op's exchange and enqueueing it cut at its flags: every op's Arrived (after its pack) before any wait on a peer,
+  // then every op's waits for the peer's Arrived and its copies, then every Done signal (each right after its op's
+  // copies with --done-per-op), then every Done wait, then the unpacks. `units`: the ops in the pair's serial order.
   void batchIsendIrecvSchedule(int r, int it, std::vector<int> units, const int laneQueue[2]) {
     std::map<int, std::array<std::vector<RecordedOp>, 5>> phasesOf;
     for (int id : units)  // numbered in serial order (record)
