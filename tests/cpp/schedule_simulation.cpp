@@ -31,7 +31,15 @@
 // (exchangeCase below): it must print "ok <cases>"; with a wrong schedule (its Done waits left out, or its Arrived
 // signals before it packed its input) it runs every case and prints "caught N of CASES cases: <kind> <count>; ..."
 // and exits 1. Exchanges also take part in the calls-in-flight and the fault models.
+//
+// schedule_simulation SEED CASES --p2p [--faults] [<wrong variant>] runs send, recv and batch_isend_irecv as designed
+// (P2PCase below) among the group's collectives: it must print "ok <cases>"; with a wrong variant of the batch
+// (--wait-before-arrived, --copy-before-arrived, with --faults --pass-own-waits, --serials-in-call-order,
+// --connect-in-turn) or programs the design does not serve (--unmatched-batches, --interleaved-peers; --done-per-op
+// changes the batch's order of Done signals) it runs every case and prints "caught N of CASES cases: <kind> <count>;
+// ..." and exits 1.
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -2447,6 +2455,1311 @@ class FaultCase {
   std::string failure_;
   std::string what_;
 };
+
+// Point-to-point (--p2p): a model check of send, recv and batch_isend_irecv on the DMA path as designed. A p2p op is a
+// two-rank exchange (scheduleDirectExchange over an ExchangePlan) on a transport of its pair alone, connected at the
+// pair's first op; each pair has serials of its own, which every op of the pair consumes on both ranks. A batch
+// signals Arrived for every op before any wait on a peer, then makes each op's copies (into a peer only after that
+// peer's Arrived for that very op; push or pull as the mailbox settled the op's pair), then signals every Done, then
+// waits for every Done (batchIsendIrecvSchedule below, built from the real scheduleDirectExchange of each op); a lone
+// send or recv is a batch of one. 2 to 4 ranks run a random program valid under NCCL's rules, drawn as one sequence of
+// steps that each rank's calls are a projection of: ring exchanges by batch (each member sends to the next and receives
+// from the previous, listing the two as the code usually does or in any order), pipelines (lone sends and recvs along a
+// chain of ranks, a few microbatches forward, then backward), batches with both directions to one peer, batches of
+// random matched ops, and the group's collectives over every rank on the group's own transports (direct and staging
+// all-gathers, exchanges of every kind). Each rank's calls go on its streams as CallsInFlight puts them (the group's
+// push and drain streams and two caller streams; sync or async; forkFromCaller's fences and sdma::CallOrder), in a
+// third of the cases on hardware queues. The ranks' CPUs enqueue in one random interleaving with the streams' steps, a
+// rank possibly starting late, so each op's pair settles in the mailbox as the posting order says (each pushing its
+// own bytes where the later rank posted within the earlier one's wait, else the later one moving both directions); a
+// batch connects its new pairs at once, each rank's CPU waiting there until every such peer reached the same batch.
+// Checked: when a call ends on a rank its buffers hold exactly their bytes, and no copy into or out of them is still
+// queued anywhere (early completion); no copy touches a rank's buffers of an op before that rank's stream signalled
+// its Arrived (copy before arrival), or after the call ended there; no hang.
+//
+// With --faults, these programs under the fault protocol as FaultCase runs it for two ranks, for any number of them:
+// a rank that fails stops enqueueing; its watchdog or a peer's finds it; a quiesced failed rank releases every failed
+// peer on the group's transports and on each pair's it connected (fault_release.hpp); a rank passes its own waits only
+// on a peer whose process is gone. Checked: a call that ends without error holds its bytes; no copy before arrival or
+// after end; once every rank failed, every lane runs out; a case without faults completes.
+//
+// Wrong variants it must catch: --wait-before-arrived (each op of a batch run whole in turn, as scheduleDirectExchange
+// runs alone: a ring of 3 or more ranks listed the usual way hangs, every time), --copy-before-arrived (a push into a
+// peer without waiting for its Arrived) and, with --faults, --pass-own-waits (a failed rank passes its own waits on
+// live peers too: its call ends, and its buffers go back, while a live peer still writes into them). And three rules
+// the design needs beyond its words, each caught without it: --serials-in-call-order (each rank numbering a batch's ops
+// with a peer in its own call order: ranks that list a batch's send and recv to each other in other orders, as NCCL
+// allows, disagree on the serials), --signals-in-call-order (numbered in one order, signalled in call order: a later
+// op's Arrived lets the peer copy with an earlier op's buffers before that op arrived, and the word then rolls back
+// below a serial the peer waits for) and --connect-in-turn (a batch connecting its new pairs one after another in its
+// call order, each CPU waiting for the peer at each: a ring's first batch waits in a circle).
+//
+// Programs the design does not serve, though NCCL's rules allow them: --unmatched-batches adds batches whose peers
+// make their ops with the batch's rank as lone calls (addUnmatchedBatch). A batch then waits, before its first Done,
+// for copies of a later op whose peer signals Arrived only after its earlier call ended, which needs that Done: about
+// a fifth of the cases hang. --done-per-op (each op's Done signalled right after its own copies, the Done waits still
+// last) serves them; --interleaved-peers, the peers' lone calls with that rank interleaved with lone calls among
+// themselves, still hangs it in a few cases: a copy of one op waits for a peer held by a third rank that waits for a
+// later op's Done.
+struct P2POptions {
+  enum class Mutation {
+    None,
+    WaitBeforeArrived,
+    CopyBeforeArrived,
+    PassOwnWaits,
+    SerialsInCallOrder,
+    SignalsInCallOrder,
+    ConnectInTurn
+  };
+  bool faults = false;
+  Mutation mutation = Mutation::None;
+  bool unmatchedBatches = false;  // batches that peers match by lone calls (addUnmatchedBatch)
+  bool interleavedPeers = false;  // and those peers' lone calls among themselves in between
+  bool donePerOp = false;         // each op of a batch signals its Done right after its own copies
+};
+
+// A send of `bytes` from member `sender` (0 or 1) of a pair to the other, as the pair's two-rank exchange: the
+// sender's input region is the sent tensor, the receiver's output region the received one, each in an arena of poison
+// and posted as it is or bounced (as makeExchange lays regions out). `ranks`: the pair's world ranks, for the poison.
+Exchange makeSendRecv(int sender, uint64_t bytes, const int ranks[2], std::mt19937& rng) {
+  Exchange x;
+  x.kind = ExchangeKind::Broadcast;  // of two ranks, rooted at the sender: what a send and its recv move
+  x.root = sender;
+  x.plans.resize(2);
+  x.inputs.resize(2);
+  x.outputs.resize(2);
+  x.sent.resize(2);
+  x.bounce.resize(2);
+  x.posted.resize(2);
+  for (int r = 0; r < 2; ++r) {
+    ExchangePlan& p = x.plans[r];
+    p.sendTo.assign(2, {});
+    p.recvFrom.assign(2, {});
+    std::vector<uint64_t> inSizes, outSizes;
+    if (r == sender) {
+      p.sendTo[1 - r] = {0, bytes};
+      p.inputBytes = bytes;
+      inSizes = {bytes};
+    } else {
+      p.recvFrom[sender] = {0, bytes};
+      p.outputBytes = bytes;
+      outSizes = {bytes};
+    }
+    const std::vector<ByteSpan> in = layOut(x.inputs[r], inSizes, ranks[r], rng);
+    const std::vector<ByteSpan> out = layOut(x.outputs[r], outSizes, ranks[r], rng);
+    if (!in.empty())
+      p.input = in.front().ptr;
+    if (!out.empty())
+      p.output = out.front().ptr;
+    x.sent[r].resize(p.inputBytes);
+    for (auto& c : x.sent[r])
+      c = static_cast<char>(rng());
+    if (p.inputBytes > 0)
+      memcpy(in.front().ptr, x.sent[r].data(), p.inputBytes);
+    const int bits = std::uniform_int_distribution<int>(0, 3)(rng);  // bit 0: input bounced, bit 1: output
+    const bool inputBounced = p.inputBytes > 0 && (bits & 1);
+    const bool outputBounced = p.outputBytes > 0 && (bits & 2);
+    x.bounce[r].assign((inputBounced ? p.inputBytes : 0) + (outputBounced ? p.outputBytes : 0), 0x5a);
+    x.posted[r] = {inputBounced ? x.bounce[r].data() : p.input,
+                   outputBounced ? x.bounce[r].data() + (inputBounced ? p.inputBytes : 0) : p.output};
+  }
+  x.inputsAfter = x.inputs;
+  x.outputsAfter = x.outputs;
+  const int receiver = 1 - sender;
+  if (bytes > 0)
+    memcpy(x.outputsAfter[receiver].data() + (x.plans[receiver].output - x.outputs[receiver].data()),
+           x.sent[sender].data(), bytes);
+  return x;
+}
+
+// One operation of a schedule as a transport recorded it for one call: an operation on a lane, or a join of two lanes.
+struct RecordedOp {
+  bool join = false;
+  int lane = 0;  // the lane, or the lane joined into
+  int from = 0;  // a join: the lane joined
+  Op op{Op::Copy};
+};
+
+// The phases of one op's scheduleDirectExchange, as a batch interleaves them: [0] its pack and its Arrived signal,
+// [1] its waits for the peer's Arrived and its copies (and the lanes' join), [2] its Done signal, [3] its Done wait,
+// [4] its unpack. A schedule of another shape fails here, so that the batch model is updated with it.
+std::array<std::vector<RecordedOp>, 5> exchangePhases(const std::vector<RecordedOp>& ops) {
+  int lastArrived = -1, firstDone = -1;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].join || ops[i].op.kind != Op::SignalOne)
+      continue;
+    if (ops[i].op.flag == Flag::Arrived)
+      lastArrived = static_cast<int>(i);
+    else if (ops[i].op.flag == Flag::Done && firstDone < 0)
+      firstDone = static_cast<int>(i);
+  }
+  if (lastArrived < 0 || firstDone < lastArrived)
+    fail(
+        "scheduleDirectExchange no longer signals Arrived, then Done: the batch model (batchIsendIrecvSchedule) needs "
+        "its update");
+  std::array<std::vector<RecordedOp>, 5> phases;
+  int phase = 0;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const RecordedOp& o = ops[i];
+    const bool doneSignal = !o.join && o.op.kind == Op::SignalOne && o.op.flag == Flag::Done;
+    const bool doneWait = !o.join && o.op.kind == Op::WaitOne && o.op.flag == Flag::Done;
+    if (static_cast<int>(i) <= lastArrived)
+      phase = 0;
+    else if (static_cast<int>(i) < firstDone)
+      phase = 1;
+    else if (doneSignal && phase <= 2)
+      phase = 2;
+    else if (doneWait && phase <= 3)
+      phase = 3;
+    else
+      phase = 4;
+    const bool flagOp = !o.join && (o.op.kind == Op::SignalOne || o.op.kind == Op::WaitOne);
+    if ((phase == 1 && !o.join && o.op.kind == Op::SignalOne) || (phase == 4 && flagOp))
+      fail(
+          "scheduleDirectExchange changed its order of flags: the batch model (batchIsendIrecvSchedule) needs its "
+          "update");
+    phases[phase].push_back(o);
+  }
+  return phases;
+}
+
+class P2PCase {
+ public:
+  P2PCase(std::mt19937& rng, int caseNo, const P2POptions& options) : rng_(rng), o_(options) {
+    W_ = pick(2, 4);
+    what_ = "p2p case " + std::to_string(caseNo) + " (" + std::to_string(W_) + " ranks";
+    const DrawnTransports d = drawTransports(rng_, W_, 256, groupStaging_, groupDirect_);
+    what_ += ", group staging slots=" + std::to_string(d.staging.slots) +
+             " segment=" + std::to_string(d.staging.chunkBytes) +
+             " chunk=" + std::to_string(d.staging.pipelineChunkBytes);
+    chunks_.assign(W_, d.start);
+    directSerial_.assign(W_, d.flagBase);
+    for (int a = 0; a < W_; ++a)
+      for (int b = a + 1; b < W_; ++b) {
+        auto p = std::make_unique<Pair>();
+        p->ranks[0] = a;
+        p->ranks[1] = b;
+        pairs_.push_back(std::move(p));
+      }
+    pairSerial_.assign(W_, std::vector<uint32_t>(W_, 0));
+    drawProgram();
+    for (int r = 0; r < W_; ++r) {
+      queues_.emplace_back(kQueuesPerRank);
+      hardwareQueueOf_.emplace_back(kQueuesPerRank);
+      std::iota(hardwareQueueOf_[r].begin(), hardwareQueueOf_[r].end(), 0);
+    }
+    submitted_.assign(W_, 0);
+    order_.resize(W_);
+    previousEnd_.assign(W_, {-1, 0});
+    next_.assign(W_, 0);
+    delay_.assign(W_, 0);
+    limit_.resize(W_);
+    for (int r = 0; r < W_; ++r)
+      limit_[r] = static_cast<int>(program_[r].size());
+    failed_.assign(W_, false);
+    gone_.assign(W_, false);
+    released_.assign(W_, std::vector<bool>(W_, false));
+    passedOwn_.assign(W_, std::vector<bool>(W_, false));
+    if (pick(0, 2) == 0)
+      drawHardwareQueues();
+    for (int r = 0; r < W_; ++r) {
+      if (pick(0, 2) == 0) {
+        delay_[r] = pick(1, 80);
+        what_ += ", rank " + std::to_string(r) + " starts after step " + std::to_string(delay_[r]);
+      }
+    }
+    if (o_.faults)
+      drawFaults();
+    what_ += "; program:" + programDescription_ + ")";
+  }
+
+  // Whether the program holds a ring exchange of 3 or more ranks, each listing its send to the next first: run whole
+  // op after op (--wait-before-arrived), such a batch must hang.
+  bool hasUsualRingOfThree() const {
+    return usualRingOfThree_;
+  }
+
+  // "" when every property held, else the failure, its kind before the first ':'.
+  std::string run() {
+    for (;; ++step_) {
+      if (!failure_.empty())
+        return failure_;
+      if (step_ == faultStep_ && !failed_[faultRank_] && !gone_[faultRank_])
+        failRank(faultRank_, "its watchdog's timeout");
+      if (step_ == deathStep_ && !gone_[deathRank_]) {
+        gone_[deathRank_] = true;  // nothing of it runs any more; its memory goes with it
+        for (Queue& q : queues_[deathRank_])
+          q.steps.clear();
+      }
+      std::vector<std::function<void()>> moves;
+      for (int r = 0; r < W_; ++r) {
+        if (gone_[r])
+          continue;
+        for (int q = 0; q < kQueuesPerRank; ++q)
+          if (!queues_[r][q].steps.empty() && ready(r, queues_[r][q].steps.front()) &&
+              earlierOnHardwareQueue(queues_[r], hardwareQueueOf_[r], q) < 0)
+            moves.push_back([this, r, q] { runHead(r, q); });
+        if (canEnqueue(r))
+          moves.push_back([this, r] { enqueue(r, true); });
+        if (o_.mutation == P2POptions::Mutation::ConnectInTurn && canConnectInTurn(r))
+          moves.push_back([this, r] { connect(*pairs_[nextPairToConnect(r)]); });
+        if (o_.faults)
+          addFaultMoves(r, moves);
+      }
+      if (!moves.empty()) {
+        moves[std::uniform_int_distribution<size_t>(0, moves.size() - 1)(rng_)]();
+        continue;
+      }
+      bool lateToCome = step_ < deathStep_ && !gone_[deathRank_];
+      for (int r = 0; r < W_; ++r)
+        lateToCome |= !failed_[r] && !gone_[r] && hasCallsLeft(r) && step_ < delay_[r];
+      if (lateToCome)
+        continue;
+      // Nothing moves: a rank whose lanes or whose CPU (at a connect) wait for ever.
+      std::vector<int> stuck;
+      for (int r = 0; r < W_; ++r)
+        if (!failed_[r] && !gone_[r] && (!quiesced(r) || hasCallsLeft(r)))
+          stuck.push_back(r);
+      if (stuck.empty())
+        break;
+      if (!o_.faults)
+        return "hang: nothing can move (" + heads() + "; " + what_ + ")";
+      if (faultFree_)
+        return "fault-free run timed out: a call of a case without faults was stuck (" + heads() + "; " + what_ + ")";
+      failRank(stuck[std::uniform_int_distribution<size_t>(0, stuck.size() - 1)(rng_)], "a timeout while stuck");
+    }
+    if (!failure_.empty())
+      return failure_;
+    for (int r = 0; r < W_; ++r)
+      if (!quiesced(r))
+        return "hang: rank " + std::to_string(r) + "'s lanes never run out after every rank failed (" + heads() + "; " +
+               what_ + ")";
+    if (!o_.faults || faultFree_)
+      for (int r = 0; r < W_; ++r)
+        if (failed_[r] || next_[r] != static_cast<int>(program_[r].size()))
+          return std::string(o_.faults ? "fault-free run failed" : "unfinished") + ": rank " + std::to_string(r) +
+                 " (" + what_ + ")";
+    return "";
+  }
+
+ private:
+  // A rank's streams: the group's push (0) and drain (1) streams, the caller streams C1 (2) and C2 (3).
+  static constexpr int kQueuesPerRank = 4;
+  enum class UnitKind { SendRecv, DirectAllgather, StagingAllgather, Exchange };
+  // One exchange of bytes with its own serial: a p2p op (two ranks, on their pair's transport) or a collective.
+  struct Unit {
+    UnitKind kind = UnitKind::SendRecv;
+    std::vector<int> members;                     // world ranks, by index on the unit's transport
+    int pair = -1;                                // SendRecv: its pair
+    int sender = 0;                               // SendRecv: the member that sends
+    Exchange x;                                   // SendRecv, Exchange
+    std::vector<std::vector<char>> freshOutputs;  // SendRecv, Exchange: the output arenas as the caller left them
+    Buffers buffers;                              // the all-gathers
+    std::vector<std::vector<char>> original;
+    std::vector<std::vector<char>> bounce;
+    std::vector<PostedBuffers> posted;
+    std::vector<std::vector<Pairing>> pairing;  // [member][member], as the mailbox settled it
+    std::vector<bool> postedBy, arrived, ended, endedWithError;
+    std::vector<int64_t> serialBy;  // the serial each member gave it (-1: none yet)
+    std::string description;
+
+    int indexOf(int rank) const {
+      return static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
+    }
+    bool direct() const {
+      return kind != UnitKind::StagingAllgather;
+    }
+  };
+  // One step of the program: a call on every rank it names, with that rank's units in its call order.
+  struct Item {
+    bool collective = false;
+    std::map<int, std::vector<int>> units;
+  };
+  struct Pair {
+    int ranks[2] = {0, 0};
+    World world;  // connected at the pair's first op
+    bool connected = false;
+  };
+  struct Step {
+    enum Kind { Operation, Fence, Produce, End } kind = Operation;
+    Op op{Op::Copy};
+    World* world = nullptr;  // Operation: the transport it runs on
+    int index = -1;          // Operation: the rank's index there
+    int unit = -1;           // Operation
+    int item = -1;           // Operation, Produce, End
+    int queue = -1;          // Fence: runs once this rank's queue `queue` ran `count` steps
+    uint64_t count = 0;
+    std::vector<std::pair<int, int>> touches;  // a copy: the (unit, member) buffers it reads or writes
+    uint64_t submitted = 0;                    // its place in the order the rank's host submitted work
+  };
+  struct Queue {
+    std::deque<Step> steps;
+    uint64_t recorded = 0, executed = 0;
+  };
+
+  int pick(int lo, int hi) {
+    return std::uniform_int_distribution<int>(lo, hi)(rng_);
+  }
+  Pair& pairOf(int a, int b) {
+    const int lo = std::min(a, b), hi = std::max(a, b);
+    for (auto& p : pairs_)
+      if (p->ranks[0] == lo && p->ranks[1] == hi)
+        return *p;
+    fail("no pair " + std::to_string(a) + "," + std::to_string(b));
+  }
+  int pairIndex(int a, int b) {
+    Pair& p = pairOf(a, b);
+    for (size_t i = 0; i < pairs_.size(); ++i)
+      if (pairs_[i].get() == &p)
+        return static_cast<int>(i);
+    return -1;
+  }
+  bool hasCallsLeft(int r) const {
+    return next_[r] < limit_[r];
+  }
+  bool quiesced(int r) const {
+    for (const Queue& q : queues_[r])
+      if (!q.steps.empty())
+        return false;
+    return true;
+  }
+  bool anyPeerFailed(int r) const {
+    for (int p = 0; p < W_; ++p)
+      if (p != r && failed_[p])
+        return true;
+    return false;
+  }
+  void violation(const std::string& s) {
+    if (failure_.empty())
+      failure_ = s + " (" + what_ + ")";
+  }
+
+  // ---- The program.
+
+  uint64_t p2pBytes() {
+    return pick(0, 7) == 0 ? 0 : static_cast<uint64_t>(pick(1, 64));
+  }
+  int newItem() {
+    items_.emplace_back();
+    return static_cast<int>(items_.size()) - 1;
+  }
+  // A send from world rank `from` to `to` in item `it` (the receiver's in `itTo` where given), last in both ranks'
+  // call order so far.
+  void addSendRecv(int it, int from, int to, int itTo = -1) {
+    auto u = std::make_unique<Unit>();
+    u->kind = UnitKind::SendRecv;
+    u->pair = pairIndex(from, to);
+    const Pair& p = *pairs_[u->pair];
+    u->members = {p.ranks[0], p.ranks[1]};
+    u->sender = from == p.ranks[0] ? 0 : 1;
+    const uint64_t bytes = p2pBytes();
+    u->x = makeSendRecv(u->sender, bytes, p.ranks, rng_);
+    u->description = std::to_string(from) + ">" + std::to_string(to) + " " + std::to_string(bytes) + "B";
+    addUnit(it, std::move(u), to, itTo);
+  }
+  void addUnit(int it, std::unique_ptr<Unit> u, int elsewhere = -1, int itElsewhere = -1) {
+    const int n = static_cast<int>(u->members.size());
+    u->pairing.assign(n, std::vector<Pairing>(n, Pairing::kPeerCameLate));
+    u->postedBy.assign(n, false);
+    u->arrived.assign(n, false);
+    u->ended.assign(n, false);
+    u->endedWithError.assign(n, false);
+    u->serialBy.assign(n, -1);
+    if (u->kind == UnitKind::SendRecv || u->kind == UnitKind::Exchange) {
+      // The caller's stream writes the input, and last used the output's memory, when it reaches the call: until
+      // then the input holds other bytes.
+      u->freshOutputs = u->x.outputs;
+      for (int i = 0; i < n; ++i)
+        walkRegion(inputRegion(u->x.plans[i]), 0, u->x.plans[i].inputBytes, [](char* ptr, uint64_t k) {
+          for (uint64_t b = 0; b < k; ++b)
+            ptr[b] = static_cast<char>(~ptr[b]);
+        });
+    } else {
+      for (int i = 0; i < n; ++i)
+        for (const ByteSpan& span : u->buffers.plans[i].input)
+          for (size_t b = 0; b < span.bytes; ++b)
+            span.ptr[b] = static_cast<char>(~span.ptr[b]);
+    }
+    const int id = static_cast<int>(units_.size());
+    for (int r : u->members)
+      items_[r == elsewhere && itElsewhere >= 0 ? itElsewhere : it].units[r].push_back(id);
+    units_.push_back(std::move(u));
+  }
+
+  // The group's collective over every rank: a direct or staging all-gather, or an exchange of any kind.
+  void addCollective() {
+    const int it = newItem();
+    items_[it].collective = true;
+    auto u = std::make_unique<Unit>();
+    for (int r = 0; r < W_; ++r)
+      u->members.push_back(r);
+    const int kind = pick(0, 3);
+    if (kind >= 2) {
+      u->kind = UnitKind::Exchange;
+      u->x = makeExchange(static_cast<ExchangeKind>(pick(0, kExchangeKinds - 1)), W_, rng_);
+      u->description = u->x.description;
+    } else {
+      u->kind = kind == 0 ? UnitKind::DirectAllgather : UnitKind::StagingAllgather;
+      const bool direct = kind == 0;
+      const Form form = direct ? (pick(0, 1) ? Form::IntoTensor : Form::InPlace) : static_cast<Form>(pick(0, 3));
+      const size_t bytes = std::uniform_int_distribution<size_t>(1, 120)(rng_);
+      u->buffers = makeCollective(form, W_, bytes, rng_);
+      u->original = u->buffers.inputs;
+      u->bounce.assign(W_, {});
+      u->posted.resize(W_);
+      for (int i = 0; i < W_; ++i) {
+        if (form == Form::InPlace)
+          u->original[i].assign(u->buffers.plans[i].input[0].ptr, u->buffers.plans[i].input[0].ptr + bytes);
+        if (!direct)
+          continue;
+        const int bounced = pick(0, 3);
+        if (bounced)
+          u->bounce[i].assign(W_ * bytes, 0x5a);
+        u->posted[i].input = bounced & 1 ? u->bounce[i].data() + i * bytes : u->buffers.plans[i].input[0].ptr;
+        u->posted[i].outputBase = bounced & 2 ? u->bounce[i].data() : u->buffers.plans[i].outputBase;
+      }
+      u->description =
+          std::string(direct ? "direct " : "staging ") + formName(form) + " " + std::to_string(bytes) + "B";
+    }
+    addUnit(it, std::move(u));
+  }
+
+  std::vector<int> someRanks(int lo) {
+    std::vector<int> ranks(W_);
+    std::iota(ranks.begin(), ranks.end(), 0);
+    std::shuffle(ranks.begin(), ranks.end(), rng_);
+    ranks.resize(pick(lo, W_));
+    return ranks;
+  }
+  // Each rank lists its ops of the item in an order of its own, but for the sends of one rank to another in the order
+  // they match (the order they were drawn in), as NCCL matches each direction in order.
+  void shuffleCallOrders(int it) {
+    for (auto& [r, units] : items_[it].units) {
+      std::shuffle(units.begin(), units.end(), rng_);
+      std::map<std::pair<int, int>, std::vector<size_t>> placesOfDirection;
+      for (size_t k = 0; k < units.size(); ++k)
+        placesOfDirection[{units_[units[k]]->pair, units_[units[k]]->sender}].push_back(k);
+      for (const auto& [direction, places] : placesOfDirection) {
+        std::vector<int> ops;
+        for (size_t k : places)
+          ops.push_back(units[k]);
+        std::sort(ops.begin(), ops.end());
+        for (size_t j = 0; j < places.size(); ++j)
+          units[places[j]] = ops[j];
+      }
+    }
+  }
+
+  // A ring exchange by batch: each member sends to the next and receives from the previous one.
+  void addRing() {
+    std::vector<int> ring = someRanks(2);
+    if (W_ >= 3 && ring.size() < 3 && pick(0, 2) > 0)
+      ring = someRanks(3);
+    const int k = static_cast<int>(ring.size());
+    const int it = newItem();
+    // addSendRecv appends to both ranks' lists: build each rank's [send next, recv prev] afterwards.
+    std::vector<int> sendOf(k);
+    for (int i = 0; i < k; ++i) {
+      addSendRecv(it, ring[i], ring[(i + 1) % k]);
+      sendOf[i] = static_cast<int>(units_.size()) - 1;
+    }
+    const bool usual = pick(0, 1);
+    for (int i = 0; i < k; ++i)
+      items_[it].units[ring[i]] = {sendOf[i], sendOf[(i + k - 1) % k]};
+    if (!usual)
+      shuffleCallOrders(it);
+    usualRingOfThree_ |= usual && k >= 3;
+  }
+
+  // A pipeline along a chain of ranks: lone sends and recvs, a few microbatches forward, then maybe backward.
+  void addPipeline() {
+    const std::vector<int> chain = someRanks(2);
+    const int k = static_cast<int>(chain.size());
+    const int microbatches = pick(1, 2);
+    for (int mb = 0; mb < microbatches; ++mb)
+      for (int i = 0; i + 1 < k; ++i)
+        addSendRecv(newItem(), chain[i], chain[i + 1]);
+    if (pick(0, 1))
+      for (int mb = 0; mb < microbatches; ++mb)
+        for (int i = k - 1; i > 0; --i)
+          addSendRecv(newItem(), chain[i], chain[i - 1]);
+  }
+
+  // A batch with both directions to one peer, one or two ops each way.
+  void addBothDirections() {
+    const std::vector<int> two = someRanks(2);
+    const int a = two[0], b = two[1];
+    const int it = newItem();
+    for (int n = pick(1, 2); n > 0; --n)
+      addSendRecv(it, a, b);
+    for (int n = pick(1, 2); n > 0; --n)
+      addSendRecv(it, b, a);
+    shuffleCallOrders(it);
+  }
+
+  // A batch of random matched ops: each rank that takes part lists its own in any order.
+  void addRandomBatch() {
+    const int it = newItem();
+    for (int n = pick(1, 4); n > 0; --n) {
+      const int from = pick(0, W_ - 1);
+      const int to = (from + pick(1, W_ - 1)) % W_;
+      addSendRecv(it, from, to);
+    }
+    shuffleCallOrders(it);
+  }
+
+  // A batch of one rank's ops with a few peers, each peer making its ops with that rank as lone calls, in the order
+  // of the pair's serials (NCCL runs a batch's ops apart, so it takes them in any order); with interleaved peers,
+  // lone calls among the peers (matched, in one order) fall between those.
+  void addUnmatchedBatch() {
+    const std::vector<int> ranks = someRanks(2);
+    const int center = ranks[0];
+    const int it = newItem();
+    for (size_t k = 1; k < ranks.size(); ++k)
+      for (int n = pick(1, 3); n > 0; --n) {
+        const int peer = ranks[k];
+        const int call = newItem();
+        if (pick(0, 1))
+          addSendRecv(it, center, peer, call);
+        else
+          addSendRecv(call, peer, center, it);
+      }
+    shuffleCallOrders(it);
+    if (o_.interleavedPeers && ranks.size() > 2) {
+      for (int n = pick(1, 3); n > 0; --n) {
+        const int a = ranks[pick(1, static_cast<int>(ranks.size()) - 1)];
+        int b = a;
+        while (b == a)
+          b = ranks[pick(1, static_cast<int>(ranks.size()) - 1)];
+        addSendRecv(newItem(), a, b);
+      }
+      std::shuffle(items_.begin() + it + 1, items_.end(), rng_);
+    }
+    // Each peer's calls with the center in the order the center numbers their ops (inSerialOrder).
+    for (size_t k = 1; k < ranks.size(); ++k) {
+      const int peer = ranks[k];
+      std::vector<int> calls, ops;
+      for (size_t call = it + 1; call < items_.size(); ++call) {
+        auto found = items_[call].units.find(peer);
+        if (found == items_[call].units.end())
+          continue;
+        const int op = found->second.front();
+        if (std::count(units_[op]->members.begin(), units_[op]->members.end(), center)) {
+          calls.push_back(static_cast<int>(call));
+          ops.push_back(op);
+        }
+      }
+      std::sort(ops.begin(), ops.end());  // each direction in the order the center lists it
+      const std::vector<int> ordered = inSerialOrder(ops);
+      for (size_t j = 0; j < calls.size(); ++j)
+        items_[calls[j]].units[peer] = {ordered[j]};
+    }
+  }
+
+  void drawProgram() {
+    const size_t target = static_cast<size_t>(pick(2, 6));
+    while (items_.size() < target) {
+      if (o_.unmatchedBatches && pick(0, 2) == 0) {
+        addUnmatchedBatch();
+        continue;
+      }
+      switch (pick(0, 4)) {
+        case 0:
+          addCollective();
+          break;
+        case 1:
+          addRing();
+          break;
+        case 2:
+          addPipeline();
+          break;
+        case 3:
+          addBothDirections();
+          break;
+        default:
+          addRandomBatch();
+          break;
+      }
+    }
+    program_.resize(W_);
+    sync_.resize(W_);
+    caller_.resize(W_);
+    for (size_t it = 0; it < items_.size(); ++it) {
+      programDescription_ += std::string(it ? ";" : "") + " [";
+      bool firstRank = true;
+      for (const auto& [r, units] : items_[it].units) {
+        program_[r].push_back(static_cast<int>(it));
+        sync_[r].push_back(pick(0, 1));
+        caller_[r].push_back(pick(0, 1));
+        programDescription_ += std::string(firstRank ? "" : ", ") + "r" + std::to_string(r) +
+                               (sync_[r].back() ? " sync on C" : " async from C") +
+                               std::to_string(caller_[r].back() + 1) + ":";
+        firstRank = false;
+        if (items_[it].collective) {
+          programDescription_ += " " + units_[units[0]]->description;
+          continue;
+        }
+        for (int u : units)
+          programDescription_ += " " + units_[u]->description;
+      }
+      programDescription_ += "]";
+    }
+  }
+
+  // Each rank's streams on hardware queues, as CallsInFlight draws them: all on one, or a random few.
+  void drawHardwareQueues() {
+    what_ += ", hardware queues";
+    for (int r = 0; r < W_; ++r) {
+      const int count = pick(0, 1) ? 1 : pick(1, kQueuesPerRank);
+      for (int q = 0; q < kQueuesPerRank; ++q)
+        hardwareQueueOf_[r][q] = pick(0, count - 1);
+      what_ += " r" + std::to_string(r) + ":";
+      for (int q = 0; q < kQueuesPerRank; ++q)
+        what_ += std::to_string(hardwareQueueOf_[r][q]);
+    }
+  }
+
+  void drawFaults() {
+    faultFree_ = pick(0, 3) == 0;
+    if (faultFree_)
+      return;
+    if (pick(0, 2) == 0) {
+      const int r = pick(0, W_ - 1);
+      limit_[r] = pick(0, std::max(0, static_cast<int>(program_[r].size()) - 1));
+      what_ += ", rank " + std::to_string(r) + " makes only " + std::to_string(limit_[r]) + " calls";
+    }
+    if (pick(0, 1)) {
+      faultRank_ = pick(0, W_ - 1);
+      faultStep_ = pick(0, 200);
+      what_ += ", rank " + std::to_string(faultRank_) + " fails at step " + std::to_string(faultStep_);
+    }
+    if (pick(0, 3) == 0) {
+      deathRank_ = pick(0, W_ - 1);
+      deathStep_ = pick(0, 200);
+      what_ += ", rank " + std::to_string(deathRank_) + "'s process ends at step " + std::to_string(deathStep_);
+    }
+  }
+
+  // ---- Enqueueing, as the runner is to: the connect, the mailbox, the streams, the batch.
+
+  // Whether rank p's CPU is at a call with an op of `pair` (with `unit` where given): its next call, started, and it
+  // still makes calls.
+  bool cpuAt(int p, int pair, int unit = -1) const {
+    if (gone_[p] || failed_[p] || !hasCallsLeft(p) || step_ < delay_[p])
+      return false;
+    for (int id : items_[program_[p][next_[p]]].units.at(p))
+      if (unit >= 0 ? id == unit : units_[id]->pair == pair)
+        return true;
+    return false;
+  }
+  bool canEnqueue(int r) const {
+    if (gone_[r] || failed_[r] || !hasCallsLeft(r) || step_ < delay_[r])
+      return false;
+    const int it = program_[r][next_[r]];
+    if (o_.mutation == P2POptions::Mutation::ConnectInTurn)
+      return nextPairToConnect(r) < 0;
+    for (int id : items_[it].units.at(r)) {
+      const Unit& u = *units_[id];
+      if (u.kind != UnitKind::SendRecv || pairs_[u.pair]->connected)
+        continue;
+      if (!cpuAt(u.members[1 - u.indexOf(r)], u.pair))
+        return false;  // the connect waits for the peer
+    }
+    return true;
+  }
+
+  // Connecting in turn: the first pair of rank r's next call, in its call order, not connected yet (-1: none).
+  int nextPairToConnect(int r) const {
+    for (int id : items_[program_[r][next_[r]]].units.at(r))
+      if (units_[id]->kind == UnitKind::SendRecv && !pairs_[units_[id]->pair]->connected)
+        return units_[id]->pair;
+    return -1;
+  }
+  // Whether rank r and the peer of the pair it connects next both wait at that pair's connect.
+  bool canConnectInTurn(int r) const {
+    if (gone_[r] || failed_[r] || !hasCallsLeft(r) || step_ < delay_[r])
+      return false;
+    const int pair = nextPairToConnect(r);
+    if (pair < 0)
+      return false;
+    const Pair& p = *pairs_[pair];
+    const int peer = p.ranks[0] == r ? p.ranks[1] : p.ranks[0];
+    return cpuAt(peer, pair) && nextPairToConnect(peer) == pair;
+  }
+
+  void connect(Pair& p) {
+    StagingGeometry g;
+    g.worldSize = 2;
+    g.slots = pick(0, 1) ? 2 : 4;
+    g.chunkBytes = 64;
+    g.packs = false;
+    const uint32_t bases[] = {0, 0xfffffffdu, static_cast<uint32_t>(rng_())};
+    const uint32_t flagBase = bases[pick(0, 2)];
+    for (int i = 0; i < 2; ++i) {
+      p.world.ranks.push_back(std::make_unique<FakeTransport>(&p.world, i, g, flagBase));
+      pairSerial_[p.ranks[i]][p.ranks[1 - i]] = flagBase;
+    }
+    p.connected = true;
+  }
+
+  // A batch's ops on rank r in the order it numbers and signals them: its call order, except that each pair's ops
+  // are put in one order both ranks compute alike, the lower rank's sends first, then the higher rank's, each
+  // direction in call order (NCCL matches each direction in order, and lets the two ranks list a batch's sends and
+  // recvs to each other in any order). Signalled in that order, each pair's flag words only grow.
+  std::vector<int> inSerialOrder(const std::vector<int>& callOrder) const {
+    std::vector<int> out = callOrder;
+    std::map<int, std::vector<size_t>> placesOfPair;
+    for (size_t k = 0; k < out.size(); ++k)
+      if (units_[out[k]]->kind == UnitKind::SendRecv)
+        placesOfPair[units_[out[k]]->pair].push_back(k);
+    for (const auto& [pair, places] : placesOfPair) {
+      std::vector<int> ops;
+      for (size_t k : places)
+        ops.push_back(out[k]);
+      std::stable_sort(ops.begin(), ops.end(), [this](int a, int b) { return units_[a]->sender < units_[b]->sender; });
+      for (size_t j = 0; j < places.size(); ++j)
+        out[places[j]] = ops[j];
+    }
+    return out;
+  }
+
+  // Rank r posts unit `id` in the mailbox: against each member that posted before, it came late or that member waited
+  // for it; against one not there yet, that member posts within this rank's wait (`together`, whose next call holds
+  // it) or comes late.
+  void post(int r, int id, const std::vector<int>& together) {
+    Unit& u = *units_[id];
+    const int i = u.indexOf(r);
+    u.postedBy[i] = true;
+    if (!u.direct())
+      return;
+    for (size_t j = 0; j < u.members.size(); ++j) {
+      if (static_cast<int>(j) == i)
+        continue;
+      if (u.postedBy[j])
+        u.pairing[i][j] = u.pairing[j][i] == Pairing::kEachPushesOwn ? Pairing::kEachPushesOwn : Pairing::kThisCameLate;
+      else
+        u.pairing[i][j] = std::count(together.begin(), together.end(), u.members[j]) && cpuAt(u.members[j], u.pair, id)
+                              ? Pairing::kEachPushesOwn
+                              : Pairing::kPeerCameLate;
+    }
+  }
+
+  void add(int r, int q, Step step) {
+    step.submitted = submitted_[r]++;
+    queues_[r][q].steps.push_back(std::move(step));
+    ++queues_[r][q].recorded;
+  }
+  void fence(int r, int q, int after, uint64_t count) {
+    Step s;
+    s.kind = Step::Fence;
+    s.queue = after;
+    s.count = count;
+    add(r, q, s);
+  }
+  void fenceOn(int r, int q, int after) {
+    if (q != after)
+      fence(r, q, after, queues_[r][after].recorded);
+  }
+
+  std::vector<std::pair<int, int>> touchesOf(const Op& op) const {
+    std::vector<std::pair<int, int>> found;
+    auto overlaps = [&op](const char* p, const std::vector<char>& v) {
+      return op.bytes > 0 && !v.empty() && p < v.data() + v.size() && v.data() < p + op.bytes;
+    };
+    for (size_t id = 0; id < units_.size(); ++id) {
+      const Unit& u = *units_[id];
+      for (size_t i = 0; i < u.members.size(); ++i)
+        for (const std::vector<char>* v : buffersOf(u, static_cast<int>(i)))
+          if (overlaps(op.dst, *v) || overlaps(op.src, *v)) {
+            found.push_back({static_cast<int>(id), static_cast<int>(i)});
+            break;
+          }
+    }
+    return found;
+  }
+  static std::vector<const std::vector<char>*> buffersOf(const Unit& u, int i) {
+    if (u.kind == UnitKind::SendRecv || u.kind == UnitKind::Exchange)
+      return {&u.x.inputs[i], &u.x.outputs[i], &u.x.bounce[i]};
+    return {&u.buffers.inputs[i], &u.buffers.outputs[i], &u.bounce[i]};
+  }
+
+  World& worldOf(const Unit& u) {
+    if (u.kind == UnitKind::SendRecv)
+      return pairs_[u.pair]->world;
+    return u.kind == UnitKind::StagingAllgather ? groupStaging_ : groupDirect_;
+  }
+
+  // Runs unit u's schedule on rank r's transport, recording its operations.
+  std::vector<RecordedOp> record(int r, int id) {
+    Unit& u = *units_[id];
+    const int i = u.indexOf(r);
+    FakeTransport& t = *worldOf(u).ranks[i];
+    std::vector<RecordedOp> ops;
+    t.bound = [&ops](int lane, const Op& op) {
+      RecordedOp o;
+      o.lane = lane;
+      o.op = op;
+      ops.push_back(o);
+    };
+    t.boundJoin = [&ops](int into, int from) {
+      RecordedOp o;
+      o.join = true;
+      o.lane = into;
+      o.from = from;
+      ops.push_back(o);
+    };
+    switch (u.kind) {
+      case UnitKind::SendRecv: {
+        const int peer = u.members[1 - i];
+        const uint32_t serial = ++pairSerial_[r][peer];
+        u.serialBy[i] = serial;
+        if (u.serialBy[1 - i] >= 0 && u.serialBy[1 - i] != u.serialBy[i])
+          violation("ranks disagree on a pair's serial: " + u.description + " is serial " +
+                    std::to_string(u.serialBy[1 - i]) + " on rank " + std::to_string(peer) + ", " +
+                    std::to_string(serial) + " on rank " + std::to_string(r));
+        scheduleDirectExchange(t, u.x.plans[i], serial, u.x.posted[i], exchangePeers(u.x, u.pairing, i));
+        break;
+      }
+      case UnitKind::Exchange:
+        scheduleDirectExchange(t, u.x.plans[i], ++directSerial_[r], u.x.posted[i], exchangePeers(u.x, u.pairing, i));
+        break;
+      case UnitKind::DirectAllgather: {
+        std::vector<PeerBuffers> posts(W_);
+        for (int q = 0; q < W_; ++q)
+          if (q != i)
+            posts[q] = {u.pairing[i][q], reinterpret_cast<uint64_t>(u.posted[q].input),
+                        reinterpret_cast<uint64_t>(u.posted[q].outputBase)};
+        scheduleDirectAllgather(t, u.buffers.plans[i], ++directSerial_[r], u.posted[i], posts);
+        break;
+      }
+      case UnitKind::StagingAllgather:
+        scheduleStagingAllgather(t, u.buffers.plans[i], chunks_[r]);
+        break;
+    }
+    t.bound = nullptr;
+    t.boundJoin = nullptr;
+    return ops;
+  }
+
+  void emit(int r, int id, int it, const RecordedOp& o, const int laneQueue[2]) {
+    if (o.join) {
+      fenceOn(r, laneQueue[o.lane], laneQueue[o.from]);
+      return;
+    }
+    Unit& u = *units_[id];
+    Step s;
+    s.op = o.op;
+    s.world = &worldOf(u);
+    s.index = u.indexOf(r);
+    s.unit = id;
+    s.item = it;
+    if (o.op.kind == Op::Copy)
+      s.touches = touchesOf(o.op);
+    add(r, laneQueue[o.lane], s);
+  }
+
+  // The batch schedule of batch_isend_irecv (a lone send or recv is a batch of one) on rank r, modelled here until
+  // csrc/collective/ has one: it mirrors scheduleDirectExchange (csrc/collective/direct_exchange.cpp), recording each
+  // op's exchange and enqueueing it cut at its flags: every op's Arrived (after its pack) before any wait on a peer,
+  // then every op's waits for the peer's Arrived and its copies, then every Done signal (each right after its op's
+  // copies with --done-per-op), then every Done wait, then the unpacks. `units`: the ops in the pair's serial order.
+  void batchIsendIrecvSchedule(int r, int it, std::vector<int> units, const int laneQueue[2]) {
+    std::map<int, std::array<std::vector<RecordedOp>, 5>> phasesOf;
+    for (int id : units)  // numbered in serial order (record)
+      phasesOf[id] = exchangePhases(record(r, id));
+    if (o_.mutation == P2POptions::Mutation::SignalsInCallOrder)
+      units = items_[it].units.at(r);
+    std::vector<std::array<std::vector<RecordedOp>, 5>> phases;
+    for (int id : units)
+      phases.push_back(phasesOf.at(id));
+    // (op, phase) in the order they are enqueued.
+    std::vector<std::pair<size_t, int>> order;
+    const size_t n = units.size();
+    if (o_.mutation == P2POptions::Mutation::WaitBeforeArrived) {
+      for (size_t k = 0; k < n; ++k)
+        for (int phase = 0; phase < 5; ++phase)
+          order.push_back({k, phase});
+    } else {
+      for (int phase = 0; phase < 5; ++phase)
+        for (size_t k = 0; k < n; ++k)
+          if (!o_.donePerOp || phase != 2)
+            order.push_back({k, phase});
+      if (o_.donePerOp)  // each op's Done right after its own copies: before the phase of Done waits
+        for (size_t k = 0; k < n; ++k)
+          order.insert(std::find(order.begin(), order.end(), std::make_pair(k, 1)) + 1, {k, 2});
+    }
+    for (auto [k, phase] : order)
+      for (const RecordedOp& o : phases[k][phase]) {
+        if (o_.mutation == P2POptions::Mutation::CopyBeforeArrived && !o.join && o.op.kind == Op::WaitOne &&
+            o.op.flag == Flag::Arrived && o.lane == static_cast<int>(Lane::Push))
+          continue;
+        emit(r, units[k], it, o, laneQueue);
+      }
+  }
+
+  // Rank r makes its next call. `allowTogether`: peers not yet at the mailbox may post within its wait (then they
+  // make the call right after, without that choice themselves).
+  void enqueue(int r, bool allowTogether) {
+    const int k = next_[r]++;
+    const int it = program_[r][k];
+    if (o_.faults && !mayEnqueue(failed_[r], anyPeerFailed(r))) {
+      failRank(r, "a peer's \"failed\" read before enqueueing");
+      return;
+    }
+    Item& item = items_[it];
+    const bool callOrder = item.collective || o_.mutation == P2POptions::Mutation::SerialsInCallOrder;
+    const std::vector<int> units = callOrder ? item.units.at(r) : inSerialOrder(item.units.at(r));
+    for (int id : units)  // a batch connects its new pairs at once: every such peer is at this call (canEnqueue)
+      if (units_[id]->kind == UnitKind::SendRecv && !pairs_[units_[id]->pair]->connected)
+        connect(*pairs_[units_[id]->pair]);
+    std::vector<int> together;
+    for (int id : units) {
+      const Unit& u = *units_[id];
+      for (size_t j = 0; j < u.members.size() && allowTogether && u.direct(); ++j) {
+        const int p = u.members[j];
+        if (p != r && !u.postedBy[j] && !std::count(together.begin(), together.end(), p) && canEnqueue(p) &&
+            cpuAt(p, u.pair, id) && pick(0, 2) == 0)
+          together.push_back(p);
+      }
+    }
+    for (int id : units)
+      post(r, id, together);
+    // The streams, as CopyEngineRunner binds them: the caller's stream writes the inputs first; the lanes start where
+    // it stands (forkFromCaller), the Drain lane after the previous call's end where CallOrder says so.
+    const int callerQ = 2 + caller_[r][k];
+    const int drainQ = sync_[r][k] ? callerQ : 1;
+    int pushQ = 0;
+    const Unit& first = *units_[units.front()];
+    if (first.kind == UnitKind::StagingAllgather &&
+        chunkCount(first.buffers.plans[r], groupStaging_.ranks[r]->geometry()) <= 1)
+      pushQ = drainQ;
+    Step produce;
+    produce.kind = Step::Produce;
+    produce.item = it;
+    add(r, callerQ, produce);
+    fenceOn(r, drainQ, callerQ);
+    fenceOn(r, pushQ, callerQ);
+    if (order_[r].mustWaitForPrevious(drainQ))
+      fence(r, drainQ, previousEnd_[r].first, previousEnd_[r].second);
+    const int laneQueue[2] = {pushQ, drainQ};
+    if (item.collective) {
+      for (const RecordedOp& o : record(r, units.front()))
+        emit(r, units.front(), it, o, laneQueue);
+      if (first.kind == UnitKind::StagingAllgather)
+        fenceOn(r, drainQ, pushQ);  // the runner's pushDone_ event
+    } else {
+      batchIsendIrecvSchedule(r, it, units, laneQueue);
+    }
+    Step end;
+    end.kind = Step::End;
+    end.item = it;
+    add(r, drainQ, end);
+    order_[r].ended(drainQ);
+    previousEnd_[r] = {drainQ, queues_[r][drainQ].recorded};
+    for (int p : together)
+      enqueue(p, false);
+  }
+
+  // ---- Running.
+
+  bool ready(int r, const Step& s) const {
+    switch (s.kind) {
+      case Step::Operation:
+        return s.world->ready(s.index, s.op);
+      case Step::Fence:
+        return queues_[r][s.queue].executed >= s.count;
+      case Step::Produce:
+      case Step::End:
+        break;
+    }
+    return true;
+  }
+
+  void produce(int r, int it) {
+    for (int id : items_[it].units.at(r)) {
+      Unit& u = *units_[id];
+      const int i = u.indexOf(r);
+      if (u.kind == UnitKind::SendRecv || u.kind == UnitKind::Exchange) {
+        u.x.outputs[i] = u.freshOutputs[i];
+        const char* src = u.x.sent[i].data();
+        walkRegion(inputRegion(u.x.plans[i]), 0, u.x.plans[i].inputBytes, [&](char* ptr, uint64_t n) {
+          memcpy(ptr, src, n);
+          src += n;
+        });
+        continue;
+      }
+      size_t at = 0;
+      for (const ByteSpan& span : u.buffers.plans[i].input) {
+        if (span.bytes > 0)
+          memcpy(span.ptr, u.original[i].data() + at, span.bytes);
+        at += span.bytes;
+      }
+    }
+  }
+
+  // "" when member i's buffers of unit u hold what they must once its call ended.
+  std::string mismatch(const Unit& u, int i) const {
+    if (u.kind == UnitKind::SendRecv || u.kind == UnitKind::Exchange)
+      return exchangeMismatch(u.x, i);
+    for (int q = 0; q < W_; ++q) {
+      size_t at = 0;
+      for (const ByteSpan& s : u.buffers.plans[i].outputByRank[q]) {
+        if (s.bytes > 0 && memcmp(s.ptr, u.original[q].data() + at, s.bytes) != 0)
+          return "rank " + std::to_string(i) + " holds wrong bytes for rank " + std::to_string(q);
+        at += s.bytes;
+      }
+    }
+    return "";
+  }
+
+  void end(int r, int it) {
+    const std::vector<int>& units = items_[it].units.at(r);
+    if (!o_.faults) {
+      for (int p = 0; p < W_; ++p)
+        for (int q = 0; q < kQueuesPerRank; ++q)
+          for (const Step& left : queues_[p][q].steps)
+            for (auto [id, i] : left.touches)
+              if (units_[id]->members[i] == r && std::count(units.begin(), units.end(), id))
+                violation("early completion: " + units_[id]->description + " ended on rank " + std::to_string(r) +
+                          " while rank " + std::to_string(p) + " still has a copy into or out of its buffers queued");
+    }
+    for (int id : units) {
+      Unit& u = *units_[id];
+      const int i = u.indexOf(r);
+      u.ended[i] = true;  // its buffers go back to the caller
+      if (failed_[r]) {
+        u.endedWithError[i] = true;
+        continue;
+      }
+      const std::string wrong = mismatch(u, i);
+      if (!wrong.empty())
+        violation(std::string(o_.faults ? "wrong bytes in a call that ended without error" : "wrong bytes") + ": " +
+                  u.description + " on rank " + std::to_string(r) + ": " + wrong);
+    }
+  }
+
+  void runHead(int r, int q) {
+    Step s = queues_[r][q].steps.front();
+    queues_[r][q].steps.pop_front();
+    ++queues_[r][q].executed;
+    switch (s.kind) {
+      case Step::Operation:
+        for (auto [id, i] : s.touches) {
+          const Unit& u = *units_[id];
+          const int owner = u.members[i];
+          if (gone_[owner])
+            continue;  // its memory went with its process
+          if (u.ended[i])
+            violation("write after end: rank " + std::to_string(r) + " copied into or out of rank " +
+                      std::to_string(owner) + "'s buffers of " + u.description + " after that call ended there (" +
+                      (u.endedWithError[i] ? "with an error" : "without error") + ")");
+          else if (owner != r && u.direct() && !u.arrived[i])
+            violation("copy before arrival: rank " + std::to_string(r) + " copied into or out of rank " +
+                      std::to_string(owner) + "'s buffers of " + u.description + " before its stream signalled " +
+                      "Arrived there");
+        }
+        s.world->execute(s.index, s.op);
+        if (s.op.kind == Op::SignalOne && s.op.flag == Flag::Arrived)
+          units_[s.unit]->arrived[s.index] = true;
+        break;
+      case Step::Produce:
+        produce(r, s.item);
+        break;
+      case Step::End:
+        end(r, s.item);
+        break;
+      case Step::Fence:
+        break;
+    }
+  }
+
+  // ---- The fault protocol (fault_release.hpp), as FaultCase applies it, over every transport two ranks share.
+
+  void failRank(int r, const std::string& why) {
+    if (failed_[r])
+      return;
+    failed_[r] = true;  // every call in flight now carries an error; "failed" is published with it
+    what_ += "; rank " + std::to_string(r) + " failed at step " + std::to_string(step_) + " (" + why + ")";
+  }
+
+  // Calls visit(transport of `holder`, index of `other` there, last serial of `writer` there) for every transport the
+  // two ranks share: the group's staging and direct ones, and their pair's once connected.
+  template <class Visit>
+  void forEachSharedTransport(int holder, int other, int writer, Visit&& visit) {
+    visit(*groupStaging_.ranks[holder], other, static_cast<uint32_t>(chunks_[writer]));
+    visit(*groupDirect_.ranks[holder], other, directSerial_[writer]);
+    Pair& p = pairOf(holder, other);
+    if (p.connected) {
+      const int h = p.ranks[0] == holder ? 0 : 1;
+      visit(*p.world.ranks[h], 1 - h, pairSerial_[writer][writer == holder ? other : holder]);
+    }
+  }
+  // Rank r writes its own flag words from `peer` (rule 4, a peer whose process is gone).
+  void passOwnWaits(int r, int peer) {
+    passedOwn_[r][peer] = true;
+    forEachSharedTransport(r, peer, r, [&](FakeTransport& mine, int from, uint32_t last) {
+      forEachReleasedWord(mine.geometry().slots, [&](Flag f, int s) { mine.flag(f, from, s) = releaseValue(last); });
+    });
+  }
+  // Rank r writes into `peer` every flag word the peer waits on from it (rule 3).
+  void release(int r, int peer) {
+    released_[r][peer] = true;
+    forEachSharedTransport(peer, r, r, [&](FakeTransport& theirs, int from, uint32_t last) {
+      forEachReleasedWord(theirs.geometry().slots,
+                          [&](Flag f, int s) { theirs.flag(f, from, s) = releaseValue(last); });
+    });
+  }
+
+  void addFaultMoves(int r, std::vector<std::function<void()>>& moves) {
+    bool peerGone = false;
+    for (int p = 0; p < W_; ++p)
+      peerGone |= p != r && gone_[p];
+    if (!failed_[r] && peerGone)
+      moves.push_back([this, r] { failRank(r, "its watchdog saw a peer's process gone"); });
+    if (failsForPeer(failed_[r], anyPeerFailed(r)))
+      moves.push_back([this, r] { failRank(r, "its watchdog saw a peer's \"failed\""); });
+    for (int p = 0; p < W_; ++p) {
+      if (p == r)
+        continue;
+      const bool passes =
+          o_.mutation == P2POptions::Mutation::PassOwnWaits ? failed_[r] : mayPassOwnWaits(failed_[r], gone_[p]);
+      if (passes && !passedOwn_[r][p])
+        moves.push_back([this, r, p] { passOwnWaits(r, p); });
+      if (mayReleaseInto(failed_[r], quiesced(r), failed_[p], released_[r][p]))
+        moves.push_back([this, r, p] { release(r, p); });
+    }
+  }
+
+  // Where each stream with steps left stands, and each CPU with calls left (for a hang's report).
+  std::string heads() const {
+    static const char* const kFlagNames[] = {"Ready", "Credit", "Arrived", "Done"};
+    static const char* const kStreams[] = {"push", "drain", "C1", "C2"};
+    std::string out;
+    for (int r = 0; r < W_; ++r) {
+      if (gone_[r])
+        continue;
+      for (int q = 0; q < kQueuesPerRank; ++q) {
+        if (queues_[r][q].steps.empty())
+          continue;
+        const Step& s = queues_[r][q].steps.front();
+        std::string at;
+        if (s.kind == Step::Fence)
+          at = std::string("a fence on ") + kStreams[s.queue];
+        else if (s.kind != Step::Operation)
+          at = "a call's " + std::string(s.kind == Step::End ? "end" : "input");
+        else if (s.op.kind == Op::WaitOne)
+          at = units_[s.unit]->description + "'s wait for " + kFlagNames[static_cast<int>(s.op.flag)] + " " +
+               std::to_string(s.op.value) + " from rank " + std::to_string(units_[s.unit]->members[s.op.peer]);
+        else
+          at = units_[s.unit]->description + "'s step";
+        const int ahead = earlierOnHardwareQueue(queues_[r], hardwareQueueOf_[r], q);
+        out += (out.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " " + kStreams[q] + " at " + at +
+               (ahead < 0 ? "" : std::string(", behind ") + kStreams[ahead] + " on their hardware queue");
+      }
+      if (!failed_[r] && hasCallsLeft(r))
+        out += (out.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + "'s CPU at call " +
+               std::to_string(next_[r]) + (step_ < delay_[r] ? "" : " (at a connect)");
+    }
+    return out;
+  }
+
+  std::mt19937& rng_;
+  P2POptions o_;
+  int W_ = 0;
+  World groupStaging_, groupDirect_;
+  std::vector<std::unique_ptr<Pair>> pairs_;
+  std::vector<std::unique_ptr<Unit>> units_;
+  std::vector<Item> items_;
+  std::vector<std::vector<int>> program_;  // [rank]: its items in call order
+  std::vector<std::vector<bool>> sync_;    // [rank][call]: its Drain lane on the caller's stream
+  std::vector<std::vector<int>> caller_;   // [rank][call]: C1 (0) or C2 (1)
+  std::string programDescription_;
+  bool usualRingOfThree_ = false;
+  std::vector<uint64_t> chunks_;
+  std::vector<uint32_t> directSerial_;
+  std::vector<std::vector<uint32_t>> pairSerial_;  // [rank][peer]: the last serial of their pair on the rank
+  std::vector<std::vector<Queue>> queues_;         // [rank][queue]
+  std::vector<std::vector<int>> hardwareQueueOf_;  // [rank][queue]
+  std::vector<uint64_t> submitted_;
+  std::vector<CallOrder<int>> order_;
+  std::vector<std::pair<int, uint64_t>> previousEnd_;  // [rank]: queue and count after its previous call's end
+  std::vector<int> next_, delay_, limit_;
+  std::vector<bool> failed_, gone_;
+  std::vector<std::vector<bool>> released_, passedOwn_;
+  bool faultFree_ = false;
+  int faultRank_ = 0, faultStep_ = -1, deathRank_ = 0, deathStep_ = -1;
+  int step_ = 0;
+  std::string failure_;
+  std::string what_;
+};
+
+// --p2p: without a wrong variant every case must pass ("ok <cases>"); with one, every case runs and the cases it is
+// caught in are counted by kind ("caught N of CASES cases: <kind> <count>; ..."), for --wait-before-arrived with the
+// rings of 3 or more ranks listed the usual way ("rings of 3 or more ranks hang R of T;"), each of which must hang.
+// One option of --p2p; false where it is none, or a second wrong variant, or --pass-own-waits before --faults.
+bool parseP2POption(const char* arg, P2POptions& o) {
+  const bool unmutated = o.mutation == P2POptions::Mutation::None;
+  if (strcmp(arg, "--faults") == 0)
+    o.faults = true;
+  else if (unmutated && strcmp(arg, "--wait-before-arrived") == 0)
+    o.mutation = P2POptions::Mutation::WaitBeforeArrived;
+  else if (unmutated && strcmp(arg, "--copy-before-arrived") == 0)
+    o.mutation = P2POptions::Mutation::CopyBeforeArrived;
+  else if (unmutated && o.faults && strcmp(arg, "--pass-own-waits") == 0)
+    o.mutation = P2POptions::Mutation::PassOwnWaits;
+  else if (unmutated && strcmp(arg, "--serials-in-call-order") == 0)
+    o.mutation = P2POptions::Mutation::SerialsInCallOrder;
+  else if (unmutated && strcmp(arg, "--signals-in-call-order") == 0)
+    o.mutation = P2POptions::Mutation::SignalsInCallOrder;
+  else if (unmutated && strcmp(arg, "--connect-in-turn") == 0)
+    o.mutation = P2POptions::Mutation::ConnectInTurn;
+  else if (strcmp(arg, "--unmatched-batches") == 0)
+    o.unmatchedBatches = true;
+  else if (strcmp(arg, "--interleaved-peers") == 0)
+    o.unmatchedBatches = o.interleavedPeers = true;
+  else if (strcmp(arg, "--done-per-op") == 0)
+    o.donePerOp = true;
+  else
+    return false;
+  return true;
+}
+
+int runP2P(std::mt19937& rng, int cases, const P2POptions& options) {
+  const bool counts = options.mutation != P2POptions::Mutation::None || options.unmatchedBatches;
+  std::map<std::string, int> caught;
+  std::string first;
+  int rings = 0, ringsHung = 0;
+  for (int c = 0; c < cases; ++c) {
+    P2PCase model(rng, c, options);
+    const std::string failure = model.run();
+    if (model.hasUsualRingOfThree()) {
+      ++rings;
+      ringsHung += failure.rfind("hang:", 0) == 0;
+    }
+    if (failure.empty())
+      continue;
+    if (!counts)
+      fail(failure);
+    if (first.empty())
+      first = failure;
+    ++caught[failure.substr(0, failure.find(':'))];
+  }
+  if (first.empty()) {
+    printf("ok %d\n", cases);
+    return 0;
+  }
+  int total = 0;
+  for (const auto& [kind, n] : caught)
+    total += n;
+  printf("caught %d of %d cases:", total, cases);
+  for (const auto& [kind, n] : caught)
+    printf(" %s %d;", kind.c_str(), n);
+  if (options.mutation == P2POptions::Mutation::WaitBeforeArrived)
+    printf(" rings of 3 or more ranks hang %d of %d;", ringsHung, rings);
+  printf("\n");
+  fprintf(stderr, "FAIL: %s\n", first.c_str());
+  return 1;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -2454,12 +3767,16 @@ int main(int argc, char** argv) {
   const bool faults = argc >= 4 && strcmp(argv[3], "--faults") == 0;
   const bool exchanges = argc >= 4 && strcmp(argv[3], "--exchanges") == 0;
   const bool hardwareQueues = argc >= 4 && strcmp(argv[3], "--hardware-queues") == 0;
+  const bool p2p = argc >= 4 && strcmp(argv[3], "--p2p") == 0;
   bool unordered = false, unforked = false, crossedOrders = false;
   FaultOptions faultOptions;
+  P2POptions p2pOptions;
   auto mutation = FakeTransport::Mutation::None;
-  bool usage = argc < 3 || (argc > 3 && !inFlight && !faults && !exchanges && !hardwareQueues);
+  bool usage = argc < 3 || (argc > 3 && !inFlight && !faults && !exchanges && !hardwareQueues && !p2p);
   for (int a = 4; a < argc; ++a) {
-    if (hardwareQueues && strcmp(argv[a], "--crossed-orders") == 0)
+    if (p2p)
+      usage |= !parseP2POption(argv[a], p2pOptions);
+    else if (hardwareQueues && strcmp(argv[a], "--crossed-orders") == 0)
       crossedOrders = true;
     else if (inFlight && strcmp(argv[a], "--unordered") == 0)
       unordered = true;
@@ -2477,15 +3794,20 @@ int main(int argc, char** argv) {
       usage = true;
   }
   if (usage) {
-    fprintf(stderr,
-            "usage: %s SEED CASES [--calls-in-flight [--unordered] [--unforked] | --hardware-queues "
-            "[--crossed-orders] | --faults [--old-release] [--shared-queue-crossed] | --exchanges [--skip-done-wait | "
-            "--arrived-before-pack]]\n",
-            argv[0]);
+    fprintf(
+        stderr,
+        "usage: %s SEED CASES [--calls-in-flight [--unordered] [--unforked] | --hardware-queues "
+        "[--crossed-orders] | --faults [--old-release] [--shared-queue-crossed] | --exchanges [--skip-done-wait | "
+        "--arrived-before-pack] | --p2p [--faults] [--wait-before-arrived | --copy-before-arrived | --pass-own-waits | "
+        "--serials-in-call-order | --signals-in-call-order | --connect-in-turn] [--unmatched-batches | "
+        "--interleaved-peers] [--done-per-op]]\n",
+        argv[0]);
     return 2;
   }
   std::mt19937 rng(static_cast<unsigned>(atoi(argv[1])));
   const int cases = atoi(argv[2]);
+  if (p2p)
+    return runP2P(rng, cases, p2pOptions);
   if (exchanges && mutation == FakeTransport::Mutation::None) {
     for (int c = 0; c < cases; ++c)
       exchangeCase(rng, c, mutation);
