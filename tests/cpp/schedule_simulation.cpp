@@ -117,7 +117,7 @@ class FakeTransport : public Transport, public DirectTransport {
     ++calls["copyLocal"];
   }
   void pushChunkToPeers(Lane lane, int slot, const void* src, size_t bytes, size_t at) override;
-  void pushChunkToPeer(Lane lane, int peer, int slot, const void* src, size_t bytes) override;
+  void pushChunkToPeer(Lane lane, int peer, int slot, const void* src, size_t bytes, size_t at) override;
   void signalPeers(Lane lane, Flag flag, int slot, uint32_t value) override {
     record(lane, {Op::Signal, nullptr, nullptr, 0, flag, slot, value});
     ++calls["signalPeers"];
@@ -354,10 +354,10 @@ void FakeTransport::pushChunkToPeers(Lane lane, int slot, const void* src, size_
   ++calls["pushChunkToPeers"];
 }
 
-void FakeTransport::pushChunkToPeer(Lane lane, int peer, int slot, const void* src, size_t bytes) {
+void FakeTransport::pushChunkToPeer(Lane lane, int peer, int slot, const void* src, size_t bytes, size_t at) {
   FakeTransport& p = *world_->ranks[peer];
-  record(lane,
-         {Op::Copy, p.staging_.data() + g_.segmentOffset(slot, rank_, peer), static_cast<const char*>(src), bytes});
+  record(lane, {Op::Copy, p.staging_.data() + g_.segmentOffset(slot, rank_, peer) + at, static_cast<const char*>(src),
+                bytes});
   ++calls["pushChunkToPeer"];
 }
 
