@@ -67,6 +67,7 @@ SOURCES = {
         "staging_allgather.cpp",
         "direct_allgather.cpp",
         "captured_allgather.cpp",
+        "captured_exchange.cpp",
         "node_layout.cpp",
         "hierarchical_allgather.cpp",
         "exchange_inputs.cpp",
