@@ -88,6 +88,7 @@ GPU_SOURCES = {
     "runner": [
         "copy_engine_runner.cpp",
         "copy_engine_direct.cpp",
+        "copy_engine_captured_exchange.cpp",
         "gpu_rail_allgather.cpp",
         "graph_held_transports.cpp",
     ],
