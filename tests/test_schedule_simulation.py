@@ -189,8 +189,8 @@ def test_captured_exchanges_replay_every_byte_and_leave_flags_at_zero(simulation
     """Graphs of 1-5 captured exchanges of every kind (uneven splits with zeros, even, lists, broadcast, gather,
     scatter from any root) mixed with captured all-gathers, 2-5 ranks, recorded once and replayed three times with new
     inputs: every byte where it belongs, poison elsewhere, every flag back at 0 after each replay, with each call forked
-    from and joined into the caller's stream, with its lanes left free, or with one queue a rank (20000 cases a
-    seed)."""
+    from and joined into the caller's stream where it takes several chunks and on the caller's stream alone otherwise,
+    as the runner lays it out, with its lanes left free, or with one queue a rank (20000 cases a seed)."""
     p = subprocess.run([str(simulation), str(seed), "20000", "--captured-exchanges"], capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr

@@ -57,6 +57,17 @@ PairChunks chunksOfPair(uint64_t bytes, const StagingGeometry& g) {
 
 }  // namespace
 
+size_t capturedExchangeRounds(const ExchangePlan& plan, const StagingGeometry& geometry, int rank) {
+  size_t rounds = 0;
+  for (size_t q = 0; q < plan.sendTo.size(); ++q) {
+    if (static_cast<int>(q) != rank) {
+      rounds = std::max({rounds, chunksOfPair(plan.sendTo[q].bytes, geometry).count,
+                         chunksOfPair(plan.recvFrom[q].bytes, geometry).count});
+    }
+  }
+  return rounds;
+}
+
 // Why each reset cannot lose a signal (a waiter resets a word before it does what lets the signaller set it again):
 // - Ready of a slot, reset on the Drain lane once every peer that sends chunk c here signalled it. The next Ready of
 //   that slot from such a peer is chunk c + slots, which needs our Credit, signalled after the reset; a peer with no
@@ -78,14 +89,13 @@ void scheduleCapturedExchange(Transport& t, const ExchangePlan& plan) {
   const std::vector<ByteSpan> input = inputRegion(plan);
   const std::vector<ByteSpan> output = outputRegion(plan);
   std::vector<PairChunks> sends(size), recvs(size);
-  size_t rounds = 0;
   for (int q = 0; q < size; ++q) {
     if (q != me) {
       sends[q] = chunksOfPair(plan.sendTo[q].bytes, g);
       recvs[q] = chunksOfPair(plan.recvFrom[q].bytes, g);
-      rounds = std::max({rounds, sends[q].count, recvs[q].count});
     }
   }
+  const size_t rounds = capturedExchangeRounds(plan, g, me);
 
   t.signalPeers(Lane::Push, Flag::Arrived, 0, 1);
   const ByteRange& toSelf = plan.sendTo[me];

@@ -6,6 +6,8 @@
 // replay, after the wait.
 #pragma once
 
+#include <cstddef>
+
 #include "collective/exchange_plan.hpp"
 #include "transport/transport.hpp"
 
@@ -16,5 +18,9 @@ namespace sdma {
 // the drains and the Credit and Done signals on the Drain lane. Needs every peer to have posted the same bytes for
 // each pair (sendTo[q] here is recvFrom[me] there): the caller compares them first.
 void scheduleCapturedExchange(Transport& transport, const ExchangePlan& plan);
+
+// The rounds scheduleCapturedExchange() takes on rank `rank`: the most chunks of any pair it sends or receives. With
+// one round at most, pushes and drains gain nothing from running apart.
+size_t capturedExchangeRounds(const ExchangePlan& plan, const StagingGeometry& geometry, int rank);
 
 }  // namespace sdma

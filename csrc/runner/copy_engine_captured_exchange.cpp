@@ -76,16 +76,24 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::enqueueCapturedExchange(Planned
   meetPeersBeforeConnecting(info);
   refuseCapturedPairsThatDisagree(planned.plan, info);
   CopyEngineTransport& transport = capturedTransport();
-  // Both lanes join the caller's stream before the call returns, whatever asyncOp says: a graph may not end with a
+  // Pushes run apart from drains only where a pair takes several chunks, as for the captured all-gather; on one
+  // stream, program order runs a round's pushes before its drains, which no hardware queue can reverse. The whole
+  // collective joins the caller's stream before the call returns, whatever asyncOp says: a graph may not end with a
   // stream it forked still outside it, and the caller may never wait().
-  gpu::recordEvent(capturedFork_, caller);
-  gpu::streamWaitEvent(capturedPushStream_, capturedFork_);
-  transport.bindLanes(capturedPushStream_, caller);
+  const bool pipelined = capturedExchangeRounds(planned.plan, transport.geometry(), rank_) > 1;
+  gpu::Stream push = pipelined ? capturedPushStream_ : caller;
+  if (pipelined) {
+    gpu::recordEvent(capturedFork_, caller);
+    gpu::streamWaitEvent(push, capturedFork_);
+  }
+  transport.bindLanes(push, caller);
   scheduleCapturedExchange(transport, planned.plan);
   transport.flush();
   holdWhileGraphLives(caller, captured_);
-  gpu::recordEvent(capturedJoin_, capturedPushStream_);
-  gpu::streamWaitEvent(caller, capturedJoin_);
+  if (pipelined) {
+    gpu::recordEvent(capturedJoin_, push);
+    gpu::streamWaitEvent(caller, capturedJoin_);
+  }
   gpu::Event end = endEvents_->take();
   gpu::recordEvent(end, caller);
   // The graph's memory pool and the caller keep the tensors; the watchdog never sees a captured collective.

@@ -1035,9 +1035,10 @@ void capturedCase(std::mt19937& rng, int caseNo) {
 
 // The captured exchange (--captured-exchanges): a "graph" of captured exchanges of every kind mixed with captured
 // all-gathers, recorded once per rank on one group's captured transport and replayed several times, each replay with
-// new input bytes and re-poisoned outputs, in a new random interleaving. Each collective runs between the runner's
-// fork from and join into the caller's stream, or with its lanes left free (more interleavings than the runner
-// allows), or everything of a rank in one queue. After every replay every rank's arenas hold exactly what they must
+// new input bytes and re-poisoned outputs, in a new random interleaving. Each collective runs on the lanes the runner
+// gives it (both on the caller's stream, or the push lane forked from it and joined back where it takes several
+// chunks), or with its lanes left free (more interleavings than the runner allows), or everything of a rank in one
+// queue. After every replay every rank's arenas hold exactly what they must
 // and every flag is back at 0. With `withoutArrived` the exchanges' Arrived signals, waits and resets are dropped: a
 // peer that moves nothing with a rank then sets its next Done before that rank's reset of the last one erases it.
 struct CapturedCall {
@@ -1101,7 +1102,7 @@ void capturedExchangeCase(std::mt19937& rng, int caseNo, bool withoutArrived) {
   StagingGeometry g = randomGeometry(rng);
   g.worldSize = pick(2, 5);
   const int W = g.worldSize;
-  const int lanes = pick(0, 2);  // 0: forked and joined as the runner does; 1: lanes left free; 2: one queue
+  const int lanes = pick(0, 2);  // 0: laid out as the runner does; 1: lanes left free; 2: one queue
   World world;
   for (int r = 0; r < W; ++r) {
     world.ranks.push_back(std::make_unique<FakeTransport>(&world, r, g));
@@ -1109,7 +1110,7 @@ void capturedExchangeCase(std::mt19937& rng, int caseNo, bool withoutArrived) {
       world.ranks.back()->queues = FakeTransport::Queues::One;
   }
   std::string what = describe("captured exchange", caseNo, g,
-                              lanes == 0   ? "forked and joined"
+                              lanes == 0   ? "as the runner"
                               : lanes == 1 ? "lanes free"
                                            : "one queue") +
                      "; calls:";
@@ -1128,14 +1129,25 @@ void capturedExchangeCase(std::mt19937& rng, int caseNo, bool withoutArrived) {
     }
     for (int r = 0; r < W; ++r) {
       FakeTransport& t = *world.ranks[r];
-      if (lanes == 0)
+      // As the runner lays the call out: the push lane on a stream of its own, forked and joined, only where the
+      // call takes several chunks (a pair's, or the all-gather's); else both lanes on the caller's stream.
+      const bool forked = lanes == 0 && (call.exchange ? capturedExchangeRounds(call.exchange->plans[r], g, r) > 1
+                                                       : chunkCount(call.gather.plans[r], g) > 1);
+      if (lanes == 0 && !forked) {
+        t.bound = [&t](int, const Op& op) {  // the caller's stream, which the Drain lane runs on
+          t.lanes[static_cast<int>(Lane::Drain)].push_back(op);
+          ++t.recorded[static_cast<int>(Lane::Drain)];
+        };
+      }
+      if (forked)
         t.joinLane(Lane::Push, Lane::Drain);
       if (call.exchange)
         scheduleCapturedExchange(t, call.exchange->plans[r]);
       else
         scheduleCapturedAllgather(t, call.gather.plans[r]);
-      if (lanes == 0)
+      if (forked)
         t.joinLane(Lane::Drain, Lane::Push);
+      t.bound = nullptr;
     }
     graph.push_back(std::move(call));
   }
