@@ -67,6 +67,7 @@ SOURCES = {
         "staging_allgather.cpp",
         "direct_allgather.cpp",
         "captured_allgather.cpp",
+        "captured_exchange.cpp",
         "node_layout.cpp",
         "hierarchical_allgather.cpp",
         "exchange_inputs.cpp",
@@ -87,6 +88,7 @@ GPU_SOURCES = {
     "runner": [
         "copy_engine_runner.cpp",
         "copy_engine_direct.cpp",
+        "copy_engine_captured_exchange.cpp",
         "gpu_rail_allgather.cpp",
         "graph_held_transports.cpp",
     ],

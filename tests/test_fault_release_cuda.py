@@ -2,7 +2,7 @@
 SDMA_TEST_SHARE_GPU=1): a peer later than the group's timeout, on its CPU or on its GPU, gets its calls' right bytes
 or an error, never another call's bytes; no copy lands in memory allocated after the failure; the group's streams run
 out (a device synchronize returns); the rank's other groups keep gathering bit-exact; a group destroyed while a graph
-replays its all-gathers does not fault the GPU."""
+replays its all-gathers, or its captured all-to-alls, does not fault the GPU."""
 import datetime
 import time
 
@@ -112,33 +112,44 @@ def test_a_late_peer_gets_right_bytes_or_an_error(form, late):
     assert any(r.startswith("error") for r in values[0]["results"]), f"the early rank did not time out: {values}"
 
 
-def replay_then_destroy_body(ctx):
+def replay_then_destroy_body(ctx, op="all_gather"):
     rank, dev = ctx.rank, ctx.device
     torch.cuda.set_device(dev)
     ctx.init_pg("cpu:gloo,cuda:sdma")
     g = dist.new_group([0, 1])
-    x = rand("graph", rank, N, torch.float32, dev)
+    if op == "all_gather":
+        x = rand("graph", rank, N, torch.float32, dev)
+        want = expected_concat("graph", [0, 1], N, torch.float32)
+
+        def call():
+            dist.all_gather_into_tensor(out, x, group=g)
+    else:  # an exchange: each rank's second half goes to the other
+        x = rand("graph", rank, 2 * N, torch.float32, dev)
+        want = torch.cat([raw(rand("graph", q, 2 * N, torch.float32).narrow(0, rank * N, N)) for q in range(2)])
+
+        def call():
+            dist.all_to_all_single(out, x, group=g)
     out = torch.empty(2 * N, device=dev)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         for _ in range(2):  # warm-up outside the capture connects the group
-            dist.all_gather_into_tensor(out, x, group=g)
+            call()
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(4):
-            dist.all_gather_into_tensor(out, x, group=g)
+            call()
     poison_(out)
     graph.replay()
     torch.cuda.synchronize()
-    first = torch.equal(raw(out), expected_concat("graph", [0, 1], N, torch.float32))
+    first = torch.equal(raw(out), want)
     ctx.barrier_store("replayed")
     poison_(out)
     graph.replay()  # in flight while its group goes
     dist.destroy_process_group(g)
     torch.cuda.synchronize()  # a fault in the replay would surface here
-    second = torch.equal(raw(out), expected_concat("graph", [0, 1], N, torch.float32))
+    second = torch.equal(raw(out), want)
     del graph
     # The GPU context is alive: a new group gathers.
     h = dist.new_group([0, 1])
@@ -147,6 +158,7 @@ def replay_then_destroy_body(ctx):
     return {"first": first, "second": second, "after": after}
 
 
-def test_destroy_while_a_replay_is_in_flight():
-    for rank, v in enumerate(run_mistake(replay_then_destroy_body, cuda=True)):
+@pytest.mark.parametrize("op", ["all_gather", "all_to_all_single"])
+def test_destroy_while_a_replay_is_in_flight(op):
+    for rank, v in enumerate(run_mistake(replay_then_destroy_body, kwargs={"op": op}, cuda=True)):
         assert v == {"first": True, "second": True, "after": True}, f"rank {rank}: {v}"

@@ -40,7 +40,7 @@ from cpp_build import build_cpp_test
 SOURCES = ["csrc/collective/staging_allgather.cpp", "csrc/collective/direct_allgather.cpp",
            "csrc/collective/captured_allgather.cpp", "csrc/collective/byte_spans.cpp",
            "csrc/collective/hierarchical_allgather.cpp", "csrc/collective/node_layout.cpp",
-           "csrc/collective/direct_exchange.cpp"]
+           "csrc/collective/direct_exchange.cpp", "csrc/collective/captured_exchange.cpp"]
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +187,6 @@ def test_fault_protocol_hangs_on_a_shared_hardware_queue_in_crossed_orders(simul
     assert "after every rank failed" in p.stderr and "on their hardware queue" in p.stderr, p.stderr
 
 
-
 def _p2p(simulation, seed, cases, *flags):
     return subprocess.run([str(simulation), str(seed), str(cases), "--p2p", *flags], capture_output=True, text=True,
                           timeout=120)
@@ -279,3 +278,30 @@ def test_p2p_batches_matched_by_lone_calls(simulation, seed):
         assert p.returncode == 0 and p.stdout.strip() == "ok 1000", p.stdout + p.stderr
     total, counts = _caught(_p2p(simulation, seed, 1000, "--interleaved-peers", "--done-per-op"), 1000)
     assert counts.get("hang") == total > 0, counts
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_captured_exchanges_replay_every_byte_and_leave_flags_at_zero(simulation, seed):
+    """Graphs of 1-5 captured exchanges of every kind (uneven splits with zeros, even, lists, broadcast, gather,
+    scatter from any root) mixed with captured all-gathers, 2-5 ranks, recorded once and replayed three times with new
+    inputs: every byte where it belongs, poison elsewhere, every flag back at 0 after each replay, with each call forked
+    from and joined into the caller's stream where it takes several chunks and on the caller's stream alone otherwise,
+    as the runner lays it out, with its lanes left free, or with one queue a rank (20000 cases a seed)."""
+    p = subprocess.run([str(simulation), str(seed), "20000", "--captured-exchanges"], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.strip() == "ok 20000", p.stdout
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_captured_exchanges_without_arrived_are_caught_hanging(simulation, seed):
+    """Without the Arrived a rank signals at the start of each captured exchange, a peer that moves nothing with it
+    (two non-roots of a broadcast) runs through its next collective and sets Done before the rank's reset of the last
+    Done erases it: the model must find that hang (about a third of the cases)."""
+    p = subprocess.run([str(simulation), str(seed), "2000", "--captured-exchanges", "--without-arrived"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1, p.stdout + p.stderr
+    m = re.match(r"caught (\d+) of 2000 cases:", p.stdout)
+    assert m and int(m.group(1)) >= 200, p.stdout + p.stderr
+    counts = dict((k.strip(), int(n)) for k, n in re.findall(r"([a-z][a-z ]+?) (\d+);", p.stdout))
+    assert counts.get("hang", 0) > 0, p.stdout

@@ -10,8 +10,8 @@ namespace sdma {
 // Why each reset cannot lose a signal: a waiter resets its flag before it does what lets the signaller signal
 // again. Ready: the drain resets it, then signals Credit (or Done), which the pusher needs before it pushes into
 // that slot again. Credit: the pusher resets it, then pushes and signals Ready, which the drainer needs before it
-// can signal Credit for that slot again. Done: the push lane resets it before its next collective's first Ready, which
-// every peer needs before it can drain, and so before it can signal Done again.
+// can signal Credit for that slot again. Done: the push lane resets it before its next collective's first Ready (a
+// captured exchange's: its Arrived), which every peer needs before it can signal Done again.
 void scheduleCapturedAllgather(Transport& t, const AllgatherPlan& plan) {
   if (plan.bytesPerRank == 0) {
     return;  // no staging touched, nothing to order

@@ -7,6 +7,10 @@
 namespace sdma {
 
 size_t chunkBytesFor(const AllgatherPlan& plan, const StagingGeometry& geometry) {
+  return chunkBytesFor(plan.bytesPerRank, geometry);
+}
+
+size_t chunkBytesFor(size_t bytes, const StagingGeometry& geometry) {
   if (geometry.pipelineChunkBytes > 0) {  // TORCH_SDMA_CHUNK_BYTES
     return std::min(geometry.chunkBytes, geometry.pipelineChunkBytes);
   }
@@ -16,10 +20,10 @@ size_t chunkBytesFor(const AllgatherPlan& plan, const StagingGeometry& geometry)
   // eight (NCCL 159). At 8 MiB a rank two chunks gained nothing (57.1 against 56.7 us), and one chunk keeps a
   // synchronous call on the caller's stream alone, so smaller messages stay whole.
   constexpr size_t kCutAbove = size_t{8} << 20;
-  if (plan.bytesPerRank <= kCutAbove) {
+  if (bytes <= kCutAbove) {
     return geometry.chunkBytes;
   }
-  const size_t half = roundUp((plan.bytesPerRank + 1) / 2, kPageBytes);
+  const size_t half = roundUp((bytes + 1) / 2, kPageBytes);
   return std::min(geometry.chunkBytes, half);
 }
 

@@ -15,6 +15,8 @@ namespace sdma {
 // Every member derives the same chunking from the group's geometry and the message size alone, so chunk serials
 // agree across ranks.
 size_t chunkBytesFor(const AllgatherPlan& plan, const StagingGeometry& geometry);
+// The same rule for a stream of `bytes` (one pair's, in the captured exchange).
+size_t chunkBytesFor(size_t bytes, const StagingGeometry& geometry);
 size_t chunkCount(const AllgatherPlan& plan, const StagingGeometry& geometry);
 
 // The two steps every staging schedule takes per chunk. Push: `pieces` (len bytes of this rank's stream) into this

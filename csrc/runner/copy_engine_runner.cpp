@@ -501,11 +501,11 @@ CollectivePath CopyEngineRunner::pathFor(const PlannedExchange& planned) {
   if (planned.device.index() != device_) {
     return CollectivePath::inner("tensor on another GPU than the group's first collective");
   }
-  if (gpu::streamCapturing(c10::cuda::getCurrentCUDAStream(device_).stream())) {
-    return CollectivePath::inner("captured into a CUDA graph");
-  }
   if (hierarchy_) {
     return CollectivePath::inner("the group spans nodes");
+  }
+  if (gpu::streamCapturing(c10::cuda::getCurrentCUDAStream(device_).stream())) {
+    return CollectivePath::dma(CollectivePath::kCaptured);  // through staging: no direct path needed
   }
   if (!directOptions_.enabled) {
     return CollectivePath::inner("the direct path is off (TORCH_SDMA_DIRECT, or expandable segments)");
@@ -522,6 +522,9 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::run(PlannedExchange& planned, b
   gpu::Stream caller = c10::cuda::getCurrentCUDAStream(device_).stream();
   std::lock_guard<std::mutex> enqueue(enqueueMutex_);
   refuseIfFailed(info);
+  if (gpu::streamCapturing(caller)) {  // pathFor asked the driver about this stream a moment ago
+    return enqueueCapturedExchange(planned, info, caller);
+  }
   if (!direct_) {
     meetPeersBeforeConnecting(info);
   }
@@ -538,14 +541,19 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::run(PlannedExchange& planned, b
                         });
 }
 
-c10::intrusive_ptr<c10d::Work> CopyEngineRunner::enqueueCaptured(PlannedAllgather& planned, const CollectiveInfo& info,
-                                                                 gpu::Stream caller) {
+CopyEngineTransport& CopyEngineRunner::capturedTransport() {
   if (!captured_) {
     // Every member captures the same collectives in the same order, so they connect here together. Allocating
     // and mapping memory is refused during a global-mode capture unless this thread relaxes it for the moment.
     gpu::CaptureRelaxedScope relaxed;
     captured_ = connectTransport(cap_);
   }
+  return *captured_;
+}
+
+c10::intrusive_ptr<c10d::Work> CopyEngineRunner::enqueueCaptured(PlannedAllgather& planned, const CollectiveInfo& info,
+                                                                 gpu::Stream caller) {
+  capturedTransport();
   // The whole collective joins the caller's stream before the call returns, whatever asyncOp says: a graph may not
   // end with a stream it forked still outside it, and the caller may never wait().
   const bool pipelined = chunkCount(planned.plan, captured_->geometry()) > 1;

@@ -6,8 +6,9 @@
 // connects a larger transport, and the old one lives until its last collective completes. Many groups over the same
 // GPUs (Megatron, DeviceMesh, HSDP) that all-gather little then hold little.
 //
-// Collectives captured into a CUDA graph run the captured schedule on a transport of their own, sized to the cap
-// once: a graph keeps the addresses it was captured with, and may be replayed while eager collectives run.
+// Collectives captured into a CUDA graph (all-gathers and exchanges) run the captured schedules on a transport of
+// their own, sized to the cap once: a graph keeps the addresses it was captured with, and may be replayed while eager
+// collectives run.
 //
 // With TORCH_SDMA_DIRECT, an eager all_gather_into_tensor copies between the ranks' own buffers instead
 // (copy_engine_direct.hpp, collective/direct_allgather.hpp); the watchdog watches it the same way.
@@ -56,7 +57,8 @@ class CopyEngineRunner : public CollectiveRunner {
   c10::intrusive_ptr<c10d::Work> run(PlannedAllgather& planned, const CollectivePath& path, bool asyncOp,
                                      const CollectiveInfo& info) override;
   CollectivePath pathFor(const PlannedExchange& planned) override;
-  // The exchange's one path: the direct schedule, on the direct path's flags and serials (docs/design.md, "Exchange").
+  // Eager, the direct schedule on the direct path's flags and serials (docs/design.md, "Exchange"); under capture, the
+  // captured exchange on the captured transport ("Captured").
   c10::intrusive_ptr<c10d::Work> run(PlannedExchange& planned, bool asyncOp, const CollectiveInfo& info) override;
   size_t stagingBytes() const override;
   size_t peerMappedBytes() const override;
@@ -108,6 +110,14 @@ class CopyEngineRunner : public CollectiveRunner {
   std::unique_ptr<CopyEngineTransport> connectTransport(const StagingGeometry& geometry);
   c10::intrusive_ptr<c10d::Work> enqueueCaptured(PlannedAllgather& planned, const CollectiveInfo& info,
                                                  gpu::Stream caller);
+  // The transport of captured collectives, connected by the group's first (every member's together).
+  CopyEngineTransport& capturedTransport();
+  // The captured exchange (copy_engine_captured_exchange.cpp); called with enqueueMutex_ held.
+  c10::intrusive_ptr<c10d::Work> enqueueCapturedExchange(PlannedExchange& planned, const CollectiveInfo& info,
+                                                         gpu::Stream caller);
+  // Every member posts what it sends and expects of each peer through the group's store and reads every other's:
+  // where a pair disagrees, every member refuses the call in the same words, before anything is enqueued.
+  void refuseCapturedPairsThatDisagree(const ExchangePlan& plan, const CollectiveInfo& info);
   // The direct path; called with enqueueMutex_ held.
   c10::intrusive_ptr<c10d::Work> enqueueDirect(PlannedAllgather& planned, bool asyncOp, const CollectiveInfo& info,
                                                gpu::Stream caller);
@@ -179,6 +189,8 @@ class CopyEngineRunner : public CollectiveRunner {
   // Captured collectives; every graph that captured one holds it too, so that it outlives the group while a graph
   // that may replay it lives.
   std::shared_ptr<CopyEngineTransport> captured_;
+  // Captured exchanges so far, which name the store keys of their pair check; guarded by enqueueMutex_.
+  uint64_t capturedExchanges_ = 0;
   std::unique_ptr<CopyEngineDirect> direct_;  // the direct path, from its first all-gather; guarded by mutex_
   gpu::Stream pushStream_ = nullptr;
   gpu::Stream drainStream_ = nullptr;

@@ -213,8 +213,8 @@ void CopyEngineTransport::pushChunkToPeers(Lane lane, int slot, const void* src,
   }
 }
 
-void CopyEngineTransport::pushChunkToPeer(Lane lane, int peer, int slot, const void* src, size_t bytes) {
-  gpu::copyAsync(peerBase_[peer] + flagBytes_ + geometry_.segmentOffset(slot, rank_, peer), src, bytes,
+void CopyEngineTransport::pushChunkToPeer(Lane lane, int peer, int slot, const void* src, size_t bytes, size_t at) {
+  gpu::copyAsync(peerBase_[peer] + flagBytes_ + geometry_.segmentOffset(slot, rank_, peer) + at, src, bytes,
                  laneStream(lane));
 }
 

@@ -165,8 +165,8 @@ void HostShmTransport::pushChunkToPeers(Lane, int slot, const void* src, size_t 
   }
 }
 
-void HostShmTransport::pushChunkToPeer(Lane, int peer, int slot, const void* src, size_t bytes) {
-  char* dst = base_[peer] + flagBytes_ + geometry_.segmentOffset(slot, rank_, peer);
+void HostShmTransport::pushChunkToPeer(Lane, int peer, int slot, const void* src, size_t bytes, size_t at) {
+  char* dst = base_[peer] + flagBytes_ + geometry_.segmentOffset(slot, rank_, peer) + at;
   recorded_.push_back({Op::Kind::Copy, dst, static_cast<const char*>(src), bytes, Flag::Ready, 0, 0});
 }
 

@@ -68,7 +68,7 @@ class HostShmTransport : public Transport, public DirectTransport {
   char* packSegment(int slot) override;
   void copyLocal(Lane lane, void* dst, const void* src, size_t bytes) override;
   void pushChunkToPeers(Lane lane, int slot, const void* src, size_t bytes, size_t at) override;
-  void pushChunkToPeer(Lane lane, int peer, int slot, const void* src, size_t bytes) override;
+  void pushChunkToPeer(Lane lane, int peer, int slot, const void* src, size_t bytes, size_t at) override;
   void signalPeers(Lane lane, Flag flag, int slot, uint32_t value) override;
   void waitPeers(Lane lane, Flag flag, int slot, uint32_t value) override;
   void resetOwnFlags(Lane lane, Flag flag, int slot) override;

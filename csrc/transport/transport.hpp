@@ -57,8 +57,8 @@ class Transport {
   virtual void copyLocal(Lane lane, void* dst, const void* src, size_t bytes) = 0;
   // Into this rank's segment of the slot in every peer, `at` bytes into it.
   virtual void pushChunkToPeers(Lane lane, int slot, const void* src, size_t bytes, size_t at) = 0;
-  // Into this rank's segment of the slot in one peer.
-  virtual void pushChunkToPeer(Lane lane, int peer, int slot, const void* src, size_t bytes) = 0;
+  // Into this rank's segment of the slot in one peer, `at` bytes into it.
+  virtual void pushChunkToPeer(Lane lane, int peer, int slot, const void* src, size_t bytes, size_t at) = 0;
   // Sets flag[rank()][slot] = value in every peer's memory, after the lane's earlier operations completed.
   virtual void signalPeers(Lane lane, Flag flag, int slot, uint32_t value) = 0;
   // Holds the lane until flag[peer][slot] has reached `value` (flagReached) for every peer.

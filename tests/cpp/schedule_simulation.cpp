@@ -54,6 +54,7 @@
 #include <vector>
 
 #include "collective/captured_allgather.hpp"
+#include "collective/captured_exchange.hpp"
 #include "collective/direct_allgather.hpp"
 #include "collective/direct_exchange.hpp"
 #include "collective/fault_release.hpp"
@@ -125,7 +126,7 @@ class FakeTransport : public Transport, public DirectTransport {
     ++calls["copyLocal"];
   }
   void pushChunkToPeers(Lane lane, int slot, const void* src, size_t bytes, size_t at) override;
-  void pushChunkToPeer(Lane lane, int peer, int slot, const void* src, size_t bytes) override;
+  void pushChunkToPeer(Lane lane, int peer, int slot, const void* src, size_t bytes, size_t at) override;
   void signalPeers(Lane lane, Flag flag, int slot, uint32_t value) override {
     record(lane, {Op::Signal, nullptr, nullptr, 0, flag, slot, value});
     ++calls["signalPeers"];
@@ -362,10 +363,10 @@ void FakeTransport::pushChunkToPeers(Lane lane, int slot, const void* src, size_
   ++calls["pushChunkToPeers"];
 }
 
-void FakeTransport::pushChunkToPeer(Lane lane, int peer, int slot, const void* src, size_t bytes) {
+void FakeTransport::pushChunkToPeer(Lane lane, int peer, int slot, const void* src, size_t bytes, size_t at) {
   FakeTransport& p = *world_->ranks[peer];
-  record(lane,
-         {Op::Copy, p.staging_.data() + g_.segmentOffset(slot, rank_, peer), static_cast<const char*>(src), bytes});
+  record(lane, {Op::Copy, p.staging_.data() + g_.segmentOffset(slot, rank_, peer) + at, static_cast<const char*>(src),
+                bytes});
   ++calls["pushChunkToPeer"];
 }
 
@@ -1038,6 +1039,207 @@ void capturedCase(std::mt19937& rng, int caseNo) {
             if (world.ranks[r]->flag(static_cast<Flag>(f), q, s) != 0)
               fail(what + ": a flag was left set");
   }
+}
+
+// The captured exchange (--captured-exchanges): a "graph" of captured exchanges of every kind mixed with captured
+// all-gathers, recorded once per rank on one group's captured transport and replayed several times, each replay with
+// new input bytes and re-poisoned outputs, in a new random interleaving. Each collective runs on the lanes the runner
+// gives it (both on the caller's stream, or the push lane forked from it and joined back where it takes several
+// chunks), or with its lanes left free (more interleavings than the runner allows), or everything of a rank in one
+// queue. After every replay every rank's arenas hold exactly what they must
+// and every flag is back at 0. With `withoutArrived` the exchanges' Arrived signals, waits and resets are dropped: a
+// peer that moves nothing with a rank then sets its next Done before that rank's reset of the last one erases it.
+struct CapturedCall {
+  std::unique_ptr<Exchange> exchange;  // or an all-gather:
+  Buffers gather;
+  Form form = Form::IntoTensor;
+};
+
+// New bytes in every rank's input region and new poison in its output arena, and the arenas they must hold after.
+void refillExchange(Exchange& x, std::mt19937& rng) {
+  const int W = static_cast<int>(x.plans.size());
+  for (int r = 0; r < W; ++r) {
+    const ExchangePlan& p = x.plans[r];
+    for (auto& c : x.sent[r])
+      c = static_cast<char>(rng());
+    uint64_t at = 0;
+    walkRegion(inputRegion(p), 0, p.inputBytes, [&](char* ptr, uint64_t n) {
+      memcpy(ptr, x.sent[r].data() + at, n);
+      at += n;
+    });
+    x.inputsAfter[r] = x.inputs[r];
+    for (auto& c : x.outputs[r])
+      c = static_cast<char>(rng());
+    x.outputsAfter[r] = x.outputs[r];
+  }
+  for (int r = 0; r < W; ++r) {
+    for (int q = 0; q < W; ++q) {
+      const ByteRange& from = x.plans[r].recvFrom[q];
+      const char* src = x.sent[q].data() + x.plans[q].sendTo[r].offset;
+      walkRegion(outputRegion(x.plans[r]), from.offset, from.bytes, [&](char* ptr, uint64_t n) {
+        memcpy(x.outputsAfter[r].data() + (ptr - x.outputs[r].data()), src, n);
+        src += n;
+      });
+    }
+  }
+}
+
+// New bytes in every rank's all-gather input, its output re-poisoned; returns each rank's bytes.
+std::vector<std::vector<char>> refillGather(Buffers& b, Form form, std::mt19937& rng) {
+  const int W = static_cast<int>(b.plans.size());
+  std::vector<std::vector<char>> original(W);
+  for (int r = 0; r < W; ++r) {
+    original[r].resize(b.bytesPerRank);
+    for (auto& x : original[r])
+      x = static_cast<char>(rng());
+    size_t at = 0;
+    for (const ByteSpan& s : b.plans[r].input) {
+      if (s.bytes > 0)
+        memcpy(s.ptr, original[r].data() + at, s.bytes);
+      at += s.bytes;
+    }
+    if (form != Form::InPlace)
+      for (auto& c : b.outputs[r])
+        c = static_cast<char>(~c);
+  }
+  return original;
+}
+
+void capturedExchangeCase(std::mt19937& rng, int caseNo, bool withoutArrived) {
+  auto pick = [&rng](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  StagingGeometry g = randomGeometry(rng);
+  g.worldSize = pick(2, 5);
+  const int W = g.worldSize;
+  const int lanes = pick(0, 2);  // 0: laid out as the runner does; 1: lanes left free; 2: one queue
+  World world;
+  for (int r = 0; r < W; ++r) {
+    world.ranks.push_back(std::make_unique<FakeTransport>(&world, r, g));
+    if (lanes == 2)
+      world.ranks.back()->queues = FakeTransport::Queues::One;
+  }
+  std::string what = describe("captured exchange", caseNo, g,
+                              lanes == 0   ? "as the runner"
+                              : lanes == 1 ? "lanes free"
+                                           : "one queue") +
+                     "; calls:";
+  std::vector<CapturedCall> graph;
+  const int count = pick(1, 5);
+  for (int c = 0; c < count; ++c) {
+    CapturedCall call;
+    if (pick(0, 3) == 0) {
+      call.form = static_cast<Form>(pick(0, 3));
+      call.gather = makeCollective(call.form, W, pick(0, 5) == 0 ? 0 : static_cast<size_t>(pick(1, 300)), rng);
+      what += std::string(" all_gather ") + formName(call.form) + " " + std::to_string(call.gather.bytesPerRank) + ";";
+    } else {
+      call.exchange =
+          std::make_unique<Exchange>(makeExchange(static_cast<ExchangeKind>(pick(0, kExchangeKinds - 1)), W, rng));
+      what += " " + call.exchange->description + ";";
+    }
+    for (int r = 0; r < W; ++r) {
+      FakeTransport& t = *world.ranks[r];
+      // As the runner lays the call out: the push lane on a stream of its own, forked and joined, only where the
+      // call takes several chunks (a pair's, or the all-gather's); else both lanes on the caller's stream.
+      const bool forked = lanes == 0 && (call.exchange ? capturedExchangeRounds(call.exchange->plans[r], g, r) > 1
+                                                       : chunkCount(call.gather.plans[r], g) > 1);
+      if (lanes == 0 && !forked) {
+        t.bound = [&t](int, const Op& op) {  // the caller's stream, which the Drain lane runs on
+          t.lanes[static_cast<int>(Lane::Drain)].push_back(op);
+          ++t.recorded[static_cast<int>(Lane::Drain)];
+        };
+      }
+      if (forked)
+        t.joinLane(Lane::Push, Lane::Drain);
+      if (call.exchange)
+        scheduleCapturedExchange(t, call.exchange->plans[r]);
+      else
+        scheduleCapturedAllgather(t, call.gather.plans[r]);
+      if (forked)
+        t.joinLane(Lane::Drain, Lane::Push);
+      t.bound = nullptr;
+    }
+    graph.push_back(std::move(call));
+  }
+  std::vector<std::deque<Op>> recorded[2];
+  for (int l = 0; l < 2; ++l) {
+    for (int r = 0; r < W; ++r) {
+      std::deque<Op>& ops = world.ranks[r]->lanes[l];
+      for (Op& op : ops) {
+        const bool flagOp = op.kind == Op::Signal || op.kind == Op::Wait || op.kind == Op::Reset ||
+                            op.kind == Op::SignalOne || op.kind == Op::WaitOne;
+        if (withoutArrived && flagOp && op.flag == Flag::Arrived)
+          op = Op{Op::Mark};  // in place, so that the joins' fences still count the same operations
+      }
+      recorded[l].push_back(ops);
+    }
+  }
+  for (int replay = 0; replay < 3; ++replay) {
+    std::vector<std::vector<std::vector<char>>> originals(graph.size());
+    for (size_t c = 0; c < graph.size(); ++c) {
+      if (graph[c].exchange)
+        refillExchange(*graph[c].exchange, rng);
+      else
+        originals[c] = refillGather(graph[c].gather, graph[c].form, rng);
+    }
+    for (int r = 0; r < W; ++r) {
+      for (int l = 0; l < 2; ++l) {
+        world.ranks[r]->lanes[l] = recorded[l][r];
+        world.ranks[r]->executed[l] = 0;  // the joins' fences count from the replay's start
+      }
+    }
+    const std::string where = what + " replay " + std::to_string(replay);
+    world.run(rng, where);
+    for (size_t c = 0; c < graph.size(); ++c) {
+      const std::string call = where + " collective " + std::to_string(c);
+      if (!graph[c].exchange) {
+        checkOutputs(graph[c].gather, originals[c], call);
+        continue;
+      }
+      for (int r = 0; r < W; ++r) {
+        const std::string wrong = exchangeMismatch(*graph[c].exchange, r);
+        if (!wrong.empty())
+          fail(call + ": wrong bytes: " + wrong);
+      }
+    }
+    for (int r = 0; r < W; ++r)
+      for (int f = 0; f < kFlagKinds; ++f)
+        for (int q = 0; q < W; ++q)
+          for (int s = 0; s < g.slots; ++s)
+            if (world.ranks[r]->flag(static_cast<Flag>(f), q, s) != 0)
+              fail(where + ": a flag was left set on rank " + std::to_string(r));
+  }
+}
+
+// Prints "ok CASES" (exit 0) where every case passed; with `withoutArrived` every case runs and it prints "caught N of
+// CASES cases: hang <n>; wrong bytes <n>; flag left set <n>;" (exit 1) where any failed.
+int runCapturedExchanges(std::mt19937& rng, int cases, bool withoutArrived) {
+  failureEndsCase = withoutArrived;
+  std::map<std::string, int> caught;
+  std::string first;
+  for (int c = 0; c < cases; ++c) {
+    try {
+      capturedExchangeCase(rng, c, withoutArrived);
+    } catch (const std::runtime_error& e) {
+      const std::string failure = e.what();
+      if (first.empty())
+        first = failure;
+      ++caught[failure.find("deadlock") != std::string::npos        ? "hang"
+               : failure.find("flag was left") != std::string::npos ? "flag left set"
+                                                                    : "wrong bytes"];
+    }
+  }
+  if (first.empty()) {
+    printf("ok %d\n", cases);
+    return 0;
+  }
+  int total = 0;
+  for (const auto& [kind, n] : caught)
+    total += n;
+  printf("caught %d of %d cases:", total, cases);
+  for (const auto& [kind, n] : caught)
+    printf(" %s %d;", kind.c_str(), n);
+  printf("\n");
+  fprintf(stderr, "FAIL: %s\n", first.c_str());
+  return 1;
 }
 
 // What one call costs on the CPU: a one-chunk all-gather on two ranks issues one push, one local copy, one Ready
@@ -3768,11 +3970,13 @@ int main(int argc, char** argv) {
   const bool exchanges = argc >= 4 && strcmp(argv[3], "--exchanges") == 0;
   const bool hardwareQueues = argc >= 4 && strcmp(argv[3], "--hardware-queues") == 0;
   const bool p2p = argc >= 4 && strcmp(argv[3], "--p2p") == 0;
-  bool unordered = false, unforked = false, crossedOrders = false;
+  const bool capturedExchanges = argc >= 4 && strcmp(argv[3], "--captured-exchanges") == 0;
+  bool unordered = false, unforked = false, crossedOrders = false, withoutArrived = false;
   FaultOptions faultOptions;
   P2POptions p2pOptions;
   auto mutation = FakeTransport::Mutation::None;
-  bool usage = argc < 3 || (argc > 3 && !inFlight && !faults && !exchanges && !hardwareQueues && !p2p);
+  bool usage =
+      argc < 3 || (argc > 3 && !inFlight && !faults && !exchanges && !hardwareQueues && !p2p && !capturedExchanges);
   for (int a = 4; a < argc; ++a) {
     if (p2p)
       usage |= !parseP2POption(argv[a], p2pOptions);
@@ -3790,6 +3994,8 @@ int main(int argc, char** argv) {
       mutation = FakeTransport::Mutation::SkipDoneWait;
     else if (exchanges && mutation == FakeTransport::Mutation::None && strcmp(argv[a], "--arrived-before-pack") == 0)
       mutation = FakeTransport::Mutation::ArrivedBeforePack;
+    else if (capturedExchanges && strcmp(argv[a], "--without-arrived") == 0)
+      withoutArrived = true;
     else
       usage = true;
   }
@@ -3800,7 +4006,7 @@ int main(int argc, char** argv) {
         "[--crossed-orders] | --faults [--old-release] [--shared-queue-crossed] | --exchanges [--skip-done-wait | "
         "--arrived-before-pack] | --p2p [--faults] [--wait-before-arrived | --copy-before-arrived | --pass-own-waits | "
         "--serials-in-call-order | --signals-in-call-order | --connect-in-turn] [--unmatched-batches | "
-        "--interleaved-peers] [--done-per-op]]\n",
+        "--interleaved-peers] [--done-per-op] | --captured-exchanges [--without-arrived]]\n",
         argv[0]);
     return 2;
   }
@@ -3808,6 +4014,8 @@ int main(int argc, char** argv) {
   const int cases = atoi(argv[2]);
   if (p2p)
     return runP2P(rng, cases, p2pOptions);
+  if (capturedExchanges)
+    return runCapturedExchanges(rng, cases, withoutArrived);
   if (exchanges && mutation == FakeTransport::Mutation::None) {
     for (int c = 0; c < cases; ++c)
       exchangeCase(rng, c, mutation);
