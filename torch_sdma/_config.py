@@ -78,8 +78,9 @@ def _parse_int(name: str, default: int) -> int:
     return int(raw)
 
 
-# The collectives TORCH_SDMA_DELEGATE may send to the inner backend ("all_to_all": both all-to-all forms).
-DELEGABLE = ("all_to_all", "broadcast", "gather", "scatter")
+# The collectives TORCH_SDMA_DELEGATE may send to the inner backend ("all_to_all": both all-to-all forms; "send" or
+# "recv": both, since the two sides of a pair must take the same route).
+DELEGABLE = ("all_to_all", "broadcast", "gather", "scatter", "send", "recv")
 
 
 def _parse_delegate(name: str) -> str:
