@@ -202,7 +202,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::endP2pBatch() {
     if (!ops.empty()) {
       inner.push_back(runP2p(ops, "batch_isend_irecv", c10d::OpType::COALESCED));
     }
-    outcome->work = inner.size() == 1 ? inner[0] : c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<CoalescedWork>(std::move(inner)));
+    outcome->work = inner.size() == 1
+                        ? inner[0]
+                        : c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<CoalescedWork>(std::move(inner)));
   } catch (const std::exception& e) {
     outcome->failed = messageOf(e);
     throw;

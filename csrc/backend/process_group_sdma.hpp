@@ -154,7 +154,7 @@ class ProcessGroupSDMA : public c10d::Backend {
     CollectivePath decided;
     std::unique_ptr<CollectiveRunner> runner;
     std::unique_ptr<P2pRunner> p2p;  // from the device's first point-to-point operation on the DMA path
-    std::string connectFailure;  // why connecting failed (a peer never came): later all-gathers are refused
+    std::string connectFailure;      // why connecting failed (a peer never came): later all-gathers are refused
   };
   DevicePath& devicePath(const at::Device& device) {
     return device.is_cuda() ? cudaPath_ : hostPath_;
@@ -274,8 +274,8 @@ class ProcessGroupSDMA : public c10d::Backend {
   DevicePath hostPath_;
 
   bool coalescing_ = false;
-  std::vector<P2pOp> p2pBatch_;                         // a coalescing block's point-to-point on the DMA path
-  std::shared_ptr<P2pBatchOutcome> p2pBatchOutcome_;  // what its operations' Works stand for
+  std::vector<P2pOp> p2pBatch_;                                 // a coalescing block's point-to-point on the DMA path
+  std::shared_ptr<P2pBatchOutcome> p2pBatchOutcome_;            // what its operations' Works stand for
   std::vector<c10::intrusive_ptr<c10d::Work>> coalescedWorks_;  // ours and gloo's, for endCoalescing
 
   std::map<std::string, c10::intrusive_ptr<c10d::Backend>> splits_;

@@ -178,10 +178,11 @@ class HostP2pRunner : public P2pRunner {
       return "";
     }
     const uint64_t at = board_->failedAtOf(peer);
-    return at == 0 ? std::string()
-                   : "group rank " + std::to_string(peer) + " failed (its group failed before its collective of "
-                                                            "sequence number " +
-                         std::to_string(at) + ")";
+    if (at == 0) {
+      return "";
+    }
+    return "group rank " + std::to_string(peer) + " failed (its group failed at sequence number " + std::to_string(at) +
+           ")";
   }
 
   // A step whose peer came late: the peer moves both directions and compares the two posts. This rank compares
@@ -202,8 +203,8 @@ class HostP2pRunner : public P2pRunner {
         }
         const std::string stop = peerStop(peer);
         TORCH_CHECK_WITH(DistBackendError, stop.empty(), "torch_sdma: ", description, " failed: ", stop);
-        TORCH_CHECK_WITH(DistBackendError, processAlive(pid), "torch_sdma: ", description, " failed: group rank ",
-                         peer, " (pid ", pid, ") exited while this rank was waiting for it");
+        TORCH_CHECK_WITH(DistBackendError, processAlive(pid), "torch_sdma: ", description, " failed: group rank ", peer,
+                         " (pid ", pid, ") exited while this rank was waiting for it");
         const auto now = std::chrono::steady_clock::now();
         TORCH_CHECK_WITH(DistBackendError, now < deadline, "torch_sdma: ", description, " timed out after ",
                          std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count(),
@@ -291,8 +292,9 @@ class HostP2pRunner : public P2pRunner {
     }
     for (auto& work : failed) {
       keepTensorsForLife(work->takeKeptTensors());
-      work->complete(std::make_exception_ptr(C10_BUILD_ERROR(
-          DistBackendError, "torch_sdma: " + work->description() + " failed: the point-to-point worker failed: " + why)));
+      work->complete(std::make_exception_ptr(
+          C10_BUILD_ERROR(DistBackendError,
+                          "torch_sdma: " + work->description() + " failed: the point-to-point worker failed: " + why)));
     }
     InterpreterExit::drop(failed);
   }

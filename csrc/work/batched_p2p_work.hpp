@@ -43,8 +43,9 @@ class BatchedP2pWork : public c10d::Work {
  private:
   c10d::Work& ready() {
     TORCH_CHECK_WITH(DistBackendError, batch_->failed.empty(), "torch_sdma: ", batch_->failed);
-    TORCH_CHECK(batch_->work, "torch_sdma: a send or recv inside a batch (batch_isend_irecv, a coalescing block) was "
-                              "waited on before the batch ended; wait on what the batch returns");
+    TORCH_CHECK(batch_->work,
+                "torch_sdma: a send or recv inside a batch (batch_isend_irecv, a coalescing block) was "
+                "waited on before the batch ended; wait on what the batch returns");
     return *batch_->work;
   }
 
