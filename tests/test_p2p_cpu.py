@@ -68,3 +68,56 @@ def routing_body(ctx):
 def test_p2p_min_bytes_routes_alike():
     run_group(routing_body, 2, "sdma", env=dict(ENV, TORCH_SDMA_MIN_BYTES="64K"), timeout=120,
               pg_timeout_s=20).check()
+
+
+def delegate_body(ctx):
+    """TORCH_SDMA_DELEGATE=send: the send and the recv that meets it both take the inner backend."""
+    import torch_sdma
+
+    torch.set_num_threads(1)
+    r = ctx.rank
+    t = torch.full((4099,), r, dtype=torch.int32)
+    if r == 0:
+        dist.send(t, 1)
+    else:
+        dist.recv(t, 0)
+        assert bool((t == 0).all())
+    op = "send" if r == 0 else "recv"
+    stats = torch_sdma.stats()
+    assert int(stats[f"delegated:{op}"]["calls"]) == 1, sorted(stats)
+    assert not any(k.startswith(f"{op}:dma") for k in stats), sorted(stats)
+    assert torch_sdma.group_path(device="cpu", op=op) == "inner:TORCH_SDMA_DELEGATE"
+
+
+def test_p2p_delegate_knob_covers_both_sides():
+    run_group(delegate_body, 2, "sdma", env=dict(ENV, TORCH_SDMA_DELEGATE="send"), timeout=120,
+              pg_timeout_s=20).check()
+
+
+def routes_differ_body(ctx):
+    """TORCH_SDMA_MIN_BYTES=64K and sizes on either side of it: the send takes the DMA path, the recv gloo; both raise
+    within the group's timeout, and the recv's buffer holds none of the send's bytes."""
+    import time
+
+    torch.set_num_threads(1)
+    t0 = time.monotonic()
+    try:
+        if ctx.rank == 0:
+            dist.send(torch.ones(128 << 10, dtype=torch.uint8), 1)
+        else:
+            got = torch.zeros(256, dtype=torch.uint8)
+            dist.recv(got, 0)
+            assert not bool(got.any()), "bytes of the send reached a recv that took another route"
+    except Exception as e:  # noqa: BLE001
+        return time.monotonic() - t0, f"{type(e).__name__}: {e}"
+    finally:
+        ctx.barrier_store("routes-differ-done", timeout_s=120)
+    return time.monotonic() - t0, None
+
+
+def test_p2p_routes_that_differ_raise_on_both():
+    res = run_group(routes_differ_body, 2, "sdma", env=dict(ENV, TORCH_SDMA_MIN_BYTES="64K"), timeout=180,
+                    pg_timeout_s=10, destroy=False, hard_exit=True, grace=150)
+    for rank, (dt, err) in enumerate(res.values()):
+        assert err is not None, f"rank {rank}: no error"
+        assert dt < 10 + SLACK_S, f"rank {rank}: {dt:.1f} s: {err}"

@@ -250,6 +250,15 @@ def mistake_cases(ctx, dev, timeout_s):
                      ("no_send_later", no_send_later)):
         if rank in (0, 1):
             attempt(name, fn)
+    # The failed p2p failed its group: the group's next collective raises on every rank, the third one included.
+    ctx.barrier_store("mistakes-made", timeout_s=4 * timeout_s + 60)
+    t = torch.zeros(4, device=dev)
+    attempt_all = time.monotonic()
+    try:
+        dist.all_gather_into_tensor(torch.zeros(4 * ctx.world, device=dev), t, group=groups["sizes"])
+        results.append(("after", time.monotonic() - attempt_all, None))
+    except Exception as e:  # noqa: BLE001
+        results.append(("after", time.monotonic() - attempt_all, f"{type(e).__name__}: {e}"))
     ctx.barrier_store("mistakes-done", timeout_s=4 * timeout_s + 60)  # no rank exits while a peer waits for it
     return results
 
@@ -258,7 +267,7 @@ def mistake_problems(values, timeout_s, slack_s):
     """What the mistakes' outcomes lack: an error on each rank that took part, within the timeout, in words that name
     the peer (and, for sizes, both sizes)."""
     problems = []
-    by_rank = {r: {name: (dt, err) for name, dt, err in v} for r, v in enumerate(values) if v}
+    by_rank = {r: {name: (dt, err) for name, dt, err in v} for r, v in enumerate(values)}
 
     def expect(rank, name, *words):
         dt, err = by_rank[rank][name]
@@ -277,4 +286,6 @@ def mistake_problems(values, timeout_s, slack_s):
         expect(r, "both_send", "DistBackendError", "a send of 64 bytes")
     expect(1, "no_send_first", "group rank 0")
     expect(1, "no_send_later", "DistBackendError", "group ranks [0]")
+    for r in by_rank:
+        expect(r, "after", "DistBackendError")
     return problems
