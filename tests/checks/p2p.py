@@ -19,11 +19,11 @@ def _recv_buffer(name, src, shape, dtype, dev):
     return got, want
 
 
-def dtype_cases(g, dev, rank):
+def dtype_cases(g, dev, rank, dtypes=EVERY_DTYPE):
     """Every dtype at two sizes: 0 -> 1 then 1 -> 0 with blocking send/recv, and the same async (isend/irecv issued
     in matching order on both ranks, waited on at the end)."""
     cases = []
-    for dt in EVERY_DTYPE:
+    for dt in dtypes:
         for n in SIZES:
             name = f"p2p:{dt}:{n}"
 
@@ -118,11 +118,11 @@ def batch_cases(g, dev, rank):
         sizes = (5, 0, 4099)
         outs, wants, ops = [], [], []
         for k, n in enumerate(sizes):
-            got, want = _recv_buffer(f"both:{k}", peer, n, torch.int16, dev)
+            got, want = _recv_buffer(f"both:{k}", peer, n, torch.int32, dev)
             outs.append(got)
             wants.append(want)
             ops.append(dist.P2POp(dist.irecv, got, peer, g))
-            ops.append(dist.P2POp(dist.isend, rand(f"both:{k}", rank, n, torch.int16, device=dev), peer, g))
+            ops.append(dist.P2POp(dist.isend, rand(f"both:{k}", rank, n, torch.int32, device=dev), peer, g))
         if rank == 1:  # every send first, then every recv: each direction keeps its order
             ops = [op for op in ops if op.op is dist.isend] + [op for op in ops if op.op is dist.irecv]
         for w in dist.batch_isend_irecv(ops):
@@ -182,8 +182,8 @@ def interleaved_cases(g, dev, rank, world, rounds=4):
     return [("interleaved", interleaved)]
 
 
-def path_cases(g, dev, rank, device_name):
-    """After the cases above: stats() counts send and recv on the DMA path, and group_path(op=) says so."""
+def path_cases(g, dev, rank, device_name, expected="dma:direct"):
+    """After the cases above: stats() counts send and recv on the path `expected`, and group_path(op=) says so."""
     import torch_sdma
 
     def paths():
@@ -191,18 +191,20 @@ def path_cases(g, dev, rank, device_name):
             return
         stats = torch_sdma.stats(g)
         for op in ("send", "recv"):
-            assert int(stats.get(f"{op}:dma:direct", {}).get("calls", 0)) > 0, (op, sorted(stats))
-            assert not any(k == f"delegated:{op}" for k in stats), sorted(stats)
+            key = f"{op}:{expected}" if expected.startswith("dma") else f"delegated:{op}"
+            other = f"delegated:{op}" if expected.startswith("dma") else f"{op}:dma:direct"
+            assert int(stats.get(key, {}).get("calls", 0)) > 0, (op, sorted(stats))
+            assert other not in stats, (op, sorted(stats))
             path = torch_sdma.group_path(g, device=device_name, op=op)
-            assert path == "dma:direct", (op, path)
+            assert path == expected, (op, path)
 
     return [("paths", paths)]
 
 
-def all_cases(g, dev, rank, world, device_name):
-    return (dtype_cases(g, dev, rank) + ring_cases(g, dev, rank, world) + pipeline_cases(g, dev, rank)
+def all_cases(g, dev, rank, world, device_name, dtypes=EVERY_DTYPE, expected="dma:direct"):
+    return (dtype_cases(g, dev, rank, dtypes) + ring_cases(g, dev, rank, world) + pipeline_cases(g, dev, rank)
             + batch_cases(g, dev, rank) + interleaved_cases(g, dev, rank, world)
-            + path_cases(g, dev, rank, device_name))
+            + path_cases(g, dev, rank, device_name, expected))
 
 
 def mistake_cases(ctx, dev, timeout_s):
