@@ -141,7 +141,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::pointToPoint(const CollectiveNa
     if (coalescing_) {
       // Connected at the batch's end, in pair order (p2p_batch.hpp): here, in call order, a ring would wait in a
       // cycle of connects.
-      recordP2pPath(names.stats, tensor.device(), path, bytesOf(tensor));
       p2pBatch_.push_back({peer, isSend, tensor, tag});
       return runTraced(traceGroup_, getGroupDesc(), ++p2pSeq_, traced, [&] {
         return c10::make_intrusive<BatchedP2pWork>(getRank(), isSend ? c10d::OpType::SEND : c10d::OpType::RECV,
@@ -200,13 +199,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::endP2pBatch() {
                 ops.end());
     }
     if (!ops.empty()) {
+      for (const P2pOp& op : ops) {
+        recordP2pPath(op.isSend ? "send" : "recv", op.tensor.device(), CollectivePath::dma(CollectivePath::kDirect),
+                      bytesOf(op.tensor));
+      }
       inner.push_back(runP2p(ops, "batch_isend_irecv", c10d::OpType::COALESCED));
     }
     outcome->work = inner.size() == 1
                         ? inner[0]
                         : c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<CoalescedWork>(std::move(inner)));
-  } catch (const std::exception& e) {
-    outcome->failed = messageOf(e);
+  } catch (const std::exception&) {
+    outcome->failed = std::current_exception();
     throw;
   }
   return outcome->work;

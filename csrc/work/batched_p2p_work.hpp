@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <exception>
 #include <memory>
 #include <string>
 
@@ -13,7 +14,7 @@ namespace sdma {
 
 struct P2pBatchOutcome {
   c10::intrusive_ptr<c10d::Work> work;  // the batch's, once it was enqueued
-  std::string failed;                   // why the batch was never enqueued, or ""
+  std::exception_ptr failed;            // why the batch was never enqueued, or null
 };
 
 class BatchedP2pWork : public c10d::Work {
@@ -22,13 +23,13 @@ class BatchedP2pWork : public c10d::Work {
       : Work(rank, opType), batch_(std::move(batch)) {}
 
   bool isCompleted() override {
-    return !batch_->failed.empty() || (batch_->work && batch_->work->isCompleted());
+    return batch_->failed || (batch_->work && batch_->work->isCompleted());
   }
   bool isSuccess() const override {
-    return batch_->failed.empty() && (!batch_->work || batch_->work->isSuccess());
+    return !batch_->failed && (!batch_->work || batch_->work->isSuccess());
   }
   std::exception_ptr exception() const override {
-    return batch_->work ? batch_->work->exception() : nullptr;
+    return batch_->failed ? batch_->failed : batch_->work ? batch_->work->exception() : nullptr;
   }
   void synchronize() override {
     ready().synchronize();
@@ -42,7 +43,9 @@ class BatchedP2pWork : public c10d::Work {
 
  private:
   c10d::Work& ready() {
-    TORCH_CHECK_WITH(DistBackendError, batch_->failed.empty(), "torch_sdma: ", batch_->failed);
+    if (batch_->failed) {
+      std::rethrow_exception(batch_->failed);
+    }
     TORCH_CHECK(batch_->work,
                 "torch_sdma: a send or recv inside a batch (batch_isend_irecv, a coalescing block) was "
                 "waited on before the batch ended; wait on what the batch returns");
