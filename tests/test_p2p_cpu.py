@@ -121,3 +121,37 @@ def test_p2p_routes_that_differ_raise_on_both():
     for rank, (dt, err) in enumerate(res.values()):
         assert err is not None, f"rank {rank}: no error"
         assert dt < 10 + SLACK_S, f"rank {rank}: {dt:.1f} s: {err}"
+
+
+def peer_exits_body(ctx):
+    """Rank 0 exits while rank 1 waits in a recv from it (their pair already connected): rank 1's recv raises, naming
+    rank 0 as exited, long before the group's timeout; the buffer it posted holds none of another call's bytes."""
+    import os
+    import time
+
+    torch.set_num_threads(1)
+    t = torch.zeros(4099, dtype=torch.int32)
+    if ctx.rank == 0:
+        dist.send(torch.ones(4099, dtype=torch.int32), 1)
+        ctx.barrier_store("first-done")
+        time.sleep(1.0)
+        os._exit(3)
+    dist.recv(t, 0)
+    assert bool((t == 1).all())
+    ctx.barrier_store("first-done")
+    t.zero_()
+    t0 = time.monotonic()
+    try:
+        dist.recv(t, 0)
+    except Exception as e:  # noqa: BLE001
+        return time.monotonic() - t0, f"{type(e).__name__}: {e}", bool(t.any())
+    return time.monotonic() - t0, None, bool(t.any())
+
+
+def test_p2p_peer_exit_is_named():
+    res = run_group(peer_exits_body, 2, "sdma", env=ENV, timeout=120, pg_timeout_s=60, destroy=False, hard_exit=True,
+                    grace=90)
+    dt, err, touched = res.values()[1]
+    assert err is not None and "group rank 0" in err and "exited" in err, err
+    assert dt < 30, f"{dt:.1f} s: {err}"
+    assert not touched
