@@ -201,10 +201,34 @@ def path_cases(g, dev, rank, device_name, expected="dma:direct"):
     return [("paths", paths)]
 
 
+def profiler_cases(g, dev, rank):
+    """A send and its recv under torch.profiler: "sdma:send 0->1" on the sender's trace, "sdma:recv 1<-0" on the
+    receiver's."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from checks.trace import exported_events
+
+    def events():
+        if rank not in (0, 1):
+            return
+        t = rand("prof", 0, 4099, torch.float32, device=dev)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+        with profile(activities=activities) as prof:
+            if rank == 0:
+                dist.send(t, 1, group=g)
+            else:
+                dist.recv(t, 0, group=g)
+        names = {e.get("name") for e in exported_events(prof)}
+        want = "sdma:send 0->1" if rank == 0 else "sdma:recv 1<-0"  # as NCCL names them, "nccl:send 0->1"
+        assert want in names, f"no profiler event {want}; sdma events: {sorted(n for n in names if 'sdma' in str(n))}"
+
+    return [("profiler", events)]
+
+
 def all_cases(g, dev, rank, world, device_name, dtypes=EVERY_DTYPE, expected="dma:direct"):
     return (dtype_cases(g, dev, rank, dtypes) + ring_cases(g, dev, rank, world) + pipeline_cases(g, dev, rank)
             + batch_cases(g, dev, rank) + interleaved_cases(g, dev, rank, world)
-            + path_cases(g, dev, rank, device_name, expected))
+            + profiler_cases(g, dev, rank) + path_cases(g, dev, rank, device_name, expected))
 
 
 def mistake_cases(ctx, dev, timeout_s):
