@@ -91,6 +91,7 @@ GPU_SOURCES = {
         "copy_engine_direct.cpp",
         "gpu_rail_allgather.cpp",
         "graph_held_transports.cpp",
+        "copy_engine_p2p_runner.cpp",
     ],
     "work": ["gpu_work.cpp", "gpu_completion.cpp"],
 }

@@ -6,6 +6,13 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstdlib>
+
+#ifdef TORCH_SDMA_CUDA
+#include <c10/cuda/CUDAStream.h>
+
+#include "gpu/gpu_api.hpp"
+#endif
 
 #include "backend/process_group_sdma.hpp"
 #include "runner/group_failure.hpp"
@@ -13,6 +20,16 @@
 
 namespace sdma {
 namespace {
+
+// The copy-engine point-to-point runner has not run on a GPU yet: CUDA tensors take it only where a test asks for it
+// (TORCH_SDMA_TEST_CUDA_P2P=1, the same on every rank), and NCCL otherwise.
+bool cudaP2pOnCopyEngines() {
+  static const bool on = [] {
+    const char* v = std::getenv("TORCH_SDMA_TEST_CUDA_P2P");
+    return v && std::string(v) == "1";
+  }();
+  return on;
+}
 
 constexpr CollectiveNames kSend{"send", "send", "send"};
 constexpr CollectiveNames kRecv{"recv", "recv", "recv"};
@@ -82,7 +99,17 @@ CollectivePath ProcessGroupSDMA::p2pRoute(const at::Tensor& tensor) const {
     return CollectivePath::inner("below TORCH_SDMA_MIN_BYTES");
   }
   if (cuda) {
-    return CollectivePath::inner("point-to-point of CUDA tensors takes the inner backend");
+    if (!cudaP2pOnCopyEngines()) {
+      return CollectivePath::inner("point-to-point of CUDA tensors takes the inner backend");
+    }
+#ifdef TORCH_SDMA_CUDA
+    if (gpu::streamCapturing(c10::cuda::getCurrentCUDAStream(tensor.device().index()).stream())) {
+      return CollectivePath::inner("captured into a CUDA graph");
+    }
+#endif
+    if (!options_.directCuda) {
+      return CollectivePath::inner("the direct path is off (TORCH_SDMA_DIRECT, or expandable segments)");
+    }
   }
   if (spansNodes()) {
     return CollectivePath::inner("the group spans nodes");
@@ -97,8 +124,14 @@ CollectivePath ProcessGroupSDMA::p2pRoute(const at::Tensor& tensor) const {
 CollectivePath ProcessGroupSDMA::connectP2pPair(const at::Device& device, int peer, const char* op) {
   DevicePath& path = devicePath(device);
   if (!path.p2p) {
-    path.p2p = makeHostP2pRunner(sdmaStore_, getRank(), board_.get());
+    path.p2p = device.is_cuda()
+                   ? makeCopyEngineP2pRunner(sdmaStore_, getRank(), device.index(), board_.get(), directPathOptions())
+                   : makeHostP2pRunner(sdmaStore_, getRank(), board_.get());
+    p2pDevice_ = device.index();
   }
+  TORCH_CHECK_VALUE(!device.is_cuda() || device.index() == p2pDevice_, "torch_sdma: ", op, " on ", device.str(),
+                    ": this group's point-to-point runs on cuda:", static_cast<int>(p2pDevice_),
+                    " (a group's point-to-point uses one GPU, as NCCL's communicator does)");
   try {
     return path.p2p->connectPair(peer);
   } catch (const std::exception& e) {
@@ -161,7 +194,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::pointToPoint(const CollectiveNa
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::runP2p(const std::vector<P2pOp>& ops, const char* op,
                                                         c10d::OpType opType) {
   const CollectiveInfo info{opType, op, p2pSeq_, options_.groupName, getRank(), getSize(), options_.timeout};
-  return hostPath_.p2p->run(pairStepsOf(ops, getRank()), info, seq_ + 1);
+  return devicePath(ops.front().tensor.device()).p2p->run(pairStepsOf(ops, getRank()), info, seq_ + 1);
 }
 
 void ProcessGroupSDMA::beginP2pBatch() {
@@ -181,8 +214,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::endP2pBatch() {
     // found the same) hands its operations to the inner backend, which runs gloo's at once.
     std::vector<P2pOp> direct;
     std::vector<c10::intrusive_ptr<c10d::Work>> inner;
+    const at::Device device = ops.front().tensor.device();
+    for (const P2pOp& op : ops) {
+      TORCH_CHECK_VALUE(op.tensor.device() == device, "torch_sdma: batch_isend_irecv with tensors on ", device.str(),
+                        " and ", op.tensor.device().str(), "; a batch's tensors must be on one device");
+    }
     for (const PairStep& step : pairStepsOf(ops, getRank())) {
-      const CollectivePath path = connectP2pPair(at::kCPU, step.peer, "batch_isend_irecv");
+      const CollectivePath path = connectP2pPair(device, step.peer, "batch_isend_irecv");
       if (path.isDma()) {
         continue;
       }

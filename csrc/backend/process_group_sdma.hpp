@@ -276,6 +276,7 @@ class ProcessGroupSDMA : public c10d::Backend {
   bool coalescing_ = false;
   std::vector<P2pOp> p2pBatch_;                                 // a coalescing block's point-to-point on the DMA path
   std::shared_ptr<P2pBatchOutcome> p2pBatchOutcome_;            // what its operations' Works stand for
+  c10::DeviceIndex p2pDevice_ = -1;                             // the GPU of this group's CUDA point-to-point
   std::vector<c10::intrusive_ptr<c10d::Work>> coalescedWorks_;  // ours and gloo's, for endCoalescing
 
   std::map<std::string, c10::intrusive_ptr<c10d::Backend>> splits_;

@@ -12,6 +12,11 @@ void scheduleDirectP2pBatch(const std::vector<DirectPairStep>& steps, const P2pS
   for (size_t i = 0; i < steps.size(); ++i) {
     start(i, P2pPhase::kArrive);
     const DirectPairStep& s = steps[i];
+    if (s.posted.input != s.plan.input && s.plan.inputBytes > 0) {
+      // A send the peer cannot map went to a bounce area of this rank's: whole before the peer may read it.
+      s.transport->copyLocal(Lane::Drain, const_cast<char*>(s.posted.input), s.plan.input, s.plan.inputBytes);
+      s.transport->direct()->joinLane(Lane::Push, Lane::Drain);
+    }
     s.transport->direct()->signalPeer(Lane::Drain, 1 - s.transport->rank(), Flag::Arrived, 0, s.serial);
   }
   for (size_t i = 0; i < steps.size(); ++i) {
@@ -41,6 +46,9 @@ void scheduleDirectP2pBatch(const std::vector<DirectPairStep>& steps, const P2pS
     start(i, P2pPhase::kFinish);
     const DirectPairStep& s = steps[i];
     s.transport->direct()->waitPeer(Lane::Drain, 1 - s.transport->rank(), Flag::Done, 0, s.serial);
+    if (s.posted.outputBase != s.plan.output && s.plan.outputBytes > 0) {
+      s.transport->copyLocal(Lane::Drain, s.plan.output, s.posted.outputBase, s.plan.outputBytes);
+    }
   }
 }
 

@@ -19,6 +19,8 @@ struct DirectPairStep {
   Transport* transport = nullptr;  // the pair's: rank 0 and 1 are its members in group-rank order
   ExchangePlan plan;               // by pair rank
   uint32_t serial = 0;             // the pair's, carried by this step's Arrived and Done
+  // What this rank posted: the plan's regions, or a bounce area for a region the peer cannot map, which the schedule
+  // fills before Arrived (a send) and empties after Done (a recv). A bounce area serves one step of a batch.
   PostedBuffers posted;
   ExchangePeer peer;  // how the pair settled, and what the peer posted
 };

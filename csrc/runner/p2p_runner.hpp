@@ -16,6 +16,7 @@
 #include "collective/collective_info.hpp"
 #include "collective/collective_path.hpp"
 #include "collective/p2p_batch.hpp"
+#include "runner/collective_runner.hpp"
 #include "transport/call_board.hpp"
 
 namespace sdma {
@@ -39,5 +40,9 @@ class P2pRunner {
 // Shared memory, for CPU tensors (host_p2p_runner.cpp). `store`: the group's own, which a pair's connect reads under
 // "p2p/<lo>-<hi>/" within the group's timeout. `board`: the group's call board (null where it has none).
 std::unique_ptr<P2pRunner> makeHostP2pRunner(c10::intrusive_ptr<c10d::Store> store, int rank, CallBoard* board);
+// Copy engines, for CUDA tensors of GPU `device` (copy_engine_p2p_runner.cpp; a build without CUDA has none and
+// throws). `options`: the group's direct path's (the peer wait).
+std::unique_ptr<P2pRunner> makeCopyEngineP2pRunner(c10::intrusive_ptr<c10d::Store> store, int rank, int device,
+                                                   CallBoard* board, const DirectPathOptions& options);
 
 }  // namespace sdma
