@@ -60,7 +60,7 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 # One list per layer (csrc/README.md); the vendor layer and the copy-engine runner only where the GPU code is built.
 SOURCES = {
     "backend": ["process_group_sdma.cpp", "bindings.cpp", "self_exchange.cpp", "settings_agreement.cpp",
-                "delegated_watch.cpp", "exchange_collectives.cpp"],
+                "delegated_watch.cpp", "exchange_collectives.cpp", "p2p_collectives.cpp"],
     "collective": [
         "allgather_inputs.cpp",
         "byte_spans.cpp",
@@ -72,9 +72,11 @@ SOURCES = {
         "hierarchical_allgather.cpp",
         "exchange_inputs.cpp",
         "direct_exchange.cpp",
+        "p2p_batch.cpp",
+        "direct_p2p_batch.cpp",
     ],
     "transport": ["peer_rendezvous.cpp", "group_timeout_store.cpp", "host_shared_memory.cpp", "host_shm_transport.cpp"],
-    "runner": ["shared_memory_runner.cpp", "host_rail_allgather.cpp", "kept_for_life.cpp"],
+    "runner": ["shared_memory_runner.cpp", "host_rail_allgather.cpp", "kept_for_life.cpp", "host_p2p_runner.cpp"],
     "work": ["host_work.cpp", "self_p2p_work.cpp", "interpreter_exit.cpp"],
 }
 GPU_SOURCES = {
@@ -91,6 +93,7 @@ GPU_SOURCES = {
         "copy_engine_captured_exchange.cpp",
         "gpu_rail_allgather.cpp",
         "graph_held_transports.cpp",
+        "copy_engine_p2p_runner.cpp",
     ],
     "work": ["gpu_work.cpp", "gpu_completion.cpp"],
 }

@@ -1,7 +1,9 @@
 """A randomized soak of the exchange collectives among all-gathers: all_to_all_single (even, and uneven with zero
-splits), all_to_all lists, broadcast, gather and scatter with random roots, all_gather_into_tensor between them, sync
-and async at a random depth, on the current stream or a side one (GPU), on two groups; every output checked bit-exact
-against bytes every rank rebuilds locally from (seed, call index, rank).
+splits), all_to_all lists, broadcast, gather and scatter with random roots, all_gather_into_tensor between them,
+point-to-point between them (a send/recv of one pair, the rest of the group idle, and a batch_isend_irecv ring over
+the group; CPU tensors only while CUDA point-to-point goes to NCCL), sync and async at a random depth, on the current
+stream or a side one (GPU), on two groups; every output checked bit-exact against bytes every rank rebuilds locally
+from (seed, call index, rank).
 
 Under torchrun (GPU when there is one, else CPU):
     torchrun --nproc_per_node 2 tests/soak_exchange.py --calls 100000 --seed 7
@@ -17,6 +19,7 @@ calls per form, bytes, seconds.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import random
@@ -44,7 +47,10 @@ warnings.filterwarnings("ignore", category=UserWarning, module="torch.distribute
 
 # Forms, in the order their counts are printed.
 FORMS = ("all_to_all_single", "all_to_all_single_uneven", "all_to_all", "broadcast", "gather", "scatter",
-         "all_gather")
+         "all_gather", "send_recv", "p2p_ring")
+# Point-to-point forms: soaked on CPU tensors only, while CUDA point-to-point takes NCCL (not on two ranks of one GPU,
+# and not every dtype).
+P2P_FORMS = ("send_recv", "p2p_ring")
 # The ops move bytes: any bit pattern of any dtype must arrive as it left (NaN payloads, fp8, unsigned wide ints).
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int8, torch.uint8, torch.int16, torch.int32,
           torch.int64, torch.float64, torch.bool, torch.complex64, torch.float8_e4m3fn, torch.float8_e5m2,
@@ -182,12 +188,27 @@ class Schedule:
                 c.splits = [[0 if rng.random() < zeros else _count(rng, cap // W, row) for _ in range(W)]
                             for _ in range(W)]
         else:
-            per_rank = cap // W if form in ("gather", "scatter", "all_gather") else cap
+            per_rank = cap // W if form in ("gather", "scatter", "all_gather", "p2p_ring") else cap
             c.numel = _count(rng, per_rank, es)
         return c
 
 
 # ------------------------------------------------------------------------------------------------ the soak
+class _AllOf:
+    """The works of one batch_isend_irecv, waited on as one."""
+
+    def __init__(self, works):
+        self.works = works
+
+    def wait(self, *args):
+        for w in self.works:
+            w.wait(*args)
+        return True
+
+    def is_completed(self):
+        return all(w.is_completed() for w in self.works)
+
+
 class ExchangeSoak(Soak):
     """The all-gather soak's waits, checks, events, stop and resource checks, over the exchange forms' calls."""
 
@@ -268,6 +289,31 @@ class ExchangeSoak(Soak):
                 item.checks.append(("output", out, exp))
                 item.keep = sl or []
                 self.bytes += exp.numel()
+            elif form == "send_recv":  # group rank root sends to the next; the others make no call
+                src, dst = call.root, (call.root + 1) % W
+                if me == src:
+                    x = payload(src, 0, call.numel)
+                    item.work = dist.isend(x, members[dst], group=g) if a else dist.send(x, members[dst], group=g)
+                    item.keep = [x]
+                elif me == dst:
+                    exp = _bytes(payload(src, 0, call.numel))
+                    out = _poisoned_like(exp, (call.numel,), dt, dev)
+                    item.work = dist.irecv(out, members[src], group=g) if a else dist.recv(out, members[src], group=g)
+                    item.checks.append(("recv", out, exp))
+                    self.bytes += exp.numel()
+            elif form == "p2p_ring":  # every member sends to the next and receives from the previous, in one batch
+                nxt, prv = (me + 1) % W, (me - 1) % W
+                x = payload(me, 0, call.numel)
+                exp = _bytes(payload(prv, 0, call.numel))
+                out = _poisoned_like(exp, (call.numel,), dt, dev)
+                works = dist.batch_isend_irecv([dist.P2POp(dist.isend, x, members[nxt], g),
+                                                dist.P2POp(dist.irecv, out, members[prv], g)])
+                item.work = works[0] if len(works) == 1 else _AllOf(works)
+                if not a:
+                    item.work.wait()
+                item.checks.append(("recv", out, exp))
+                item.keep = [x]
+                self.bytes += exp.numel()
             elif form == "all_gather":
                 parts = [payload(r, 0, call.numel) for r in range(W)]
                 exp = torch.cat([_bytes(p) for p in parts])
@@ -278,13 +324,16 @@ class ExchangeSoak(Soak):
                 self.bytes += exp.numel()
             else:
                 raise ValueError(form)
-        if not a:
+        if not a or item.work is None:
             item.work = None
         self.per_form[form] = self.per_form.get(form, 0) + 1
         return item
 
     def schedule(self):
-        return Schedule(self.opts.seed, self.opts, [len(m) for m in self.members])
+        opts = self.opts
+        if self.cuda:
+            opts = dataclasses.replace(opts, forms=tuple(f for f in opts.forms if f not in P2P_FORMS) or opts.forms)
+        return Schedule(opts.seed, opts, [len(m) for m in self.members])
 
     def form_counts(self):
         return {f: self.per_form[f] for f in FORMS if f in self.per_form}

@@ -28,6 +28,7 @@ KNOWN_VARIABLES = (
     "TORCH_SDMA_TEST_FAULT",
     "TORCH_SDMA_TEST_SYNC_ON_CALLER",
     "TORCH_SDMA_TEST_UNORDERED",
+    "TORCH_SDMA_TEST_CUDA_P2P",
     "TORCH_SDMA_CHECK_PLANT_WRONG_BYTE",
     "TORCH_SDMA_BUILD_CUDA",
     "TORCH_SDMA_KEEP_CXX",
@@ -78,8 +79,9 @@ def _parse_int(name: str, default: int) -> int:
     return int(raw)
 
 
-# The collectives TORCH_SDMA_DELEGATE may send to the inner backend ("all_to_all": both all-to-all forms).
-DELEGABLE = ("all_to_all", "broadcast", "gather", "scatter")
+# The collectives TORCH_SDMA_DELEGATE may send to the inner backend ("all_to_all": both all-to-all forms; "send" or
+# "recv": both, since the two sides of a pair must take the same route).
+DELEGABLE = ("all_to_all", "broadcast", "gather", "scatter", "send", "recv")
 
 
 def _parse_delegate(name: str) -> str:

@@ -36,12 +36,15 @@ int64_t bytesOf(const std::vector<at::Tensor>& ts) {
 }  // namespace
 
 bool ProcessGroupSDMA::delegatedByKnob(CallOp op) const {
+  return delegatedByName(op == CallOp::kAlltoallSingle ? "all_to_all" : callOpName(op));
+}
+
+bool ProcessGroupSDMA::delegatedByName(const std::string& name) const {
   const std::string& list = options_.delegate;
-  const char* name = op == CallOp::kAlltoallSingle ? "all_to_all" : callOpName(op);
   size_t at = 0;
   while (at <= list.size()) {
     const size_t comma = std::min(list.find(',', at), list.size());
-    if (list.compare(at, comma - at, name) == 0 && std::string(name).size() == comma - at) {
+    if (list.compare(at, comma - at, name) == 0 && name.size() == comma - at) {
       return true;
     }
     at = comma + 1;

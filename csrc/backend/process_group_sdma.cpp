@@ -373,9 +373,6 @@ constexpr CollectiveNames kReduceScatterTensor{"reduce_scatter_tensor", "_reduce
 constexpr CollectiveNames kReduceScatterTensorCoalesced{
     "reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_coalesced",
     CallOp::kReduceScatterTensorCoalesced};
-constexpr CollectiveNames kSend{"send", "send", "send"};
-constexpr CollectiveNames kRecv{"recv", "recv", "recv"};
-constexpr CollectiveNames kRecvAnysource{"recvAnysource", "recv_anysource", "recvAnySource"};
 constexpr CollectiveNames kBarrier{"barrier", "barrier", "barrier", CallOp::kBarrier};
 
 const std::vector<at::Tensor> kNoTensors;
@@ -424,33 +421,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::reduce_scatter_tensor_coalesced
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
   return delegate(kReduceScatterTensorCoalesced, {kReduceScatterTensorCoalesced, inputs, outputs}, tensorBytes(outputs),
                   [&](c10d::Backend& b) { return b.reduce_scatter_tensor_coalesced(outputs, inputs, opts); });
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
-  const TracedCollective traced{kSend, tensors, kNoTensors, kNoSplits, kNoSplits, nullptr, "->", getRank(), dstRank};
-  refuseIfDestroyed("send");
-  if (dstRank == getRank()) {
-    recordPath("self:send", tensorBytes(tensors));
-    return runTraced(traceGroup_, getGroupDesc(), ++p2pSeq_, traced,
-                     [&] { return trackCoalesced(self_.send(tensors, tag)); });
-  }
-  return delegate(kSend, traced, tensorBytes(tensors), [&](c10d::Backend& b) { return b.send(tensors, dstRank, tag); });
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
-  const TracedCollective traced{kRecv, kNoTensors, tensors, kNoSplits, kNoSplits, nullptr, "<-", getRank(), srcRank};
-  refuseIfDestroyed("recv");
-  if (srcRank == getRank()) {
-    recordPath("self:recv", tensorBytes(tensors));
-    return runTraced(traceGroup_, getGroupDesc(), ++p2pSeq_, traced,
-                     [&] { return trackCoalesced(self_.recv(tensors, tag)); });
-  }
-  return delegate(kRecv, traced, tensorBytes(tensors), [&](c10d::Backend& b) { return b.recv(tensors, srcRank, tag); });
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  return delegate(kRecvAnysource, {kRecvAnysource, kNoTensors, tensors}, tensorBytes(tensors),
-                  [&](c10d::Backend& b) { return b.recvAnysource(tensors, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::barrier(const c10d::BarrierOptions& opts) {
@@ -725,12 +695,14 @@ void ProcessGroupSDMA::startCoalescing() {
   coalescing_ = true;
   coalescedWorks_.clear();
   self_.beginBatch();
+  beginP2pBatch();
   if (innerCuda_) {
     innerCuda_->startCoalescing();
   }
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::endCoalescing() {
+  trackCoalesced(endP2pBatch());
   std::vector<c10::intrusive_ptr<c10d::Work>> parts;
   parts.swap(coalescedWorks_);
   coalescing_ = false;
@@ -871,8 +843,10 @@ void ProcessGroupSDMA::shutdown() {
   destroyed_ = true;
   delegatedWatch_.reset();  // before the inner backends it may abort go
   // The runners' destructors wait for collectives in flight (bounded by the timeout), then free staging.
-  cudaPath_.runner.reset();
-  hostPath_.runner.reset();
+  for (auto* path : {&cudaPath_, &hostPath_}) {
+    path->runner.reset();
+    path->p2p.reset();
+  }
   for (auto* inner : {&innerCpu_, &innerCuda_}) {
     if (*inner) {
       (*inner)->shutdown();

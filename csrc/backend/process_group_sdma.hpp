@@ -29,10 +29,12 @@
 #include "collective/exchange_inputs.hpp"
 #include "collective/node_layout.hpp"
 #include "runner/collective_runner.hpp"
+#include "runner/p2p_runner.hpp"
 #include "transport/call_board.hpp"
 #include "transport/group_region.hpp"
 #include "transport/group_timeout_store.hpp"
 #include "transport/peer_rendezvous.hpp"
+#include "work/batched_p2p_work.hpp"
 
 namespace sdma {
 
@@ -151,7 +153,8 @@ class ProcessGroupSDMA : public c10d::Backend {
     CollectivePath atCreation;
     CollectivePath decided;
     std::unique_ptr<CollectiveRunner> runner;
-    std::string connectFailure;  // why connecting failed (a peer never came): later all-gathers are refused
+    std::unique_ptr<P2pRunner> p2p;  // from the device's first point-to-point operation on the DMA path
+    std::string connectFailure;      // why connecting failed (a peer never came): later all-gathers are refused
   };
   DevicePath& devicePath(const at::Device& device) {
     return device.is_cuda() ? cudaPath_ : hostPath_;
@@ -177,6 +180,27 @@ class ProcessGroupSDMA : public c10d::Backend {
   CollectivePath exchangeRoute(const PlannedExchange& planned, CallOp op) const;
   // TORCH_SDMA_DELEGATE names the op (all_to_all covers both forms).
   bool delegatedByKnob(CallOp op) const;
+  bool delegatedByName(const std::string& name) const;
+  // Point-to-point (p2p_collectives.cpp): the route both members of the pair take alike, then the pair's steps on the
+  // device's P2pRunner (inside a coalescing block: collected, and run as one batch at its end) or the inner backend.
+  template <typename InnerCall>
+  c10::intrusive_ptr<c10d::Work> pointToPoint(const CollectiveNames& names, const TracedCollective& traced,
+                                              const std::vector<at::Tensor>& tensors, int peer, bool isSend, int tag,
+                                              InnerCall&& innerCall);
+  // The inner backend's send, recv or recvAnysource, counted as delegated.
+  template <typename InnerCall>
+  c10::intrusive_ptr<c10d::Work> delegateP2p(const CollectiveNames& names, const TracedCollective& traced,
+                                             const std::vector<at::Tensor>& tensors, InnerCall&& innerCall);
+  // From the group's settings and the bytes alone; the pair's connect may still say the inner backend.
+  CollectivePath p2pRoute(const at::Tensor& tensor) const;
+  // Connects the pair at its first operation (collective over the pair), then its path, alike on both members.
+  CollectivePath connectP2pPair(const at::Device& device, int peer, const char* op);
+  // stats() under "<op>:dma:direct" (the inner route counts as delegated), and group_path(op=).
+  void recordP2pPath(const char* op, const at::Device& device, const CollectivePath& path, int64_t bytes);
+  c10::intrusive_ptr<c10d::Work> runP2p(const std::vector<P2pOp>& ops, const char* op, c10d::OpType opType);
+  void beginP2pBatch();
+  // The batch's Work (null where it held no operation on the DMA path).
+  c10::intrusive_ptr<c10d::Work> endP2pBatch();
   // The one shape of every delegated collective.
   template <typename InnerCall>
   c10::intrusive_ptr<c10d::Work> delegate(const CollectiveNames& names, const TracedCollective& traced, int64_t bytes,
@@ -250,6 +274,9 @@ class ProcessGroupSDMA : public c10d::Backend {
   DevicePath hostPath_;
 
   bool coalescing_ = false;
+  std::vector<P2pOp> p2pBatch_;                                 // a coalescing block's point-to-point on the DMA path
+  std::shared_ptr<P2pBatchOutcome> p2pBatchOutcome_;            // what its operations' Works stand for
+  c10::DeviceIndex p2pDevice_ = -1;                             // the GPU of this group's CUDA point-to-point
   std::vector<c10::intrusive_ptr<c10d::Work>> coalescedWorks_;  // ours and gloo's, for endCoalescing
 
   std::map<std::string, c10::intrusive_ptr<c10d::Backend>> splits_;

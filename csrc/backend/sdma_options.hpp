@@ -53,7 +53,7 @@ struct SdmaOptions {
   bool directCudaFromAllocator = false;
   int64_t directPeerWaitUs = kDefaultDirectPeerWaitUs;  // TORCH_SDMA_DIRECT_PEER_WAIT_US
   // TORCH_SDMA_DELEGATE: exchange collectives sent to the inner backend at every size, a comma list of all_to_all
-  // (both forms), broadcast, gather, scatter.
+  // (both forms), broadcast, gather, scatter, send and recv (either one: both).
   std::string delegate;
   bool log = true;  // TORCH_SDMA_LOG: one line per group at creation (written by the Python side)
   // TORCH_SDMA_TEST_PSEUDO_NODES (tests only): the pseudo-node of its host this process is placed on, "" for none.

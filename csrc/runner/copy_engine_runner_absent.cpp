@@ -1,5 +1,8 @@
 // A build without CUDA (TORCH_SDMA_CUDA unset, e.g. a CPU-only torch): CUDA all-gathers go to the inner backend.
+#include <c10/util/Exception.h>
+
 #include "runner/collective_runner.hpp"
+#include "runner/p2p_runner.hpp"
 
 namespace sdma {
 namespace {
@@ -26,6 +29,11 @@ std::unique_ptr<CollectiveRunner> connectHierarchicalCopyEngineRunner(const c10:
                                                                       std::string* whyNot) {
   *whyNot = kWhy;
   return nullptr;
+}
+
+std::unique_ptr<P2pRunner> makeCopyEngineP2pRunner(c10::intrusive_ptr<c10d::Store>, int, int, CallBoard*,
+                                                   const DirectPathOptions&) {
+  TORCH_CHECK(false, "torch_sdma: ", kWhy);
 }
 
 }  // namespace sdma

@@ -28,6 +28,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <new>
 #include <optional>
 #include <stdexcept>
@@ -203,6 +204,26 @@ class ArrivalMailbox {
   bool peerReached(int q, uint64_t serial) const {
     return headers_[q].readUpTo.load(std::memory_order_acquire) >= serial ||
            slot(q, serial).serial.load(std::memory_order_acquire) == serial;
+  }
+  // Peer q's post for `serial` and what it posted about its pair with this rank, once it is there (false while it
+  // is not, or no longer is). For a rank that did not wait for q at arrive() and so never read it there: the pair's
+  // other side then moves both directions, and this rank only compares what the two posted.
+  bool readPeerPost(int q, uint64_t serial, BufferPost* post, PairRanges* ranges) {
+    Slot& theirs = slot(q, serial);
+    if (theirs.serial.load(std::memory_order_acquire) != serial) {
+      return false;
+    }
+    BufferPost copied;
+    std::memcpy(static_cast<void*>(&copied), static_cast<const void*>(&theirs.post), sizeof(BufferPost));
+    const PairRanges r = rangesFor(q, serial);
+    // A seqlock's read: overwritten meanwhile (depth serials later), the copy is torn and counts as gone.
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (theirs.serial.load(std::memory_order_relaxed) != serial) {
+      return false;
+    }
+    *post = copied;
+    *ranges = r;
+    return true;
   }
   // The bytes per rank peer q posted for `serial` where they differ from `bytesPerRank` (0 bytes included), else
   // nothing (also when its post for `serial` is not, or no longer, there).

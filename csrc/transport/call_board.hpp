@@ -292,6 +292,10 @@ class CallBoard {
     std::lock_guard<std::mutex> lock(reasonMutex_);
     return reason_;
   }
+  // The sequence number at which `member`'s group failed (0: it did not). Any thread.
+  uint64_t failedAtOf(int member) const {
+    return headers_[member].failedAt.load(std::memory_order_acquire);
+  }
   // A peer whose group failed, and at which sequence number (0: none).
   std::pair<int, uint64_t> failedPeer() const {
     for (int q = 0; q < size_; ++q) {

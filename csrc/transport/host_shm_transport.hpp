@@ -91,6 +91,10 @@ class HostShmTransport : public Transport, public DirectTransport {
     return directUnavailable_;
   }
 
+  // Member `member`'s process id, for a task that waits on it to notice that it exited.
+  int pidOf(int member) const {
+    return pids_[member];
+  }
   // Records `task` to run in its place among the operations.
   void recordTask(Task task);
   // Records, as the collective's first operation, a comparison of what every member passed: this rank's bytes per

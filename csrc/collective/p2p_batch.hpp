@@ -1,0 +1,51 @@
+// Point-to-point as two-rank exchanges (docs/design.md, "Point-to-point"). A batch (batch_isend_irecv, or one send or
+// recv alone) reduces to steps, one per pair exchange: with each peer, the k-th send of the batch to it and the k-th
+// recv from it form one step, its k-th; the peer forms the same steps from its own operations, so that a send meets
+// the recv that NCCL would match with it (per direction, in call order). A step is one ExchangePlan on the pair's own
+// transport, whose ranks are the pair's members in group-rank order.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "collective/exchange_plan.hpp"
+
+namespace sdma {
+
+struct P2pOp {
+  int peer = -1;  // group rank
+  bool isSend = false;
+  at::Tensor tensor;
+  int tag = 0;  // for the inner backend, where the pair takes it (the DMA path matches by order alone, as NCCL does)
+};
+
+struct PairStep {
+  int peer = -1;
+  at::Tensor send;  // undefined where the step only receives
+  at::Tensor recv;  // undefined where the step only sends
+};
+
+// The steps of `ops`, each peer's in its operations' order, the peers in the order of their pairs (lo, hi)
+// ascending: connecting the pairs in that order on every rank never waits in a cycle.
+std::vector<PairStep> pairStepsOf(const std::vector<P2pOp>& ops, int rank);
+
+// What a step posts in the mailbox's bytes word: which directions this rank moves, so that two sends (or two recvs)
+// that meet are refused even at zero bytes.
+constexpr uint64_t kStepSends = 1;
+constexpr uint64_t kStepReceives = 2;
+inline uint64_t directionsOf(const PairStep& step) {
+  return (step.send.defined() ? kStepSends : 0) | (step.recv.defined() ? kStepReceives : 0);
+}
+
+// The step as an exchange on the pair's transport: this rank is pair rank `me` (0 or 1), the peer 1 - me.
+ExchangePlan pairPlanOf(const PairStep& step, int me);
+
+// "" where the two sides of a step agree (this rank's `mine`, the peer's posted directions and ranges), else the
+// words that name both ranks, what each passed, and the step's place among the pair's operations.
+std::string pairStepDisagreement(int rank, int peer, uint64_t serial, uint64_t myDirections, const PairRanges& mine,
+                                 uint64_t peerDirections, const PairRanges& peers);
+
+}  // namespace sdma

@@ -1,0 +1,348 @@
+// The point-to-point runner of CUDA tensors (docs/design.md, "Point-to-point"): per pair of ranks the direct path's
+// state of a two-member group (CopyEngineDirect: the Arrived and Done flags, the mailbox, the export of this rank's
+// buffers and the mappings of the peer's), connected at the pair's first operation; two streams of its own for the
+// lanes, which wait for the caller's stream; a watchdog that names a peer that never came within the timeout, fails
+// the group, and, once this runner's lanes ran out, releases the failed peers' waits on it (docs/design.md,
+// "Failures", applied to the pairs' flags).
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+
+#include "collective/direct_p2p_batch.hpp"
+#include "runner/copy_engine_direct.hpp"
+#include "runner/group_failure.hpp"
+#include "runner/guarded_thread.hpp"
+#include "runner/kept_for_life.hpp"
+#include "runner/p2p_runner.hpp"
+#include "work/gpu_work.hpp"
+
+namespace sdma {
+namespace {
+
+// What a release writes, past any serial the peer may still wait for (docs/design.md, "Failures").
+constexpr uint32_t kReleaseAhead = 1u << 30;
+
+class CopyEngineP2pRunner : public P2pRunner {
+ public:
+  CopyEngineP2pRunner(c10::intrusive_ptr<c10d::Store> store, int rank, int device, CallBoard* board,
+                      DirectPathOptions options)
+      : store_(std::move(store)), rank_(rank), device_(device), board_(board), options_(options) {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+    push_ = gpu::createStream();
+    drain_ = gpu::createStream();
+    fork_ = gpu::createEvent();
+    watchdog_ = GuardedThread([this] { watchdogLoop(); }, [this](const std::string& why) { abandon(why); });
+  }
+
+  ~CopyEngineP2pRunner() override {
+    watchdog_.stopAndJoin(mutex_, wake_, stop_);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!inFlight_.empty()) {
+      // Lanes that may still copy with the pairs' memory and the callers' tensors, or wait on them: nothing of it
+      // goes back.
+      for (auto& [peer, pair] : pairs_) {
+        keepForLife(std::move(pair.direct), 0);
+      }
+      for (auto& f : inFlight_) {
+        keepForLife(std::move(f.completion), 0);
+        for (auto& h : f.holds) {
+          keepForLife(std::move(h), 0);
+        }
+      }
+      return;
+    }
+    gpu::destroyEvent(fork_);
+    gpu::destroyStream(push_);
+    gpu::destroyStream(drain_);
+  }
+
+  CollectivePath connectPair(int peer) override {
+    const auto found = pairs_.find(peer);  // only this thread adds pairs: reading here needs no lock
+    if (found != pairs_.end()) {
+      const Pair& pair = found->second;
+      return pair.direct ? CollectivePath::dma(CollectivePath::kDirect) : CollectivePath::inner(pair.whyNot);
+    }
+    TORCH_CHECK_WITH(DistBackendError, failedPairs_.count(peer) == 0, "torch_sdma: ", failedPairs_[peer]);
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+    const int lo = std::min(rank_, peer);
+    const int hi = std::max(rank_, peer);
+    auto store = c10::make_intrusive<c10d::PrefixStore>(
+        "p2p/cuda/" + std::to_string(lo) + "-" + std::to_string(hi) + "/", store_);
+    const int me = rank_ == lo ? 0 : 1;
+    Pair pair;
+    try {
+      // Collective over the pair: both members get the same answer.
+      pair.whyNot = CopyEngineTransport::checkGroupReachable(*store, "reach", me, 2, device_, &pair.members);
+      if (pair.whyNot.empty()) {
+        pair.direct = std::make_shared<CopyEngineDirect>(store, me, 2, device_, pair.members, options_);
+      }
+    } catch (const std::exception& e) {
+      failedPairs_[peer] = "connecting the pair of group ranks " + std::to_string(lo) + " and " + std::to_string(hi) +
+                           " failed: " + messageOf(e);
+      throw;
+    }
+    const CollectivePath path =
+        pair.direct ? CollectivePath::dma(CollectivePath::kDirect) : CollectivePath::inner(pair.whyNot);
+    std::lock_guard<std::mutex> lock(mutex_);  // the watchdog reads the pairs
+    pairs_.emplace(peer, std::move(pair));
+    return path;
+  }
+
+  c10::intrusive_ptr<c10d::Work> run(std::vector<PairStep> steps, const CollectiveInfo& info,
+                                     uint64_t nextCollective) override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      failure_.refuse(info);
+    }
+    if (board_) {
+      const std::string failed = board_->failure();
+      TORCH_CHECK_WITH(DistBackendError, failed.empty(), "torch_sdma: ", info.describe(),
+                       " refused: an earlier collective on this group failed: ", failed);
+    }
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+    std::vector<at::Tensor> outputs;
+    std::vector<at::Tensor> keep;
+    for (const PairStep& step : steps) {
+      for (const at::Tensor& t : {step.send, step.recv}) {
+        if (t.defined()) {
+          keep.push_back(t);
+        }
+      }
+      if (step.recv.defined()) {
+        outputs.push_back(step.recv);
+      }
+    }
+    // Every step's post first (CopyEngineDirect compares the pair's ranges and throws RangeMismatch, naming both).
+    std::vector<CopyEngineDirect::Arrival> arrivals;
+    std::vector<DirectPairStep> direct;
+    InFlight flight;
+    for (const PairStep& step : steps) {
+      Pair& pair = pairs_.at(step.peer);
+      const int me = rank_ < step.peer ? 0 : 1;
+      DirectPairStep d;
+      d.plan = pairPlanOf(step, me);
+      try {
+        arrivals.push_back(pair.direct->arriveExchange(d.plan, info.timeout));
+      } catch (const std::exception& e) {
+        // Posted or not, a peer that read a post may copy with these buffers until its own failure stops it.
+        keepTensorsForLife(std::move(keep));
+        const std::string reason = info.describe() + " failed: " + messageOf(e);
+        failGroup(nextCollective, reason);
+        C10_THROW_ERROR(DistBackendError, "torch_sdma: " + reason);
+      }
+      const CopyEngineDirect::Arrival& a = arrivals.back();
+      const bool bounced = a.posted.input != d.plan.input || a.posted.outputBase != d.plan.output;
+      if (bounced &&
+          std::count_if(steps.begin(), steps.end(), [&](const PairStep& o) { return o.peer == step.peer; }) > 1) {
+        // The pair's one bounce area would serve two steps of the batch at once.
+        keepTensorsForLife(std::move(keep));
+        const std::string reason =
+            info.describe() + " failed: a batch with several operations with group rank " + std::to_string(step.peer) +
+            " whose buffers that rank cannot map (a bounce area each) is not supported; issue them as separate batches";
+        failGroup(nextCollective, reason);
+        C10_THROW_ERROR(DistBackendError, "torch_sdma: " + reason);
+      }
+      d.transport = a.transport.get();
+      d.serial = static_cast<uint32_t>(a.serial);
+      d.posted = a.posted;
+      d.peer = {a.peers[1 - me], a.ranges[1 - me]};
+      direct.push_back(std::move(d));
+      flight.steps.push_back({step.peer, a.serial});
+    }
+
+    const gpu::Stream caller = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream();
+    std::unique_lock<std::mutex> lock(mutex_);
+    gpu::recordEvent(fork_, caller);
+    gpu::streamWaitEvent(push_, fork_);
+    gpu::streamWaitEvent(drain_, fork_);
+    for (auto& a : arrivals) {
+      a.transport->bindLanes(push_, drain_);
+    }
+    // The pairs' transports share the two streams: a transport's collected flag operations are issued before another
+    // one enqueues behind them.
+    CopyEngineTransport* recording = nullptr;
+    scheduleDirectP2pBatch(direct, [&](size_t i, P2pPhase) {
+      CopyEngineTransport* next = arrivals[i].transport.get();
+      if (recording && recording != next) {
+        recording->flush();
+      }
+      recording = next;
+    });
+    if (recording) {
+      recording->flush();
+    }
+    gpu::Event end = endEvents_->take();
+    gpu::recordEvent(end, drain_);
+    flight.completion = std::make_shared<GpuCompletion>(end, endEvents_, std::move(keep));
+    flight.info = info;
+    flight.failAt = nextCollective;
+    flight.enqueuedAt = std::chrono::steady_clock::now();
+    for (auto& a : arrivals) {
+      flight.holds.push_back(a.transport);
+      for (auto& h : a.holds) {
+        flight.holds.push_back(std::move(h));
+      }
+    }
+    auto work = c10::make_intrusive<GpuWork>(info, at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_)),
+                                             std::move(outputs), flight.completion);
+    inFlight_.push_back(std::move(flight));
+    lock.unlock();
+    wake_.notify_one();
+    return work;
+  }
+
+ private:
+  struct Pair {
+    std::shared_ptr<CopyEngineDirect> direct;
+    std::vector<MemberIdentity> members;  // the pair's, in group-rank order
+    std::string whyNot;                   // the pair takes the inner backend: why
+    bool released = false;
+  };
+  struct InFlight {
+    std::shared_ptr<GpuCompletion> completion;
+    std::vector<std::pair<int, uint64_t>> steps;  // (peer, the pair's serial)
+    std::vector<std::shared_ptr<void>> holds;
+    CollectiveInfo info;
+    uint64_t failAt = 0;
+    std::chrono::steady_clock::time_point enqueuedAt;
+  };
+
+  void failGroup(uint64_t at, const std::string& reason) {
+    if (board_) {
+      board_->fail(at, reason);
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    failGroupLocked(reason);
+  }
+
+  // Every later batch is refused; every batch in flight carries the error, its tensors kept until its lanes ran out.
+  void failGroupLocked(const std::string& reason) {
+    failure_.record("torch_sdma: " + reason);
+    const auto error = std::make_exception_ptr(C10_BUILD_ERROR(DistBackendError, "torch_sdma: " + reason));
+    for (auto& f : inFlight_) {
+      f.completion->setError(error);
+    }
+  }
+
+  // Why `f` cannot complete, naming its peers, or "" while it may.
+  std::string stuck(const InFlight& f, std::chrono::steady_clock::time_point now) {
+    for (const auto& [peer, serial] : f.steps) {
+      const int pid = pidOf(peer);
+      if (!processAlive(pid)) {
+        return f.info.describe() + " failed: group rank " + std::to_string(peer) + " (pid " + std::to_string(pid) +
+               ") exited";
+      }
+      if (board_ && board_->failedAtOf(peer) != 0) {
+        return f.info.describe() + " failed: group rank " + std::to_string(peer) +
+               " failed (its group failed at "
+               "sequence number " +
+               std::to_string(board_->failedAtOf(peer)) + ")";
+      }
+    }
+    if (now < f.enqueuedAt + f.info.timeout) {
+      return "";
+    }
+    std::string never;
+    for (const auto& [peer, serial] : f.steps) {
+      if (!pairs_.at(peer).direct->peerReached(1 - (rank_ < peer ? 0 : 1), serial)) {
+        never += (never.empty() ? "" : ", ") + std::to_string(peer);
+      }
+    }
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - f.enqueuedAt).count();
+    return f.info.describe() + " timed out after " + std::to_string(ms) + " ms " +
+           (never.empty() ? std::string("with its peers' copies unfinished")
+                          : "waiting for group ranks [" + never + "], which never posted the matching operation");
+  }
+
+  void watchdogLoop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stop_ || !inFlight_.empty()) {
+      wake_.wait_for(lock, std::chrono::milliseconds(50));
+      const auto now = std::chrono::steady_clock::now();
+      while (!inFlight_.empty() && inFlight_.front().completion->pollDone()) {
+        inFlight_.pop_front();
+      }
+      if (!failure_.happened()) {
+        for (const auto& f : inFlight_) {
+          const std::string why = stuck(f, now);
+          if (!why.empty()) {
+            if (board_) {
+              board_->fail(f.failAt, why);
+            }
+            failGroupLocked(why);
+            break;
+          }
+        }
+      }
+      if (failure_.happened() && inFlight_.empty()) {
+        releaseFailedPeers();
+      }
+      if (stop_ && failure_.happened() && !inFlight_.empty() &&
+          now > inFlight_.front().enqueuedAt + 2 * inFlight_.front().info.timeout) {
+        return;  // the destructor keeps what may still run
+      }
+    }
+  }
+
+  // This rank's lanes ran out: every failed (or gone) peer's waits on this rank pass (docs/design.md, "Failures").
+  void releaseFailedPeers() {
+    for (auto& [peer, pair] : pairs_) {
+      if (pair.released || !pair.direct) {
+        continue;
+      }
+      const uint32_t value = static_cast<uint32_t>(pair.direct->lastSerial()) + kReleaseAhead;
+      const int q = rank_ < peer ? 1 : 0;
+      if (!processAlive(pidOf(peer))) {
+        pair.direct->flags()->releaseWaitsOnGonePeer(q, value);
+        pair.released = true;
+      } else if (board_ && board_->failedAtOf(peer) != 0) {
+        pair.direct->flags()->releasePeer(q, value);
+        pair.released = true;
+      }
+    }
+  }
+
+  int pidOf(int peer) const {
+    return pairs_.at(peer).members[rank_ < peer ? 1 : 0].pid;
+  }
+
+  void abandon(const std::string& why) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    failGroupLocked("the point-to-point watchdog failed: " + why);
+  }
+
+  const c10::intrusive_ptr<c10d::Store> store_;
+  const int rank_;
+  const int device_;
+  CallBoard* const board_;
+  const DirectPathOptions options_;
+  std::map<int, Pair> pairs_;  // the caller's thread adds to it under mutex_; the watchdog reads it under mutex_
+  std::map<int, std::string> failedPairs_;  // pairs whose connect failed: their later operations are refused
+  gpu::Stream push_ = nullptr;
+  gpu::Stream drain_ = nullptr;
+  gpu::Event fork_ = nullptr;
+  std::shared_ptr<EventPool> endEvents_ = std::make_shared<EventPool>();
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<InFlight> inFlight_;
+  GroupFailure failure_;
+  bool stop_ = false;
+  GuardedThread watchdog_;
+};
+
+}  // namespace
+
+std::unique_ptr<P2pRunner> makeCopyEngineP2pRunner(c10::intrusive_ptr<c10d::Store> store, int rank, int device,
+                                                   CallBoard* board, const DirectPathOptions& options) {
+  return std::make_unique<CopyEngineP2pRunner>(std::move(store), rank, device, board, options);
+}
+
+}  // namespace sdma

@@ -1,0 +1,321 @@
+// The point-to-point runner of CPU tensors: one HostShmTransport per pair (two members, a mailbox with ranges, the
+// direct path's copies straight between the processes), and one worker thread that runs this rank's batches in call
+// order, each batch's operations across its pairs' transports in the schedule's one order.
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include <c10/util/Exception.h>
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "collective/direct_p2p_batch.hpp"
+#include "runner/group_failure.hpp"
+#include "runner/guarded_thread.hpp"
+#include "runner/kept_for_life.hpp"
+#include "runner/p2p_runner.hpp"
+#include "transport/host_shm_transport.hpp"
+#include "work/host_work.hpp"
+#include "work/interpreter_exit.hpp"
+
+namespace sdma {
+namespace {
+
+// A pair moves no staged bytes: its transport's staging is the least one can have.
+StagingGeometry pairGeometry() {
+  return StagingGeometry::fit(2, 1, kPageBytes, kPageBytes);
+}
+
+class HostP2pRunner : public P2pRunner {
+ public:
+  HostP2pRunner(c10::intrusive_ptr<c10d::Store> store, int rank, CallBoard* board)
+      : store_(std::move(store)), rank_(rank), board_(board) {
+    worker_ = GuardedThread([this] { workerLoop(); }, [this](const std::string& why) { abandonQueued(why); });
+  }
+  ~HostP2pRunner() override {
+    worker_.stopAndJoin(mutex_, wake_, stop_);
+  }
+
+  CollectivePath connectPair(int peer) override {
+    Pair& pair = pairs_[peer];
+    if (!pair.connected) {
+      const int lo = std::min(rank_, peer);
+      const int hi = std::max(rank_, peer);
+      c10d::PrefixStore store("p2p/" + std::to_string(lo) + "-" + std::to_string(hi) + "/", store_);
+      std::string why;
+      pair.transport = HostShmTransport::connect(store, rank_ == lo ? 0 : 1, 2, pairGeometry(), /*direct=*/true, &why);
+      pair.connected = true;
+      if (!pair.transport) {
+        pair.whyNot = why;
+      } else if (!pair.transport->mailbox()) {
+        pair.whyNot = pair.transport->directUnavailable();
+        pair.transport.reset();
+      } else {
+        pair.transport->setGroup({lo, hi}, {});
+      }
+    }
+    return pair.transport ? CollectivePath::dma(CollectivePath::kDirect) : CollectivePath::inner(pair.whyNot);
+  }
+
+  c10::intrusive_ptr<c10d::Work> run(std::vector<PairStep> steps, const CollectiveInfo& info,
+                                     uint64_t nextCollective) override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      failure_.refuse(info);
+    }
+    if (board_) {
+      const std::string failed = board_->failure();
+      TORCH_CHECK_WITH(DistBackendError, failed.empty(), "torch_sdma: ", info.describe(),
+                       " refused: an earlier collective on this group failed: ", failed);
+    }
+    std::vector<at::Tensor> outputs;
+    std::vector<at::Tensor> keep;
+    for (const PairStep& step : steps) {
+      for (const at::Tensor& t : {step.send, step.recv}) {
+        if (t.defined()) {
+          keep.push_back(t);
+        }
+      }
+      if (step.recv.defined()) {
+        outputs.push_back(step.recv);
+      }
+    }
+    // Every step's post first: a peer that reads one may copy with these buffers once this rank's Arrived is out.
+    std::vector<DirectPairStep> direct;
+    std::vector<uint64_t> directions;
+    std::string refused;
+    for (const PairStep& step : steps) {
+      Pair& pair = pairs_.at(step.peer);
+      HostShmTransport& t = *pair.transport;
+      const int me = t.rank();
+      DirectPairStep d;
+      d.transport = &t;
+      d.plan = pairPlanOf(step, me);
+      const uint64_t serial = ++pair.serial;
+      d.serial = static_cast<uint32_t>(serial);
+      d.posted = {d.plan.input, d.plan.output};
+      const std::vector<PairRanges> ranges = pairRangesOf(d.plan);
+      const auto settled = t.mailbox()->arrive(
+          serial,
+          {reinterpret_cast<uint64_t>(d.plan.input), reinterpret_cast<uint64_t>(d.plan.output), directionsOf(step)},
+          info.timeout, std::chrono::microseconds(0), std::chrono::microseconds(0), &ranges);
+      const ArrivalMailbox::PeerArrival& peer = settled[1 - me];
+      d.peer = {{peer.pairing, peer.post.input, peer.post.output}, peer.ranges};
+      if (peer.pairing != Pairing::kPeerCameLate) {
+        refused = pairStepDisagreement(rank_, step.peer, serial, directionsOf(step), ranges[1 - me], peer.post.bytes,
+                                       peer.ranges);
+      }
+      directions.push_back(directionsOf(step));
+      direct.push_back(std::move(d));
+      if (!refused.empty()) {
+        break;
+      }
+    }
+    if (!refused.empty()) {
+      // Posted: a peer that read a post may copy with these buffers until its own failure stops it.
+      keepTensorsForLife(std::move(keep));
+      const std::string reason = info.describe() + " failed: " + refused;
+      failGroup(nextCollective, reason);
+      C10_THROW_ERROR(DistBackendError, "torch_sdma: " + reason);
+    }
+
+    Job job;
+    job.failAt = nextCollective;
+    HostShmTransport* recording = nullptr;
+    int recordingPeer = -1;
+    const auto flush = [&] {
+      if (recording) {
+        auto ops = recording->takeRecorded();
+        if (!ops.empty()) {
+          job.segments.push_back({recording, std::move(ops), recordingPeer});
+        }
+      }
+    };
+    scheduleDirectP2pBatch(direct, [&](size_t i, P2pPhase phase) {
+      flush();
+      recording = static_cast<HostShmTransport*>(direct[i].transport);
+      recordingPeer = steps[i].peer;
+      if (phase == P2pPhase::kCopy && direct[i].peer.buffers.pairing == Pairing::kPeerCameLate) {
+        recordPeerPostCheck(*recording, recordingPeer, direct[i].serial, directions[i],
+                            pairRangesOf(direct[i].plan)[1 - recording->rank()]);
+      }
+    });
+    flush();
+    job.work = c10::make_intrusive<HostWork>(info, std::move(outputs), std::move(keep));
+    auto work = job.work;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push_back(std::move(job));
+    }
+    wake_.notify_one();
+    return work;
+  }
+
+ private:
+  struct Pair {
+    bool connected = false;
+    std::unique_ptr<HostShmTransport> transport;  // null where the pair takes the inner backend
+    std::string whyNot;
+    uint64_t serial = 0;  // the pair's steps so far, on both members alike
+  };
+  struct Segment {
+    HostShmTransport* transport;
+    std::vector<HostShmTransport::Op> ops;
+    int peer;
+  };
+  struct Job {
+    std::vector<Segment> segments;
+    c10::intrusive_ptr<HostWork> work;
+    uint64_t failAt = 0;
+  };
+
+  // Why a wait on `peer` must end ("" to go on): the peer's group failed, so it runs nothing it had not yet begun
+  // (and whatever it began, it fails).
+  std::string peerStop(int peer) const {
+    if (!board_) {
+      return "";
+    }
+    const uint64_t at = board_->failedAtOf(peer);
+    if (at == 0) {
+      return "";
+    }
+    return "group rank " + std::to_string(peer) + " failed (its group failed at sequence number " + std::to_string(at) +
+           ")";
+  }
+
+  // A step whose peer came late: the peer moves both directions and compares the two posts. This rank compares
+  // them too, on its worker, so that both name the sizes; and a peer that never posts is named at the deadline.
+  void recordPeerPostCheck(HostShmTransport& t, int peer, uint32_t serial, uint64_t myDirections, PairRanges mine) {
+    const int q = 1 - t.rank();
+    ArrivalMailbox* mailbox = t.mailbox();
+    const int pid = t.pidOf(q);
+    const int rank = rank_;
+    t.recordTask([this, mailbox, q, pid, peer, rank, serial, myDirections, mine](
+                     std::chrono::steady_clock::time_point deadline, const std::string& description) {
+      const auto start = std::chrono::steady_clock::now();
+      BufferPost post;
+      PairRanges theirs;
+      while (!mailbox->readPeerPost(q, serial, &post, &theirs)) {
+        if (mailbox->peerReached(q, serial)) {
+          return;  // read and gone: the peer compared them when it arrived
+        }
+        const std::string stop = peerStop(peer);
+        TORCH_CHECK_WITH(DistBackendError, stop.empty(), "torch_sdma: ", description, " failed: ", stop);
+        TORCH_CHECK_WITH(DistBackendError, processAlive(pid), "torch_sdma: ", description, " failed: group rank ", peer,
+                         " (pid ", pid, ") exited while this rank was waiting for it");
+        const auto now = std::chrono::steady_clock::now();
+        TORCH_CHECK_WITH(DistBackendError, now < deadline, "torch_sdma: ", description, " timed out after ",
+                         std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count(),
+                         " ms waiting for group ranks [", peer, "], which never posted its operation number ", serial,
+                         " with this rank");
+        std::this_thread::sleep_for(std::chrono::microseconds(now - start < std::chrono::milliseconds(2) ? 5 : 100));
+      }
+      const std::string differs = pairStepDisagreement(rank, peer, serial, myDirections, mine, post.bytes, theirs);
+      TORCH_CHECK_WITH(DistBackendError, differs.empty(), "torch_sdma: ", description, " failed: ", differs);
+    });
+  }
+
+  void failGroup(uint64_t at, const std::string& reason) {
+    if (board_) {
+      board_->fail(at, reason);
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    failure_.record("torch_sdma: " + reason);
+  }
+
+  void runJob(Job& job) {
+    std::string broken;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      broken = failure_.reason();
+    }
+    std::exception_ptr error;
+    if (!broken.empty()) {
+      error = std::make_exception_ptr(C10_BUILD_ERROR(DistBackendError, "torch_sdma: " + job.work->description() +
+                                                                            " not run: an earlier operation on this "
+                                                                            "group failed: " +
+                                                                            broken));
+    } else {
+      try {
+        for (const Segment& s : job.segments) {
+          s.transport->execute(s.ops, job.work->deadline(), job.work->description(),
+                               [this, peer = s.peer] { return peerStop(peer); });
+        }
+      } catch (const std::exception& e) {
+        error = std::current_exception();
+        const std::string why = messageOf(e);
+        failGroup(job.failAt, why.rfind("torch_sdma: ", 0) == 0 ? why.substr(12) : why);
+      }
+    }
+    if (error) {
+      // A peer may still read and write these buffers by the addresses this rank posted (docs/design.md,
+      // "Failures"): they are never given back.
+      keepTensorsForLife(job.work->takeKeptTensors());
+    }
+    job.work->complete(error);
+  }
+
+  void workerLoop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (true) {
+      wake_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) {
+        return;  // stop_ with nothing left: every queued batch ran before the group goes away
+      }
+      Job job = std::move(queue_.front());
+      queue_.pop_front();
+      running_ = job.work;
+      lock.unlock();
+      runJob(job);
+      lock.lock();
+      running_.reset();
+      lock.unlock();
+      InterpreterExit::drop(job.work);
+      lock.lock();
+    }
+  }
+
+  void abandonQueued(const std::string& why) {
+    std::vector<c10::intrusive_ptr<HostWork>> failed;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      failure_.record("its point-to-point worker thread failed: " + why);
+      if (running_) {
+        failed.push_back(std::move(running_));
+      }
+      for (auto& job : queue_) {
+        failed.push_back(std::move(job.work));
+      }
+      queue_.clear();
+    }
+    for (auto& work : failed) {
+      keepTensorsForLife(work->takeKeptTensors());
+      work->complete(std::make_exception_ptr(
+          C10_BUILD_ERROR(DistBackendError,
+                          "torch_sdma: " + work->description() + " failed: the point-to-point worker failed: " + why)));
+    }
+    InterpreterExit::drop(failed);
+  }
+
+  const c10::intrusive_ptr<c10d::Store> store_;
+  const int rank_;
+  CallBoard* const board_;
+  std::map<int, Pair> pairs_;  // by peer; the caller's thread alone touches it
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<Job> queue_;
+  c10::intrusive_ptr<HostWork> running_;
+  GroupFailure failure_;
+  bool stop_ = false;
+  GuardedThread worker_;  // last: it starts once every member above is there
+};
+
+}  // namespace
+
+std::unique_ptr<P2pRunner> makeHostP2pRunner(c10::intrusive_ptr<c10d::Store> store, int rank, CallBoard* board) {
+  return std::make_unique<HostP2pRunner>(std::move(store), rank, board);
+}
+
+}  // namespace sdma

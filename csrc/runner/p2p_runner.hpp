@@ -1,0 +1,48 @@
+// What the backend asks of a device's point-to-point runner (docs/design.md, "Point-to-point"). It owns one
+// transport per pair of ranks that has exchanged point-to-point, connected at the pair's first operation by the two
+// members alone (third ranks never call), and runs batches of pair steps (collective/p2p_batch.hpp) on them in this
+// rank's call order. It is not the group's collective runner: that one connects collectively, at the group's first
+// DMA collective, which may come after a pair's first send, so the route of a send may not depend on it.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collective/collective_info.hpp"
+#include "collective/collective_path.hpp"
+#include "collective/p2p_batch.hpp"
+#include "runner/collective_runner.hpp"
+#include "transport/call_board.hpp"
+
+namespace sdma {
+
+class P2pRunner {
+ public:
+  virtual ~P2pRunner() = default;
+
+  // Connects the pair with `peer` at its first use, collectively over the pair (both members call it at their first
+  // operation with each other, in pair order within a batch). Then the DMA path, or the inner backend and why, alike
+  // on both members. Throws where the peer never came within the group's timeout.
+  virtual CollectivePath connectPair(int peer) = 0;
+  // Enqueues `steps` (every one on a pair whose connectPair said DMA) as one batch: every step's post in its pair's
+  // mailbox first, then the batch's schedule. Throws before enqueuing anything where a step's peer posted another
+  // operation; the group has then failed. `nextCollective`: the group's next sequence number, at which a failure
+  // of this batch fails the group on the call board.
+  virtual c10::intrusive_ptr<c10d::Work> run(std::vector<PairStep> steps, const CollectiveInfo& info,
+                                             uint64_t nextCollective) = 0;
+};
+
+// Shared memory, for CPU tensors (host_p2p_runner.cpp). `store`: the group's own, which a pair's connect reads under
+// "p2p/<lo>-<hi>/" within the group's timeout. `board`: the group's call board (null where it has none).
+std::unique_ptr<P2pRunner> makeHostP2pRunner(c10::intrusive_ptr<c10d::Store> store, int rank, CallBoard* board);
+// Copy engines, for CUDA tensors of GPU `device` (copy_engine_p2p_runner.cpp; a build without CUDA has none and
+// throws). `options`: the group's direct path's (the peer wait).
+std::unique_ptr<P2pRunner> makeCopyEngineP2pRunner(c10::intrusive_ptr<c10d::Store> store, int rank, int device,
+                                                   CallBoard* board, const DirectPathOptions& options);
+
+}  // namespace sdma

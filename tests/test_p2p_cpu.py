@@ -1,0 +1,157 @@
+"""Point-to-point on CPU tensors ("sdma" groups: a shared-memory transport per pair of ranks, copies with
+process_vm_readv/writev), 2 and 3 ranks: send/recv every dtype bit-exact, sync and async; a ring with
+batch_isend_irecv over several rounds whose sizes vary (zero included); a two-stage pipeline; a batch with both
+directions and several tensors to one peer; zero-size; p2p in flight among all-gathers and all-to-alls on the same
+group; stats() and group_path(op=) on "dma:direct"; mistakes (sizes that differ, two sends that meet, a recv whose
+send never comes, at the pair's first operation and later) raising on the ranks that made them within the group's
+timeout, naming the peer."""
+import pytest
+import torch
+import torch.distributed as dist
+
+from checks import p2p
+from mp_harness import run_group
+
+CPU = torch.device("cpu")
+ENV = {"TORCH_SDMA_MIN_BYTES": "0", "TORCH_SDMA_DISABLE": None, "TORCH_SDMA_DELEGATE": None}
+MISTAKE_TIMEOUT_S = 10.0
+SLACK_S = 20.0
+
+
+def p2p_body(ctx):
+    torch.set_num_threads(1)
+    return ctx.run_cases(p2p.all_cases(dist.group.WORLD, CPU, ctx.rank, ctx.world, "cpu"))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_p2p_matches_local_bytes(world):
+    run_group(p2p_body, world, "sdma", env=ENV, timeout=300, pg_timeout_s=30).check()
+
+
+def mistakes_body(ctx):
+    torch.set_num_threads(1)
+    return p2p.mistake_cases(ctx, CPU, MISTAKE_TIMEOUT_S)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_p2p_mistakes_raise(world):
+    res = run_group(mistakes_body, world, "sdma", env=ENV, timeout=4 * (MISTAKE_TIMEOUT_S + SLACK_S) + 60,
+                    pg_timeout_s=60, destroy=False, hard_exit=True, grace=4 * (MISTAKE_TIMEOUT_S + SLACK_S))
+    assert all(r.status == "ok" and r.exitcode == 0 for r in res.ranks), res.describe()
+    values = res.values()
+    problems = p2p.mistake_problems(values, MISTAKE_TIMEOUT_S, SLACK_S)
+    assert not problems, "\n".join(problems) + "\n" + repr(values)
+
+
+def routing_body(ctx):
+    """TORCH_SDMA_MIN_BYTES=64K: a small send takes the inner backend on both sides, a large one the DMA path."""
+    import torch_sdma
+
+    torch.set_num_threads(1)
+    g = dist.group.WORLD
+    r = ctx.rank
+    for n in (256, 128 << 10):
+        t = torch.full((n,), r, dtype=torch.uint8)
+        if r == 0:
+            dist.send(t, 1)
+        elif r == 1:
+            dist.recv(t, 0)
+            assert bool((t == 0).all()), n
+    if r in (0, 1):
+        stats = torch_sdma.stats(g)
+        op = "send" if r == 0 else "recv"
+        assert int(stats[f"delegated:{op}"]["calls"]) == 1, sorted(stats)
+        assert int(stats[f"{op}:dma:direct"]["calls"]) == 1, sorted(stats)
+        assert torch_sdma.group_path(g, device="cpu", op=op) == "dma:direct"
+
+
+def test_p2p_min_bytes_routes_alike():
+    run_group(routing_body, 2, "sdma", env=dict(ENV, TORCH_SDMA_MIN_BYTES="64K"), timeout=120,
+              pg_timeout_s=20).check()
+
+
+def delegate_body(ctx):
+    """TORCH_SDMA_DELEGATE=send: the send and the recv that meets it both take the inner backend."""
+    import torch_sdma
+
+    torch.set_num_threads(1)
+    r = ctx.rank
+    t = torch.full((4099,), r, dtype=torch.int32)
+    if r == 0:
+        dist.send(t, 1)
+    else:
+        dist.recv(t, 0)
+        assert bool((t == 0).all())
+    op = "send" if r == 0 else "recv"
+    stats = torch_sdma.stats()
+    assert int(stats[f"delegated:{op}"]["calls"]) == 1, sorted(stats)
+    assert not any(k.startswith(f"{op}:dma") for k in stats), sorted(stats)
+    assert torch_sdma.group_path(device="cpu", op=op) == "inner:TORCH_SDMA_DELEGATE"
+
+
+def test_p2p_delegate_knob_covers_both_sides():
+    run_group(delegate_body, 2, "sdma", env=dict(ENV, TORCH_SDMA_DELEGATE="send"), timeout=120,
+              pg_timeout_s=20).check()
+
+
+def routes_differ_body(ctx):
+    """TORCH_SDMA_MIN_BYTES=64K and sizes on either side of it: the send takes the DMA path, the recv gloo; both raise
+    within the group's timeout, and the recv's buffer holds none of the send's bytes."""
+    import time
+
+    torch.set_num_threads(1)
+    t0 = time.monotonic()
+    try:
+        if ctx.rank == 0:
+            dist.send(torch.ones(128 << 10, dtype=torch.uint8), 1)
+        else:
+            got = torch.zeros(256, dtype=torch.uint8)
+            dist.recv(got, 0)
+            assert not bool(got.any()), "bytes of the send reached a recv that took another route"
+    except Exception as e:  # noqa: BLE001
+        return time.monotonic() - t0, f"{type(e).__name__}: {e}"
+    finally:
+        ctx.barrier_store("routes-differ-done", timeout_s=120)
+    return time.monotonic() - t0, None
+
+
+def test_p2p_routes_that_differ_raise_on_both():
+    res = run_group(routes_differ_body, 2, "sdma", env=dict(ENV, TORCH_SDMA_MIN_BYTES="64K"), timeout=180,
+                    pg_timeout_s=10, destroy=False, hard_exit=True, grace=150)
+    for rank, (dt, err) in enumerate(res.values()):
+        assert err is not None, f"rank {rank}: no error"
+        assert dt < 10 + SLACK_S, f"rank {rank}: {dt:.1f} s: {err}"
+
+
+def peer_exits_body(ctx):
+    """Rank 0 exits while rank 1 waits in a recv from it (their pair already connected): rank 1's recv raises, naming
+    rank 0 as exited, long before the group's timeout; the buffer it posted holds none of another call's bytes."""
+    import os
+    import time
+
+    torch.set_num_threads(1)
+    t = torch.zeros(4099, dtype=torch.int32)
+    if ctx.rank == 0:
+        dist.send(torch.ones(4099, dtype=torch.int32), 1)
+        ctx.barrier_store("first-done")
+        time.sleep(1.0)
+        os._exit(3)
+    dist.recv(t, 0)
+    assert bool((t == 1).all())
+    ctx.barrier_store("first-done")
+    t.zero_()
+    t0 = time.monotonic()
+    try:
+        dist.recv(t, 0)
+    except Exception as e:  # noqa: BLE001
+        return time.monotonic() - t0, f"{type(e).__name__}: {e}", bool(t.any())
+    return time.monotonic() - t0, None, bool(t.any())
+
+
+def test_p2p_peer_exit_is_named():
+    res = run_group(peer_exits_body, 2, "sdma", env=ENV, timeout=120, pg_timeout_s=60, destroy=False, hard_exit=True,
+                    grace=90)
+    dt, err, touched = res.values()[1]
+    assert err is not None and "group rank 0" in err and "exited" in err, err
+    assert dt < 30, f"{dt:.1f} s: {err}"
+    assert not touched

@@ -1,0 +1,59 @@
+"""GPU (2 GPUs, or one with SDMA_TEST_SHARE_GPU=1; skipped elsewhere): the point-to-point cases of test_p2p_cpu.py
+on CUDA tensors, beside copy-engine all-gathers and all-to-alls on the same group, on both routes:
+- the default: CUDA point-to-point takes the inner backend (NCCL): bit-exact on the dtypes NCCL sends, counted as
+  delegated; skipped where NCCL cannot run (two ranks on one GPU);
+- TORCH_SDMA_TEST_CUDA_P2P=1: the copy-engine point-to-point runner (docs/design.md, "Point-to-point"), every
+  dtype, on "dma:direct", and the mistakes of test_p2p_cpu.py (sizes that differ raising on both ranks before a byte
+  moves, naming both; a recv whose send never comes named within the timeout; the failed group's next all-gather
+  refused). Expected bytes are rebuilt locally from every rank's seed."""
+import pytest
+import torch
+import torch.distributed as dist
+
+from checks import p2p
+from checks.data import EVERY_DTYPE, NCCL_SHARED_REASON, SHARE_GPU
+from conftest import cuda_count
+from mp_harness import run_group
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(cuda_count() < 2, reason="needs 2 CUDA devices")]
+
+W = 2
+ENV = {"TORCH_SDMA_MIN_BYTES": "0", "TORCH_SDMA_DISABLE": None, "TORCH_SDMA_DELEGATE": None,
+       "TORCH_SDMA_TEST_CUDA_P2P": None}
+ON_COPY_ENGINES = dict(ENV, TORCH_SDMA_TEST_CUDA_P2P="1")
+INNER = "inner:point-to-point of CUDA tensors takes the inner backend"
+NCCL_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.uint8, torch.int8, torch.int32,
+               torch.int64)
+MISTAKE_TIMEOUT_S = 10.0
+SLACK_S = 20.0
+
+
+def cuda_p2p_body(ctx, dtypes, expected):
+    return ctx.run_cases(p2p.all_cases(dist.group.WORLD, ctx.device, ctx.rank, ctx.world, "cuda", dtypes, expected))
+
+
+@pytest.mark.skipif(SHARE_GPU, reason=NCCL_SHARED_REASON)
+@pytest.mark.parametrize("init", ["cpu:gloo,cuda:sdma", "sdma"])
+def test_cuda_p2p_on_nccl_matches_local_bytes(init):
+    run_group(cuda_p2p_body, W, init, kwargs={"dtypes": NCCL_DTYPES, "expected": INNER}, env=ENV, cuda=True,
+              timeout=540, pg_timeout_s=60).check()
+
+
+@pytest.mark.parametrize("init", ["cpu:gloo,cuda:sdma", "sdma"])
+def test_cuda_p2p_on_copy_engines_matches_local_bytes(init):
+    run_group(cuda_p2p_body, W, init, kwargs={"dtypes": EVERY_DTYPE, "expected": "dma:direct"}, env=ON_COPY_ENGINES,
+              cuda=True, timeout=540, pg_timeout_s=60).check()
+
+
+def cuda_mistakes_body(ctx):
+    return p2p.mistake_cases(ctx, ctx.device, MISTAKE_TIMEOUT_S)
+
+
+def test_cuda_p2p_on_copy_engines_mistakes_raise():
+    res = run_group(cuda_mistakes_body, W, "cpu:gloo,cuda:sdma", env=ON_COPY_ENGINES, cuda=True,
+                    timeout=4 * (MISTAKE_TIMEOUT_S + SLACK_S) + 60, pg_timeout_s=60, destroy=False, hard_exit=True,
+                    grace=4 * (MISTAKE_TIMEOUT_S + SLACK_S))
+    assert all(r.status == "ok" and r.exitcode == 0 for r in res.ranks), res.describe()
+    values = res.values()
+    problems = p2p.mistake_problems(values, MISTAKE_TIMEOUT_S, SLACK_S, cuda=True)
+    assert not problems, "\n".join(problems) + "\n" + repr(values)
