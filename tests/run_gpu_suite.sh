@@ -1,5 +1,5 @@
 #!/bin/bash
-# The GPU tests in fourteen groups, thirteen at once and then the direct group alone, each under its own time limit and
+# The GPU tests in fifteen groups, fourteen at once and then the direct group alone, each under its own time limit and
 # with its own log, so that one hang costs one group's limit and a killed pytest still leaves the groups that finished.
 # Usage: tests/run_gpu_suite.sh LOG_DIR [python]. Exit status: 0 only if every group passed.
 set -u
@@ -19,12 +19,13 @@ L=tests/test_fault_release_cuda.py
 X="tests/test_exit_in_flight_cuda.py tests/test_first_calls_from_threads_cuda.py"
 E=tests/test_exchange_cuda.py
 CE=tests/test_capture_exchange_cuda.py
+P=tests/test_p2p_cuda.py
 names=(allgather failure delegation split_mesh frameworks capture conformance hierarchical direct mistakes release exit_threads exchange
-  capture_exchange)
-files=("$A" "$A" "$D" "$D" "$F" "$C" "$K" "$H" "$R" "$M" "$L" "$X" "$E" "$CE")
+  capture_exchange p2p)
+files=("$A" "$A" "$D" "$D" "$F" "$C" "$K" "$H" "$R" "$M" "$L" "$X" "$E" "$CE" "$P")
 # An empty -k expression selects every test of the file.
 exprs=("not peer_never_calls" "peer_never_calls" "every_collective" "split_group or default_backend" "" "" "" "" "" "" "" "" ""
-  "")
+  "" "")
 # The direct group checks that freed device memory comes back by reading the GPU's free memory, which every other
 # process on the GPU moves: it runs alone, after the rest.
 alone=${GPU_SUITE_ALONE-direct}  # GPU_SUITE_ALONE= runs every group at once
