@@ -1,6 +1,7 @@
 #!/bin/bash
-# The GPU tests in fifteen groups, fourteen at once and then the direct group alone, each under its own time limit and
-# with its own log, so that one hang costs one group's limit and a killed pytest still leaves the groups that finished.
+# The GPU tests in fifteen groups, a few at a time (GPU_SUITE_JOBS) and then the direct group alone, each under its own
+# time limit and with its own log, so that one hang costs one group's limit and a killed pytest still leaves the groups
+# that finished.
 # Usage: tests/run_gpu_suite.sh LOG_DIR [python]. Exit status: 0 only if every group passed.
 set -u
 logs=${1:?log directory}
@@ -39,18 +40,22 @@ report() {
   echo "== ${names[$1]} (rc=$2): $(grep -E '^=+ .* in [0-9.]+s' "$logs/gpu_${names[$1]}.log" | tail -1)"
   grep -E '^(FAILED|ERROR) ' "$logs/gpu_${names[$1]}.log" || true
 }
-pids=()
+# At most GPU_SUITE_JOBS groups at once: every group is two or three processes on the GPU, and under MPS each is a
+# client with its own share of the server's connections and memory (with 15 groups at once under MPS, ranks failed
+# with "CUDA-capable device(s) is/are busy or unavailable" and out of memory; without MPS, groups ran past their limit).
+jobs_max=${GPU_SUITE_JOBS:-5}
 for i in "${!names[@]}"; do
-  [ "${names[$i]}" = "$alone" ] && { pids+=(""); continue; }
-  run_group "$i" &
-  pids+=($!)
+  [ "${names[$i]}" = "$alone" ] && continue
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n; done
+  ( run_group "$i"; echo $? > "$logs/.rc_$i" ) &
 done
+wait
 status=0
 for i in "${!names[@]}"; do
-  [ -z "${pids[$i]}" ] && continue
-  wait "${pids[$i]}"; rc=$?
-  [ $rc -ne 0 ] && status=1
-  report "$i" $rc
+  [ "${names[$i]}" = "$alone" ] && continue
+  rc=$(cat "$logs/.rc_$i" 2>/dev/null || echo 1); rm -f "$logs/.rc_$i"
+  [ "$rc" -ne 0 ] && status=1
+  report "$i" "$rc"
 done
 for i in "${!names[@]}"; do
   [ "${names[$i]}" = "$alone" ] || continue

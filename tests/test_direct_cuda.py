@@ -321,10 +321,10 @@ def test_direct_peer_never_calls_is_named(async_op):
 
 
 def _behind_body(ctx):
-    """Every all-gather with one rank 20 ms behind the other (rank 1 for the first half of the calls, then rank 0)
-    and no wait for it: the later rank of every pair moves both directions. Returns this rank's pair counts and
-    calls."""
-    import time
+    """Every all-gather with one rank behind the other (rank 1 for the first half of the calls, then rank 0) and no
+    wait for it: the later rank of every pair moves both directions. The later rank calls only once the earlier one's
+    call has returned (the pair settled without it), not after a sleep, which two ranks running at once under MPS
+    outran. Returns this rank's pair counts and calls."""
 
     import torch_sdma
 
@@ -335,8 +335,10 @@ def _behind_body(ctx):
 
     def gather_behind(name, n, in_place, async_op, behind):
         if rank == behind:
-            time.sleep(0.02)
+            ctx.fetch(f"returned/{name}")
         out = _gather(g, dev, rank, world, name, n, in_place, async_op)
+        if rank != behind:
+            ctx.publish(f"returned/{name}", True)
         calls.append(name)
         return out
 
@@ -358,8 +360,10 @@ def _behind_body(ctx):
         x = rand(name, rank, (n,), torch.bfloat16, dev)
         out = poison_(torch.empty(world * n, dtype=torch.bfloat16, device=dev))
         if rank == k % 2:
-            time.sleep(0.02)
+            ctx.fetch(f"returned/{name}")
         works.append(dist.all_gather_into_tensor(out, x, group=g, async_op=True))
+        if rank != k % 2:
+            ctx.publish(f"returned/{name}", True)
         calls.append(name)
         outs.append((name, n, out))
     for w in works:
