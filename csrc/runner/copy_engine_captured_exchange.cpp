@@ -8,9 +8,7 @@
 
 #include "collective/captured_exchange.hpp"
 #include "runner/copy_engine_runner.hpp"
-#include "runner/graph_held_transports.hpp"
 #include "runner/size_mismatch.hpp"
-#include "work/gpu_work.hpp"
 
 namespace sdma {
 namespace {
@@ -76,29 +74,9 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::enqueueCapturedExchange(Planned
   meetPeersBeforeConnecting(info);
   refuseCapturedPairsThatDisagree(planned.plan, info);
   CopyEngineTransport& transport = capturedTransport();
-  // Pushes run apart from drains only where a pair takes several chunks, as for the captured all-gather; on one
-  // stream, program order runs a round's pushes before its drains, which no hardware queue can reverse. The whole
-  // collective joins the caller's stream before the call returns, whatever asyncOp says: a graph may not end with a
-  // stream it forked still outside it, and the caller may never wait().
   const bool pipelined = capturedExchangeRounds(planned.plan, transport.geometry(), rank_) > 1;
-  gpu::Stream push = pipelined ? capturedPushStream_ : caller;
-  if (pipelined) {
-    gpu::recordEvent(capturedFork_, caller);
-    gpu::streamWaitEvent(push, capturedFork_);
-  }
-  transport.bindLanes(push, caller);
-  scheduleCapturedExchange(transport, planned.plan);
-  transport.flush();
-  holdWhileGraphLives(caller, captured_);
-  if (pipelined) {
-    gpu::recordEvent(capturedJoin_, push);
-    gpu::streamWaitEvent(caller, capturedJoin_);
-  }
-  gpu::Event end = endEvents_->take();
-  gpu::recordEvent(end, caller);
-  // The graph's memory pool and the caller keep the tensors; the watchdog never sees a captured collective.
-  auto completion = std::make_shared<GpuCompletion>(end, endEvents_, std::vector<at::Tensor>{}, /*captured=*/true);
-  return c10::make_intrusive<GpuWork>(info, planned.device, std::move(planned.outputs), completion);
+  return enqueueOnCapturedLanes(caller, pipelined, info, planned.device, std::move(planned.outputs),
+                                [&](CopyEngineTransport& t) { scheduleCapturedExchange(t, planned.plan); });
 }
 
 }  // namespace sdma

@@ -9,6 +9,7 @@
 #include <c10/util/Logging.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -553,17 +554,26 @@ CopyEngineTransport& CopyEngineRunner::capturedTransport() {
 
 c10::intrusive_ptr<c10d::Work> CopyEngineRunner::enqueueCaptured(PlannedAllgather& planned, const CollectiveInfo& info,
                                                                  gpu::Stream caller) {
-  capturedTransport();
-  // The whole collective joins the caller's stream before the call returns, whatever asyncOp says: a graph may not
-  // end with a stream it forked still outside it, and the caller may never wait().
-  const bool pipelined = chunkCount(planned.plan, captured_->geometry()) > 1;
+  CopyEngineTransport& transport = capturedTransport();
+  const bool pipelined = chunkCount(planned.plan, transport.geometry()) > 1;
+  return enqueueOnCapturedLanes(caller, pipelined, info, planned.device, std::move(planned.outputs),
+                                [&](CopyEngineTransport& t) { scheduleCapturedAllgather(t, planned.plan); });
+}
+
+c10::intrusive_ptr<c10d::Work> CopyEngineRunner::enqueueOnCapturedLanes(
+    gpu::Stream caller, bool pipelined, const CollectiveInfo& info, at::Device device, std::vector<at::Tensor> outputs,
+    const std::function<void(CopyEngineTransport&)>& schedule) {
+  // Pushes run apart from drains only where the schedule is pipelined; on one stream, program order runs a round's
+  // pushes before its drains, which no hardware queue can reverse. The whole collective joins the caller's stream
+  // before the call returns, whatever asyncOp says: a graph may not end with a stream it forked still outside it, and
+  // the caller may never wait().
   gpu::Stream push = pipelined ? capturedPushStream_ : caller;
   if (pipelined) {
     gpu::recordEvent(capturedFork_, caller);
     gpu::streamWaitEvent(push, capturedFork_);
   }
   captured_->bindLanes(push, caller);
-  scheduleCapturedAllgather(*captured_, planned.plan);
+  schedule(*captured_);
   captured_->flush();
   holdWhileGraphLives(caller, captured_);
   if (pipelined) {
@@ -572,10 +582,10 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::enqueueCaptured(PlannedAllgathe
   }
   gpu::Event end = endEvents_->take();
   gpu::recordEvent(end, caller);
-  // The graph's memory pool keeps the tensors; the watchdog never sees a captured collective (its events fire
-  // only in replays), as ProcessGroupNCCL keeps captured works from its watchdog.
+  // The graph's memory pool and the caller keep the tensors; the watchdog never sees a captured collective (its events
+  // fire only in replays), as ProcessGroupNCCL keeps captured works from its watchdog.
   auto completion = std::make_shared<GpuCompletion>(end, endEvents_, std::vector<at::Tensor>{}, /*captured=*/true);
-  return c10::make_intrusive<GpuWork>(info, planned.device, std::move(planned.outputs), completion);
+  return c10::make_intrusive<GpuWork>(info, device, std::move(outputs), completion);
 }
 
 void CopyEngineRunner::watchdogLoop() {

@@ -24,6 +24,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -112,6 +113,11 @@ class CopyEngineRunner : public CollectiveRunner {
                                                  gpu::Stream caller);
   // The transport of captured collectives, connected by the group's first (every member's together).
   CopyEngineTransport& capturedTransport();
+  // Runs `schedule` on the captured transport, its push lane forked from the caller's stream where `pipelined`, and
+  // joins it all back into the caller's stream; the Work of a captured collective.
+  c10::intrusive_ptr<c10d::Work> enqueueOnCapturedLanes(gpu::Stream caller, bool pipelined, const CollectiveInfo& info,
+                                                        at::Device device, std::vector<at::Tensor> outputs,
+                                                        const std::function<void(CopyEngineTransport&)>& schedule);
   // The captured exchange (copy_engine_captured_exchange.cpp); called with enqueueMutex_ held.
   c10::intrusive_ptr<c10d::Work> enqueueCapturedExchange(PlannedExchange& planned, const CollectiveInfo& info,
                                                          gpu::Stream caller);

@@ -61,15 +61,7 @@ class HostP2pRunner : public P2pRunner {
 
   c10::intrusive_ptr<c10d::Work> run(std::vector<PairStep> steps, const CollectiveInfo& info,
                                      uint64_t nextCollective) override {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      failure_.refuse(info);
-    }
-    if (board_) {
-      const std::string failed = board_->failure();
-      TORCH_CHECK_WITH(DistBackendError, failed.empty(), "torch_sdma: ", info.describe(),
-                       " refused: an earlier collective on this group failed: ", failed);
-    }
+    refuseBatchOfFailedGroup(mutex_, failure_, board_, info);
     std::vector<at::Tensor> outputs;
     std::vector<at::Tensor> keep;
     for (const PairStep& step : steps) {

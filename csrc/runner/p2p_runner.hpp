@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "collective/collective_path.hpp"
 #include "collective/p2p_batch.hpp"
 #include "runner/collective_runner.hpp"
+#include "runner/group_failure.hpp"
 #include "transport/call_board.hpp"
 
 namespace sdma {
@@ -36,6 +38,21 @@ class P2pRunner {
   virtual c10::intrusive_ptr<c10d::Work> run(std::vector<PairStep> steps, const CollectiveInfo& info,
                                              uint64_t nextCollective) = 0;
 };
+
+// Before a batch is posted: refused where the group failed, as this runner saw it (`failure`, under `mutex`) or as
+// the call board says (a collective's failure, or a pair's of another runner of the group).
+inline void refuseBatchOfFailedGroup(std::mutex& mutex, const GroupFailure& failure, CallBoard* board,
+                                     const CollectiveInfo& info) {
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    failure.refuse(info);
+  }
+  if (board) {
+    const std::string failed = board->failure();
+    TORCH_CHECK_WITH(DistBackendError, failed.empty(), "torch_sdma: ", info.describe(),
+                     " refused: an earlier collective on this group failed: ", failed);
+  }
+}
 
 // Shared memory, for CPU tensors (host_p2p_runner.cpp). `store`: the group's own, which a pair's connect reads under
 // "p2p/<lo>-<hi>/" within the group's timeout. `board`: the group's call board (null where it has none).
