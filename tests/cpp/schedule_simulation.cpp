@@ -3369,10 +3369,10 @@ class P2PCase {
     p.connected = true;
   }
 
-  // A batch's ops on rank r in the order it numbers and signals them: its call order, except that each pair's ops
-  // are put in one order both ranks compute alike, the lower rank's sends first, then the higher rank's, each
-  // direction in call order (NCCL matches each direction in order, and lets the two ranks list a batch's sends and
-  // recvs to each other in any order). Signalled in that order, each pair's flag words only grow.
+  // A batch's ops on rank r, each a step of its own, in an order both ranks compute alike: its call order, except that
+  // each pair's ops go the lower rank's sends first, then the higher rank's, each direction in call order (NCCL
+  // matches each direction in order, and lets the two ranks list a batch's sends and recvs to each other in any
+  // order). What --signals-in-call-order numbers by, and the order of a peer's lone calls with an unmatched batch.
   std::vector<int> inSerialOrder(const std::vector<int>& callOrder) const {
     std::vector<int> out = callOrder;
     std::map<int, std::vector<size_t>> placesOfPair;
