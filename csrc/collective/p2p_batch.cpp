@@ -1,7 +1,6 @@
 #include "collective/p2p_batch.hpp"
 
-#include <algorithm>
-#include <map>
+#include "collective/pair_steps.hpp"
 
 namespace sdma {
 namespace {
@@ -26,27 +25,10 @@ std::string directionWords(uint64_t directions, uint64_t sends, uint64_t expects
 }  // namespace
 
 std::vector<PairStep> pairStepsOf(const std::vector<P2pOp>& ops, int rank) {
-  std::map<int, std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>>> byPeer;  // sends, recvs
-  for (const P2pOp& op : ops) {
-    auto& lists = byPeer[op.peer];
-    (op.isSend ? lists.first : lists.second).push_back(op.tensor);
-  }
-  std::vector<int> peers;
-  for (const auto& [peer, lists] : byPeer) {
-    peers.push_back(peer);
-  }
-  // Every rank orders the pairs alike: by (lower member, higher member).
-  std::sort(peers.begin(), peers.end(), [rank](int a, int b) {
-    const auto pa = std::make_pair(std::min(a, rank), std::max(a, rank));
-    const auto pb = std::make_pair(std::min(b, rank), std::max(b, rank));
-    return pa < pb;
-  });
   std::vector<PairStep> steps;
-  for (int peer : peers) {
-    const auto& [sends, recvs] = byPeer[peer];
-    for (size_t k = 0; k < std::max(sends.size(), recvs.size()); ++k) {
-      steps.push_back({peer, k < sends.size() ? sends[k] : at::Tensor(), k < recvs.size() ? recvs[k] : at::Tensor()});
-    }
+  for (const PairStepOps& s : pairStepOpsOf(ops, rank)) {
+    steps.push_back(
+        {s.peer, s.send >= 0 ? ops[s.send].tensor : at::Tensor(), s.recv >= 0 ? ops[s.recv].tensor : at::Tensor()});
   }
   return steps;
 }

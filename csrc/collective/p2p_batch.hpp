@@ -28,8 +28,8 @@ struct PairStep {
   at::Tensor recv;  // undefined where the step only sends
 };
 
-// The steps of `ops`, each peer's in its operations' order, the peers in the order of their pairs (lo, hi)
-// ascending: connecting the pairs in that order on every rank never waits in a cycle.
+// The steps of `ops` (pair_steps.hpp), each peer's in its operations' order, the peers in the order of their pairs
+// (lo, hi) ascending: connecting the pairs in that order on every rank never waits in a cycle.
 std::vector<PairStep> pairStepsOf(const std::vector<P2pOp>& ops, int rank);
 
 // What a step posts in the mailbox's bytes word: which directions this rank moves, so that two sends (or two recvs)

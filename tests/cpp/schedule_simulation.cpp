@@ -32,12 +32,12 @@
 // signals before it packed its input) it runs every case and prints "caught N of CASES cases: <kind> <count>; ..."
 // and exits 1. Exchanges also take part in the calls-in-flight and the fault models.
 //
-// schedule_simulation SEED CASES --p2p [--faults] [<wrong variant>] runs send, recv and batch_isend_irecv as designed
-// (P2PCase below) among the group's collectives: it must print "ok <cases>"; with a wrong variant of the batch
+// schedule_simulation SEED CASES --p2p [--faults] [<wrong variant>] [--unmatched-batches | --interleaved-peers] runs
+// send, recv and batch_isend_irecv through the real step formation and batch schedule (P2PCase below) among the
+// group's collectives: it must print "ok <cases>", also with --unmatched-batches; with a wrong variant of the batch
 // (--wait-before-arrived, --copy-before-arrived, with --faults --pass-own-waits, --serials-in-call-order,
-// --connect-in-turn) or programs the design does not serve (--unmatched-batches, --interleaved-peers; --done-per-op
-// changes the batch's order of Done signals) it runs every case and prints "caught N of CASES cases: <kind> <count>;
-// ..." and exits 1.
+// --signals-in-call-order, --connect-in-turn, --done-after-every-copy) or programs the schedule does not serve
+// (--interleaved-peers) it runs every case and prints "caught N of CASES cases: <kind> <count>; ..." and exits 1.
 #include <algorithm>
 #include <array>
 #include <cstdio>
@@ -57,8 +57,10 @@
 #include "collective/captured_exchange.hpp"
 #include "collective/direct_allgather.hpp"
 #include "collective/direct_exchange.hpp"
+#include "collective/direct_p2p_batch.hpp"
 #include "collective/fault_release.hpp"
 #include "collective/hierarchical_allgather.hpp"
+#include "collective/pair_steps.hpp"
 #include "collective/staging_allgather.hpp"
 #include "runner/call_order.hpp"
 
@@ -2658,13 +2660,14 @@ class FaultCase {
   std::string what_;
 };
 
-// Point-to-point (--p2p): a model check of send, recv and batch_isend_irecv on the DMA path as designed. A p2p op is a
-// two-rank exchange (scheduleDirectExchange over an ExchangePlan) on a transport of its pair alone, connected at the
-// pair's first op; each pair has serials of its own, which every op of the pair consumes on both ranks. A batch
-// signals Arrived for every op before any wait on a peer, then makes each op's copies (into a peer only after that
-// peer's Arrived for that very op; push or pull as the mailbox settled the op's pair), then signals every Done, then
-// waits for every Done (batchIsendIrecvSchedule below, built from the real scheduleDirectExchange of each op); a lone
-// send or recv is a batch of one. 2 to 4 ranks run a random program valid under NCCL's rules, drawn as one sequence of
+// Point-to-point (--p2p): a model check of send, recv and batch_isend_irecv on the DMA path, running the real code: a
+// rank's call (a batch, or a lone send or recv as a batch of one) becomes steps by the real step formation
+// (pairStepOpsOf, pair_steps.hpp: with each peer, the k-th send to it and the k-th recv from it form step k), each
+// step a two-rank exchange on a transport of its pair alone, connected at the pair's first op, taking the pair's next
+// serial; the real batch schedule (scheduleDirectP2pBatch, direct_p2p_batch.cpp) records the steps' operations on the
+// pairs' fake transports: Arrived to every step's peer, then each step's copies (into a peer only after that peer's
+// Arrived for that very step; push or pull as the mailbox settled the step's pair) and its Done, then the waits for
+// every Done. 2 to 4 ranks run a random program valid under NCCL's rules, drawn as one sequence of
 // steps that each rank's calls are a projection of: ring exchanges by batch (each member sends to the next and receives
 // from the previous, listing the two as the code usually does or in any order), pipelines (lone sends and recvs along a
 // chain of ranks, a few microbatches forward, then backward), batches with both directions to one peer, batches of
@@ -2672,7 +2675,7 @@ class FaultCase {
 // all-gathers, exchanges of every kind). Each rank's calls go on its streams as CallsInFlight puts them (the group's
 // push and drain streams and two caller streams; sync or async; forkFromCaller's fences and sdma::CallOrder), in a
 // third of the cases on hardware queues. The ranks' CPUs enqueue in one random interleaving with the streams' steps, a
-// rank possibly starting late, so each op's pair settles in the mailbox as the posting order says (each pushing its
+// rank possibly starting late, so each step's pair settles in the mailbox as the posting order says (each pushing its
 // own bytes where the later rank posted within the earlier one's wait, else the later one moving both directions); a
 // batch connects its new pairs at once, each rank's CPU waiting there until every such peer reached the same batch.
 // Checked: when a call ends on a rank its buffers hold exactly their bytes, and no copy into or out of them is still
@@ -2685,24 +2688,26 @@ class FaultCase {
 // on a peer whose process is gone. Checked: a call that ends without error holds its bytes; no copy before arrival or
 // after end; once every rank failed, every lane runs out; a case without faults completes.
 //
-// Wrong variants it must catch: --wait-before-arrived (each op of a batch run whole in turn, as scheduleDirectExchange
-// runs alone: a ring of 3 or more ranks listed the usual way hangs, every time), --copy-before-arrived (a push into a
-// peer without waiting for its Arrived) and, with --faults, --pass-own-waits (a failed rank passes its own waits on
-// live peers too: its call ends, and its buffers go back, while a live peer still writes into them). And three rules
-// the design needs beyond its words, each caught without it: --serials-in-call-order (each rank numbering a batch's ops
-// with a peer in its own call order: ranks that list a batch's send and recv to each other in other orders, as NCCL
-// allows, disagree on the serials), --signals-in-call-order (numbered in one order, signalled in call order: a later
-// op's Arrived lets the peer copy with an earlier op's buffers before that op arrived, and the word then rolls back
-// below a serial the peer waits for) and --connect-in-turn (a batch connecting its new pairs one after another in its
-// call order, each CPU waiting for the peer at each: a ring's first batch waits in a circle).
+// Wrong variants it must catch, each the real schedule's record reordered or its step formation replaced:
+// --wait-before-arrived (each step run whole in turn in call order, as scheduleDirectExchange called op after op
+// would: a ring of 3 or more ranks listed the usual way hangs, every time), --copy-before-arrived (a push into a peer
+// without waiting for its Arrived) and, with --faults, --pass-own-waits (a failed rank passes its own waits on live
+// peers too: its call ends, and its buffers go back, while a live peer still writes into them). And three rules the
+// design needs beyond its words, each caught without it: --serials-in-call-order (each op a step of its own, numbered
+// with a peer in each rank's own call order: ranks that list a batch's send and recv to each other in other orders, as
+// NCCL allows, disagree on the serials), --signals-in-call-order (each op a step of its own, numbered in one order,
+// run in call order: a later op's Arrived lets the peer copy with an earlier op's buffers before that op arrived, and
+// the word then rolls back below a serial the peer waits for) and --connect-in-turn (a batch connecting its new pairs
+// one after another in its call order, each CPU waiting for the peer at each: a ring's first batch waits in a circle).
 //
-// Programs the design does not serve, though NCCL's rules allow them: --unmatched-batches adds batches whose peers
-// make their ops with the batch's rank as lone calls (addUnmatchedBatch). A batch then waits, before its first Done,
-// for copies of a later op whose peer signals Arrived only after its earlier call ended, which needs that Done: about
-// a fifth of the cases hang. --done-per-op (each op's Done signalled right after its own copies, the Done waits still
-// last) serves them; --interleaved-peers, the peers' lone calls with that rank interleaved with lone calls among
-// themselves, still hangs it in a few cases: a copy of one op waits for a peer held by a third rank that waits for a
-// later op's Done.
+// Batches matched by lone calls, which NCCL's rules allow: --unmatched-batches adds batches whose peers make their ops
+// with the batch's rank as lone calls (addUnmatchedBatch), one direction with each peer (both ways, the batch would
+// pair a send and a recv in one step that the peer makes as two: the step formation refuses them as a mismatch). The
+// real schedule serves them, its steps' Done each right after the step's copies; --done-after-every-copy (every Done
+// after every step's copies) hangs about a fifth of the cases: a Done waits for copies of a later step whose peer
+// signals Arrived only after its earlier call ended, which needs that Done. --interleaved-peers, the peers' lone calls
+// with that rank interleaved with lone calls among themselves, hangs the real schedule in a few cases: a copy of one
+// step waits for a peer held by a third rank that waits for a later step's Done.
 struct P2POptions {
   enum class Mutation {
     None,
@@ -2715,9 +2720,9 @@ struct P2POptions {
   };
   bool faults = false;
   Mutation mutation = Mutation::None;
-  bool unmatchedBatches = false;  // batches that peers match by lone calls (addUnmatchedBatch)
-  bool interleavedPeers = false;  // and those peers' lone calls among themselves in between
-  bool donePerOp = false;         // each op of a batch signals its Done right after its own copies
+  bool unmatchedBatches = false;    // batches that peers match by lone calls (addUnmatchedBatch)
+  bool interleavedPeers = false;    // and those peers' lone calls among themselves in between
+  bool doneAfterEveryCopy = false;  // each step's Done signalled after every step's copies, not after its own
 };
 
 // A send of `bytes` from member `sender` (0 or 1) of a pair to the other, as the pair's two-rank exchange: the
@@ -2781,49 +2786,6 @@ struct RecordedOp {
   int from = 0;  // a join: the lane joined
   Op op{Op::Copy};
 };
-
-// The phases of one op's scheduleDirectExchange, as a batch interleaves them: [0] its pack and its Arrived signal,
-// [1] its waits for the peer's Arrived and its copies (and the lanes' join), [2] its Done signal, [3] its Done wait,
-// [4] its unpack. A schedule of another shape fails here, so that the batch model is updated with it.
-std::array<std::vector<RecordedOp>, 5> exchangePhases(const std::vector<RecordedOp>& ops) {
-  int lastArrived = -1, firstDone = -1;
-  for (size_t i = 0; i < ops.size(); ++i) {
-    if (ops[i].join || ops[i].op.kind != Op::SignalOne)
-      continue;
-    if (ops[i].op.flag == Flag::Arrived)
-      lastArrived = static_cast<int>(i);
-    else if (ops[i].op.flag == Flag::Done && firstDone < 0)
-      firstDone = static_cast<int>(i);
-  }
-  if (lastArrived < 0 || firstDone < lastArrived)
-    fail(
-        "scheduleDirectExchange no longer signals Arrived, then Done: the batch model (batchIsendIrecvSchedule) needs "
-        "its update");
-  std::array<std::vector<RecordedOp>, 5> phases;
-  int phase = 0;
-  for (size_t i = 0; i < ops.size(); ++i) {
-    const RecordedOp& o = ops[i];
-    const bool doneSignal = !o.join && o.op.kind == Op::SignalOne && o.op.flag == Flag::Done;
-    const bool doneWait = !o.join && o.op.kind == Op::WaitOne && o.op.flag == Flag::Done;
-    if (static_cast<int>(i) <= lastArrived)
-      phase = 0;
-    else if (static_cast<int>(i) < firstDone)
-      phase = 1;
-    else if (doneSignal && phase <= 2)
-      phase = 2;
-    else if (doneWait && phase <= 3)
-      phase = 3;
-    else
-      phase = 4;
-    const bool flagOp = !o.join && (o.op.kind == Op::SignalOne || o.op.kind == Op::WaitOne);
-    if ((phase == 1 && !o.join && o.op.kind == Op::SignalOne) || (phase == 4 && flagOp))
-      fail(
-          "scheduleDirectExchange changed its order of flags: the batch model (batchIsendIrecvSchedule) needs its "
-          "update");
-    phases[phase].push_back(o);
-  }
-  return phases;
-}
 
 class P2PCase {
  public:
@@ -2988,6 +2950,7 @@ class P2PCase {
     World* world = nullptr;  // Operation: the transport it runs on
     int index = -1;          // Operation: the rank's index there
     int unit = -1;           // Operation
+    int otherUnit = -1;      // Operation of a p2p step with both directions: its other op
     int item = -1;           // Operation, Produce, End
     int queue = -1;          // Fence: runs once this rank's queue `queue` ran `count` steps
     uint64_t count = 0;
@@ -3217,15 +3180,17 @@ class P2PCase {
     const std::vector<int> ranks = someRanks(2);
     const int center = ranks[0];
     const int it = newItem();
-    for (size_t k = 1; k < ranks.size(); ++k)
+    for (size_t k = 1; k < ranks.size(); ++k) {
+      const bool centerSends = pick(0, 1);  // both ways, the batch's steps would pair ops the peer makes apart
       for (int n = pick(1, 3); n > 0; --n) {
         const int peer = ranks[k];
         const int call = newItem();
-        if (pick(0, 1))
+        if (centerSends)
           addSendRecv(it, center, peer, call);
         else
           addSendRecv(call, peer, center, it);
       }
+    }
     shuffleCallOrders(it);
     if (o_.interleavedPeers && ranks.size() > 2) {
       for (int n = pick(1, 3); n > 0; --n) {
@@ -3404,10 +3369,10 @@ class P2PCase {
     p.connected = true;
   }
 
-  // A batch's ops on rank r in the order it numbers and signals them: its call order, except that each pair's ops
-  // are put in one order both ranks compute alike, the lower rank's sends first, then the higher rank's, each
-  // direction in call order (NCCL matches each direction in order, and lets the two ranks list a batch's sends and
-  // recvs to each other in any order). Signalled in that order, each pair's flag words only grow.
+  // A batch's ops on rank r, each a step of its own, in an order both ranks compute alike: its call order, except that
+  // each pair's ops go the lower rank's sends first, then the higher rank's, each direction in call order (NCCL
+  // matches each direction in order, and lets the two ranks list a batch's sends and recvs to each other in any
+  // order). What --signals-in-call-order numbers by, and the order of a peer's lone calls with an unmatched batch.
   std::vector<int> inSerialOrder(const std::vector<int>& callOrder) const {
     std::vector<int> out = callOrder;
     std::map<int, std::vector<size_t>> placesOfPair;
@@ -3511,17 +3476,8 @@ class P2PCase {
       ops.push_back(o);
     };
     switch (u.kind) {
-      case UnitKind::SendRecv: {
-        const int peer = u.members[1 - i];
-        const uint32_t serial = ++pairSerial_[r][peer];
-        u.serialBy[i] = serial;
-        if (u.serialBy[1 - i] >= 0 && u.serialBy[1 - i] != u.serialBy[i])
-          violation("ranks disagree on a pair's serial: " + u.description + " is serial " +
-                    std::to_string(u.serialBy[1 - i]) + " on rank " + std::to_string(peer) + ", " +
-                    std::to_string(serial) + " on rank " + std::to_string(r));
-        scheduleDirectExchange(t, u.x.plans[i], serial, u.x.posted[i], exchangePeers(u.x, u.pairing, i));
-        break;
-      }
+      case UnitKind::SendRecv:
+        fail("a p2p op is recorded with its batch (p2pBatch)");
       case UnitKind::Exchange:
         scheduleDirectExchange(t, u.x.plans[i], ++directSerial_[r], u.x.posted[i], exchangePeers(u.x, u.pairing, i));
         break;
@@ -3543,7 +3499,7 @@ class P2PCase {
     return ops;
   }
 
-  void emit(int r, int id, int it, const RecordedOp& o, const int laneQueue[2]) {
+  void emit(int r, int id, int it, const RecordedOp& o, const int laneQueue[2], int otherId = -1) {
     if (o.join) {
       fenceOn(r, laneQueue[o.lane], laneQueue[o.from]);
       return;
@@ -3554,49 +3510,193 @@ class P2PCase {
     s.world = &worldOf(u);
     s.index = u.indexOf(r);
     s.unit = id;
+    s.otherUnit = otherId;
     s.item = it;
     if (o.op.kind == Op::Copy)
       s.touches = touchesOf(o.op);
     add(r, laneQueue[o.lane], s);
   }
 
-  // The batch schedule of batch_isend_irecv (a lone send or recv is a batch of one) on rank r, modelled here until
-  // csrc/collective/ has one: it mirrors scheduleDirectExchange (csrc/collective/direct_exchange.cpp), recording each
-  // op's exchange and enqueueing it cut at its flags: every op's Arrived (after its pack) before any wait on a peer,
-  // then every op's waits for the peer's Arrived and its copies, then every Done signal (each right after its op's
-  // copies with --done-per-op), then every Done wait, then the unpacks. `units`: the ops in the pair's serial order.
-  void batchIsendIrecvSchedule(int r, int it, std::vector<int> units, const int laneQueue[2]) {
-    std::map<int, std::array<std::vector<RecordedOp>, 5>> phasesOf;
-    for (int id : units)  // numbered in serial order (record)
-      phasesOf[id] = exchangePhases(record(r, id));
-    if (o_.mutation == P2POptions::Mutation::SignalsInCallOrder)
-      units = items_[it].units.at(r);
-    std::vector<std::array<std::vector<RecordedOp>, 5>> phases;
-    for (int id : units)
-      phases.push_back(phasesOf.at(id));
-    // (op, phase) in the order they are enqueued.
-    std::vector<std::pair<size_t, int>> order;
-    const size_t n = units.size();
-    if (o_.mutation == P2POptions::Mutation::WaitBeforeArrived) {
-      for (size_t k = 0; k < n; ++k)
-        for (int phase = 0; phase < 5; ++phase)
-          order.push_back({k, phase});
-    } else {
-      for (int phase = 0; phase < 5; ++phase)
-        for (size_t k = 0; k < n; ++k)
-          if (!o_.donePerOp || phase != 2)
-            order.push_back({k, phase});
-      if (o_.donePerOp)  // each op's Done right after its own copies: before the phase of Done waits
-        for (size_t k = 0; k < n; ++k)
-          order.insert(std::find(order.begin(), order.end(), std::make_pair(k, 1)) + 1, {k, 2});
+  // One step of a batch on a rank: its ops, each a unit, at most one each way.
+  struct BatchStep {
+    int units[2] = {-1, -1};  // the op this rank sends, the op it receives; -1 where it has none
+    int first() const {
+      return units[0] >= 0 ? units[0] : units[1];
     }
-    for (auto [k, phase] : order)
-      for (const RecordedOp& o : phases[k][phase]) {
-        if (o_.mutation == P2POptions::Mutation::CopyBeforeArrived && !o.join && o.op.kind == Op::WaitOne &&
-            o.op.flag == Flag::Arrived && o.lane == static_cast<int>(Lane::Push))
-          continue;
-        emit(r, units[k], it, o, laneQueue);
+  };
+
+  // Rank r's batch of ops (`callOrder`) as steps, in the order the batch runs them, with the real step formation
+  // (pair_steps.hpp). The variants number each op as a step of its own: in call order (--serials-in-call-order), or
+  // in the order inSerialOrder computes alike on both ranks and then run in call order (--signals-in-call-order).
+  std::vector<BatchStep> stepsOf(int r, const std::vector<int>& callOrder) const {
+    std::vector<BatchStep> steps;
+    const bool opAlone = o_.mutation == P2POptions::Mutation::SerialsInCallOrder ||
+                         o_.mutation == P2POptions::Mutation::SignalsInCallOrder;
+    if (opAlone) {
+      const std::vector<int> order =
+          o_.mutation == P2POptions::Mutation::SerialsInCallOrder ? callOrder : inSerialOrder(callOrder);
+      for (int id : order) {
+        BatchStep s;
+        s.units[sendsIn(r, id) ? 0 : 1] = id;
+        steps.push_back(s);
       }
+      return steps;
+    }
+    struct Direction {
+      int peer;
+      bool isSend;
+    };
+    std::vector<Direction> ops;
+    for (int id : callOrder)
+      ops.push_back({peerIn(r, id), sendsIn(r, id)});
+    for (const PairStepOps& p : pairStepOpsOf(ops, r)) {
+      BatchStep s;
+      s.units[0] = p.send >= 0 ? callOrder[p.send] : -1;
+      s.units[1] = p.recv >= 0 ? callOrder[p.recv] : -1;
+      steps.push_back(s);
+    }
+    return steps;
+  }
+  bool sendsIn(int r, int id) const {
+    return units_[id]->members[units_[id]->sender] == r;
+  }
+  int peerIn(int r, int id) const {
+    const Unit& u = *units_[id];
+    return u.members[1 - u.indexOf(r)];
+  }
+
+  // The step as its pair's two-rank exchange: each member's plan and posted regions, its sendTo and input from the op
+  // it sends, its recvFrom and output from the op it receives (pairPlanOf's plan, on the model's arenas).
+  Exchange stepExchange(const BatchStep& step) const {
+    Exchange x;
+    x.plans.resize(2);
+    x.posted.resize(2);
+    for (ExchangePlan& p : x.plans) {
+      p.sendTo.assign(2, ByteRange{});
+      p.recvFrom.assign(2, ByteRange{});
+    }
+    for (int id : step.units) {
+      if (id < 0)
+        continue;
+      const Unit& u = *units_[id];
+      const int from = u.sender, to = 1 - u.sender;
+      x.plans[from].sendTo[to] = u.x.plans[from].sendTo[to];
+      x.plans[from].input = u.x.plans[from].input;
+      x.plans[from].inputBytes = u.x.plans[from].inputBytes;
+      x.posted[from].input = u.x.posted[from].input;
+      x.plans[to].recvFrom[from] = u.x.plans[to].recvFrom[from];
+      x.plans[to].output = u.x.plans[to].output;
+      x.plans[to].outputBytes = u.x.plans[to].outputBytes;
+      x.posted[to].outputBase = u.x.posted[to].outputBase;
+    }
+    return x;
+  }
+
+  // Rank r's p2p call (a lone send or recv is a batch of one) through the real batch schedule,
+  // scheduleDirectP2pBatch, on its pairs' transports, each step taking its pair's next serial. The wrong variants
+  // reorder what it records: --wait-before-arrived runs each step whole in turn, in call order (each step's phases
+  // before the next step's), --done-after-every-copy moves every step's Done after every step's copies,
+  // --copy-before-arrived leaves out the waits for the peer's Arrived before pushes.
+  void p2pBatch(int r, int it, const std::vector<BatchStep>& batch, const int laneQueue[2]) {
+    std::vector<DirectPairStep> steps;
+    std::vector<FakeTransport*> transports;
+    for (const BatchStep& b : batch) {
+      const Unit& u = *units_[b.first()];
+      const int i = u.indexOf(r), peer = u.members[1 - i];
+      FakeTransport& t = *pairs_[u.pair]->world.ranks[i];
+      const uint32_t serial = ++pairSerial_[r][peer];
+      for (int id : b.units) {
+        if (id < 0)
+          continue;
+        Unit& op = *units_[id];
+        op.serialBy[i] = serial;
+        if (op.serialBy[1 - i] >= 0 && op.serialBy[1 - i] != op.serialBy[i])
+          violation("ranks disagree on a pair's serial: " + op.description + " is serial " +
+                    std::to_string(op.serialBy[1 - i]) + " on rank " + std::to_string(peer) + ", " +
+                    std::to_string(serial) + " on rank " + std::to_string(r));
+      }
+      const Exchange x = stepExchange(b);
+      DirectPairStep s;
+      s.transport = &t;
+      s.plan = x.plans[i];
+      s.serial = serial;
+      s.posted = x.posted[i];
+      s.peer = exchangePeers(x, u.pairing, i)[1 - i];
+      steps.push_back(s);
+      if (!std::count(transports.begin(), transports.end(), &t))
+        transports.push_back(&t);
+    }
+    std::vector<size_t> order(steps.size());
+    std::iota(order.begin(), order.end(), 0);
+    // Numbered in the order of the steps, run in call order: --signals-in-call-order, and --wait-before-arrived,
+    // which runs the steps whole as a batch calling scheduleDirectExchange op after op would (in the pairs' order
+    // instead, steps run whole would not wait in a cycle: the smallest pair with a step left has both members at it).
+    if (o_.mutation == P2POptions::Mutation::SignalsInCallOrder ||
+        o_.mutation == P2POptions::Mutation::WaitBeforeArrived) {
+      const std::vector<int>& calls = items_[it].units.at(r);
+      auto place = [&](size_t k) {  // of the step's first op in call order
+        std::ptrdiff_t at = static_cast<std::ptrdiff_t>(calls.size());
+        for (int id : batch[k].units)
+          if (id >= 0)
+            at = std::min(at, std::find(calls.begin(), calls.end(), id) - calls.begin());
+        return at;
+      };
+      std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return place(a) < place(b); });
+    }
+    std::vector<DirectPairStep> ordered;
+    for (size_t k : order)
+      ordered.push_back(steps[k]);
+    // What the schedule records, with its step (in `order`) and phase.
+    struct Recorded {
+      size_t step;
+      P2pPhase phase;
+      RecordedOp op;
+    };
+    std::vector<Recorded> recorded;
+    size_t current = 0;
+    P2pPhase phase = P2pPhase::kArrive;
+    for (FakeTransport* t : transports) {
+      t->bound = [&](int lane, const Op& op) {
+        RecordedOp o;
+        o.lane = lane;
+        o.op = op;
+        recorded.push_back({current, phase, o});
+      };
+      t->boundJoin = [&](int into, int from) {
+        RecordedOp o;
+        o.join = true;
+        o.lane = into;
+        o.from = from;
+        recorded.push_back({current, phase, o});
+      };
+    }
+    scheduleDirectP2pBatch(ordered, [&](size_t step, P2pPhase p) {
+      current = step;
+      phase = p;
+    });
+    for (FakeTransport* t : transports) {
+      t->bound = nullptr;
+      t->boundJoin = nullptr;
+    }
+    auto isDoneSignal = [](const Recorded& o) {
+      return !o.op.join && o.op.op.kind == Op::SignalOne && o.op.op.flag == Flag::Done;
+    };
+    if (o_.mutation == P2POptions::Mutation::WaitBeforeArrived)
+      std::stable_sort(recorded.begin(), recorded.end(),
+                       [](const Recorded& a, const Recorded& b) { return a.step < b.step; });
+    if (o_.doneAfterEveryCopy)
+      std::stable_sort(recorded.begin(), recorded.end(), [&](const Recorded& a, const Recorded& b) {
+        auto place = [&](const Recorded& o) { return 2 * static_cast<int>(o.phase) + (isDoneSignal(o) ? 1 : 0); };
+        return place(a) < place(b);
+      });
+    for (const Recorded& o : recorded) {
+      if (o_.mutation == P2POptions::Mutation::CopyBeforeArrived && !o.op.join && o.op.op.kind == Op::WaitOne &&
+          o.op.op.flag == Flag::Arrived && o.op.lane == static_cast<int>(Lane::Push))
+        continue;
+      const BatchStep& b = batch[order[o.step]];
+      const int other = b.units[0] >= 0 && b.units[1] >= 0 ? b.units[1] : -1;
+      emit(r, b.first(), it, o.op, laneQueue, other);
+    }
   }
 
   // Rank r makes its next call. `allowTogether`: peers not yet at the mailbox may post within its wait (then they
@@ -3609,13 +3709,18 @@ class P2PCase {
       return;
     }
     Item& item = items_[it];
-    const bool callOrder = item.collective || o_.mutation == P2POptions::Mutation::SerialsInCallOrder;
-    const std::vector<int> units = callOrder ? item.units.at(r) : inSerialOrder(item.units.at(r));
+    const std::vector<int>& units = item.units.at(r);
     for (int id : units)  // a batch connects its new pairs at once: every such peer is at this call (canEnqueue)
       if (units_[id]->kind == UnitKind::SendRecv && !pairs_[units_[id]->pair]->connected)
         connect(*pairs_[units_[id]->pair]);
+    std::vector<BatchStep> batch;
+    if (item.collective)
+      batch.push_back({{units.front(), -1}});
+    else
+      batch = stepsOf(r, units);
     std::vector<int> together;
-    for (int id : units) {
+    for (const BatchStep& b : batch) {
+      const int id = b.first();
       const Unit& u = *units_[id];
       for (size_t j = 0; j < u.members.size() && allowTogether && u.direct(); ++j) {
         const int p = u.members[j];
@@ -3624,8 +3729,14 @@ class P2PCase {
           together.push_back(p);
       }
     }
-    for (int id : units)
-      post(r, id, together);
+    for (const BatchStep& b : batch) {  // a step posts once for its ops
+      post(r, b.first(), together);
+      for (int id : b.units)
+        if (id >= 0 && id != b.first()) {
+          units_[id]->pairing = units_[b.first()]->pairing;
+          units_[id]->postedBy = units_[b.first()]->postedBy;
+        }
+    }
     // The streams, as CopyEngineRunner binds them: the caller's stream writes the inputs first; the lanes start where
     // it stands (forkFromCaller), the Drain lane after the previous call's end where CallOrder says so.
     const int callerQ = 2 + caller_[r][k];
@@ -3650,7 +3761,7 @@ class P2PCase {
       if (first.kind == UnitKind::StagingAllgather)
         fenceOn(r, drainQ, pushQ);  // the runner's pushDone_ event
     } else {
-      batchIsendIrecvSchedule(r, it, units, laneQueue);
+      p2pBatch(r, it, batch, laneQueue);
     }
     Step end;
     end.kind = Step::End;
@@ -3761,8 +3872,11 @@ class P2PCase {
                       "Arrived there");
         }
         s.world->execute(s.index, s.op);
-        if (s.op.kind == Op::SignalOne && s.op.flag == Flag::Arrived)
+        if (s.op.kind == Op::SignalOne && s.op.flag == Flag::Arrived) {
           units_[s.unit]->arrived[s.index] = true;
+          if (s.otherUnit >= 0)
+            units_[s.otherUnit]->arrived[s.index] = true;
+        }
         break;
       case Step::Produce:
         produce(r, s.item);
@@ -3919,15 +4033,16 @@ bool parseP2POption(const char* arg, P2POptions& o) {
     o.unmatchedBatches = true;
   else if (strcmp(arg, "--interleaved-peers") == 0)
     o.unmatchedBatches = o.interleavedPeers = true;
-  else if (strcmp(arg, "--done-per-op") == 0)
-    o.donePerOp = true;
+  else if (strcmp(arg, "--done-after-every-copy") == 0)
+    o.doneAfterEveryCopy = true;
   else
     return false;
   return true;
 }
 
 int runP2P(std::mt19937& rng, int cases, const P2POptions& options) {
-  const bool counts = options.mutation != P2POptions::Mutation::None || options.unmatchedBatches;
+  const bool counts =
+      options.mutation != P2POptions::Mutation::None || options.unmatchedBatches || options.doneAfterEveryCopy;
   std::map<std::string, int> caught;
   std::string first;
   int rings = 0, ringsHung = 0;
@@ -4006,7 +4121,7 @@ int main(int argc, char** argv) {
         "[--crossed-orders] | --faults [--old-release] [--shared-queue-crossed] | --exchanges [--skip-done-wait | "
         "--arrived-before-pack] | --p2p [--faults] [--wait-before-arrived | --copy-before-arrived | --pass-own-waits | "
         "--serials-in-call-order | --signals-in-call-order | --connect-in-turn] [--unmatched-batches | "
-        "--interleaved-peers] [--done-per-op] | --captured-exchanges [--without-arrived]]\n",
+        "--interleaved-peers] [--done-after-every-copy] | --captured-exchanges [--without-arrived]]\n",
         argv[0]);
     return 2;
   }
