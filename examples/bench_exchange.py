@@ -1,12 +1,14 @@
-"""Exchange-collective benchmark: all_to_all_single (even splits), broadcast, gather and scatter on torch_sdma against
-every other way to run them on this machine, in the same run.
+"""Exchange benchmark: all_to_all_single (even splits), broadcast, gather, scatter and point-to-point (a ring by
+batch_isend_irecv, each rank sending to rank+1 and receiving from rank-1 as context parallelism does, and a send/recv
+pipeline, rank r sending to r+1) on torch_sdma against every other way to run them on this machine, in the same run.
 
 GPU mode (one process per GPU):      torchrun --nproc_per_node <GPUs> examples/bench_exchange.py
 Two ranks sharing one GPU:           SDMA_TEST_SHARE_GPU=1 torchrun --nproc_per_node 2 examples/bench_exchange.py
 CPU mode (CPU tensors):              torchrun --nproc_per_node 2 examples/bench_exchange.py --mode cpu
 
 Per op and size (bytes per rank, 64 KiB to 1 GiB; CPU mode to 16 MiB), bus bandwidth as nccl-tests counts it
-(exchange_peers.bus_bytes), the slowest rank's median over alternating rounds, every row's bytes checked:
+(exchange_peers.bus_bytes; point-to-point as nccl-tests' sendrecv: the bytes each rank sends), the slowest rank's
+median over alternating rounds, every row's bytes checked:
 - sdma:      the default group, as a user gets it (below TORCH_SDMA_MIN_BYTES the inner backend runs the op);
 - sdma-dma:  a group made with TORCH_SDMA_MIN_BYTES=0: every size on sdma's DMA path;
 - nccl:      torch's NCCL backend (gloo in CPU mode);
@@ -15,8 +17,11 @@ Per op and size (bytes per rank, 64 KiB to 1 GiB; CPU mode to 16 MiB), bus bandw
 - symm-mem:  torch symmetric memory's NVSHMEM collectives, where it has the op (processes of their own);
 - ce-limit:  not the op: the bytes the op moves between ranks pushed into peers' memory (mapped by torch symmetric
              memory) with plain copy-engine copies, no ordering. What these links and engines do; no op beats it.
-NCCL refuses two ranks of one communicator on one GPU: with ranks sharing GPUs the nccl, nccl-ce, symm-mem and
-ce-limit rows say so, and so does the sdma row (its small sizes go to the inner NCCL); sdma-dma runs alone.
+Point-to-point of CUDA tensors takes sdma's copy-engine runner only with TORCH_SDMA_TEST_CUDA_P2P=1 (docs/design.md,
+"Point-to-point"), which GPU mode sets unless the environment gives it (=0: sdma's rows go to NCCL, as by default);
+the path column says which ran. NCCL refuses two ranks of one communicator on one GPU: with ranks sharing GPUs the
+nccl, nccl-ce, symm-mem and ce-limit rows say so, and so does the sdma row (its small sizes go to the inner NCCL);
+sdma-dma runs alone.
 
 GEMM slowdown (GPU): --gemm-count bf16 GEMMs on the compute stream while --overlap-calls of each op (--overlap-bytes
 per rank) run async from a side stream, against the same round's GEMMs alone; the median over --gemm-rounds
@@ -37,7 +42,7 @@ import torch.distributed as dist
 from allgather_peers import CopyEngineLimit, free_port, hashed_bytes, symm_mem_unavailable
 from bench_allgather import all_ranks, fmt_bw, machine_info, slowest
 from exchange_harness import EXCHANGE_OPS
-from exchange_peers import OPS, ROOT, OpBuffers, bus_bytes, peer_unavailable, run_peer
+from exchange_peers import OPS, P2P_OPS, ROOT, OpBuffers, bus_bytes, peer_unavailable, run_peer
 
 # After bench_allgather, which finds torch_sdma beside examples/ in a checkout that is not installed.
 import torch_sdma
@@ -46,6 +51,7 @@ from torch_sdma.check import human_bytes, new_group_with_env, parse_bytes
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 DEFAULT_SIZES = [64 * KIB, 256 * KIB, 1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB, 1 * GIB]
 PEERS = ("nccl-ce", "symm-mem")
+CUDA_P2P_KNOB = "TORCH_SDMA_TEST_CUDA_P2P"
 
 
 def parse_args():
@@ -84,6 +90,10 @@ class Bench(bench_allgather.Bench):
             mode = "gpu" if torch.cuda.is_available() and torch.cuda.device_count() > 0 else "cpu"
         self.mode = mode
         self.unavailable = {}
+        self.ops = args.ops.split(",")
+        if mode == "gpu" and set(self.ops) & set(P2P_OPS):
+            # Read at the first point-to-point op, alike on every rank.
+            os.environ.setdefault(CUDA_P2P_KNOB, "1")
         if mode == "gpu":
             gpus = torch.cuda.device_count()
             # Ranks beyond the visible GPUs share them, as the tests' SDMA_TEST_SHARE_GPU=1 runs do.
@@ -113,7 +123,6 @@ class Bench(bench_allgather.Bench):
         if mode == "cpu":
             for name in (*PEERS, "ce-limit"):
                 self.unavailable[name] = "needs CUDA tensors"
-        self.ops = args.ops.split(",")
         max_bytes = args.max_bytes or (GIB if mode == "gpu" else 16 * MIB)
         # Whole bytes to every rank for all_to_all_single; the same count for every op, peers included.
         self.sizes = [s // self.world * self.world for s in (args.sizes or DEFAULT_SIZES) if s <= max_bytes]
@@ -128,9 +137,12 @@ class Bench(bench_allgather.Bench):
 
 
 def op_path(before, after, op):
-    """The sdma path(s) whose counters `op` moved between two torch_sdma.stats() snapshots."""
-    legacy = f"delegated:{EXCHANGE_OPS[op]}"
-    moved = [k for k, v in after.items() if (k.startswith(f"{op}:") or k == legacy)
+    """The sdma path(s) whose counters `op` moved between two torch_sdma.stats() snapshots (point-to-point: its
+    sends' and its recvs')."""
+    counted = ("send", "recv") if op in P2P_OPS else (op,)
+    names = tuple(f"{c}:" for c in counted)
+    legacy = {f"delegated:{EXCHANGE_OPS[c]}" for c in counted}
+    moved = [k for k, v in after.items() if (k.startswith(names) or k in legacy)
              and v.get("calls", 0) > before.get(k, {}).get("calls", 0)]
     return "+".join(sorted(moved)) or "none"
 
@@ -152,6 +164,9 @@ class LimitPushes:
                 self.pushes.append((view, self.sent[p * self.slot:(p + 1) * self.slot]))
             elif (op == "broadcast" and b.rank == ROOT) or (op == "gather" and p == ROOT):  # the whole input
                 self.pushes.append((view, self.sent))
+            elif op in P2P_OPS and p == (b.rank + 1) % b.world and (op != "send_recv_pipeline"
+                                                                     or b.rank < b.world - 1):
+                self.pushes.append((view, self.sent))
 
     def call(self):
         for dst, src in self.pushes:
@@ -163,9 +178,11 @@ class LimitPushes:
         b.sync()
         self.call()
         b.sync()
+        prev = (b.rank - 1) % b.world
         senders = {"all_to_all_single": [q for q in range(b.world) if q != b.rank],
-                   "gather": [q for q in range(b.world) if q != b.rank] if b.rank == ROOT else []}.get(
-                       self.op, [ROOT] if b.rank != ROOT else [])
+                   "gather": [q for q in range(b.world) if q != b.rank] if b.rank == ROOT else [],
+                   "batch_isend_irecv_ring": [prev],
+                   "send_recv_pipeline": [prev] if b.rank > 0 else []}.get(self.op, [ROOT] if b.rank != ROOT else [])
         s = self.slot
         for q in senders:
             whole = hashed_bytes(q, s * (b.world if self.op in ("all_to_all_single", "scatter") else 1), b.device)
@@ -225,7 +242,7 @@ def sweep(b, peer_results):
             timed = {k: v for k, v in row.items() if isinstance(v, dict) and "us" in v}
             wrong = [k for k, v in timed.items() if not v["match"]]
             figures = ", ".join(f"{k} {fmt_bw(v['busbw_GBps'])}" for k, v in timed.items())
-            b.log(f"  {op:>17} {row['size']:>8}: {figures} GB/s ({row['paths']['sdma-dma']})"
+            b.log(f"  {op:>22} {row['size']:>8}: {figures} GB/s ({row['paths']['sdma-dma']})"
                   + (f", WRONG BYTES in {', '.join(wrong)}" if wrong else ""))
             del calls
             if b.mode == "gpu":

@@ -1,10 +1,13 @@
-"""The exchange collectives of examples/bench_exchange.py (all_to_all_single with even splits, broadcast, gather,
-scatter): their buffers, the bytes each rank must end with, and the peers that run in processes of their own.
+"""The exchanges of examples/bench_exchange.py (all_to_all_single with even splits, broadcast, gather, scatter, and
+point-to-point: a ring by batch_isend_irecv, a send/recv pipeline): their buffers, the bytes each rank must end with,
+and the peers that run in processes of their own.
 
 Data: bytes hashed from (position, rank) (allgather_peers.hashed_bytes), so every rank rebuilds what it must receive;
 outputs are poisoned before a checked call. The root of broadcast, gather and scatter is rank 0. Per-rank bytes n:
 all_to_all_single sends n/world to each rank, broadcast moves n from the root, gather brings n from each rank to the
-root, scatter sends n to each rank from the root.
+root, scatter sends n to each rank from the root. batch_isend_irecv_ring: each rank sends n to rank+1 and receives n
+from rank-1 in one batch (context parallelism's ring); send_recv_pipeline: rank r receives n from r-1, then sends n
+to r+1 (a pipeline's forward pass; the first rank only sends, the last only receives).
 
 Run as a script, this file is one of two peers, in processes of their own, one per bench rank (each reads its
 settings once per process, and neither may share a process with torch_sdma, whose import sets
@@ -27,7 +30,8 @@ import torch
 import torch.distributed as dist
 from allgather_peers import gpu_seconds_per_call, hashed_bytes, symm_mem_unavailable
 
-OPS = ("all_to_all_single", "broadcast", "gather", "scatter")
+P2P_OPS = ("batch_isend_irecv_ring", "send_recv_pipeline")
+OPS = ("all_to_all_single", "broadcast", "gather", "scatter", *P2P_OPS)
 ROOT = 0
 POISON = 0xA5
 # Never let a launched process touch NVLink multicast (it can take a shared host's GPUs out of service).
@@ -36,8 +40,9 @@ NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"
 
 def bus_bytes(op, n, world):
     """Bytes per rank that cross between ranks in one call, as nccl-tests counts bus bandwidth: (world-1)/world of
-    the whole buffer for all-to-all, gather and scatter (world * n at the root), n for broadcast."""
-    if op == "broadcast":
+    the whole buffer for all-to-all, gather and scatter (world * n at the root), n for broadcast and for
+    point-to-point (sendrecv's count: the bytes each rank sends)."""
+    if op == "broadcast" or op in P2P_OPS:
         return n
     whole = n if op == "all_to_all_single" else n * world
     return whole * (world - 1) // world
@@ -56,6 +61,17 @@ class OpBuffers:
         self.out = self.inp if op == "broadcast" else alloc(out_bytes)
         self.registered = [self.inp] if op == "broadcast" else [self.inp, self.out]
 
+    @property
+    def prev(self):
+        return (self.rank - 1) % self.world
+
+    @property
+    def next(self):
+        return (self.rank + 1) % self.world
+
+    def receives(self):
+        return self.op != "send_recv_pipeline" or self.rank > 0
+
     def source_bytes(self):
         """What this rank sends: its own hashed bytes; for broadcast and scatter only the root's count."""
         if self.op == "scatter":
@@ -63,6 +79,8 @@ class OpBuffers:
         return hashed_bytes(ROOT if self.op == "broadcast" else self.rank, self.n, self.device)
 
     def expected(self):
+        if self.op in P2P_OPS:  # from the previous rank; the pipeline's first rank receives nothing
+            return hashed_bytes(self.prev, self.n, self.device) if self.receives() else None
         if self.op == "all_to_all_single":
             c = self.n // self.world
             return torch.cat([hashed_bytes(q, self.n, self.device)[self.rank * c:(self.rank + 1) * c]
@@ -86,6 +104,8 @@ class OpBuffers:
     def call(self, group=None, async_op=False):
         """The op through torch.distributed on `group`."""
         kw = {"group": group, "async_op": async_op}
+        if self.op in P2P_OPS:
+            return self.p2p_call(group, async_op)
         if self.op == "all_to_all_single":
             return dist.all_to_all_single(self.out, self.inp, **kw)
         if self.op == "broadcast":
@@ -95,6 +115,27 @@ class OpBuffers:
             return dist.gather(self.inp, outs, dst=self.global_root(group), **kw)
         ins = list(self.inp.chunk(self.world)) if self.root else None
         return dist.scatter(self.out, ins, src=self.global_root(group), **kw)
+
+    def p2p_call(self, group, async_op):
+        """The ring or the pipeline; async, a Work-like whose wait() waits for every op of this rank."""
+        peer = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
+        if self.op == "batch_isend_irecv_ring":
+            works = dist.batch_isend_irecv([dist.P2POp(dist.isend, self.inp, peer(self.next), group),
+                                            dist.P2POp(dist.irecv, self.out, peer(self.prev), group)])
+        elif async_op:
+            works = ([dist.irecv(self.out, src=peer(self.prev), group=group)] if self.rank > 0 else []) + \
+                    ([dist.isend(self.inp, dst=peer(self.next), group=group)] if self.rank < self.world - 1 else [])
+        else:
+            if self.rank > 0:
+                dist.recv(self.out, src=peer(self.prev), group=group)
+            if self.rank < self.world - 1:
+                dist.send(self.inp, dst=peer(self.next), group=group)
+            return None
+        if async_op:
+            return AllWorks(works)
+        for work in works:
+            work.wait()
+        return None
 
     @staticmethod
     def global_root(group):
@@ -109,11 +150,26 @@ class OpBuffers:
         return self.matches()
 
 
+class AllWorks:
+    """The Works of one rank's point-to-point ops as one."""
+
+    def __init__(self, works):
+        self.works = works
+
+    def wait(self):
+        for work in self.works:
+            work.wait()
+        return True
+
+
 def peer_unavailable(peer, op):
     """Why `peer` cannot run `op` on this machine ("" when it can)."""
     why = symm_mem_unavailable()
     if why:
         return why
+    if op in P2P_OPS:
+        return ("not run: NCCL's own send/recv is the nccl row" if peer == "nccl-ce"
+                else "torch symmetric memory has no send/recv op")
     if peer == "nccl-ce":
         if not hasattr(dist, "ProcessGroupNCCL") or not hasattr(dist.ProcessGroupNCCL, "NCCL_CTA_POLICY_ZERO"):
             return f"torch {torch.__version__} cannot ask NCCL for its zero-CTA policy"

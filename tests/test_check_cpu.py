@@ -2,11 +2,11 @@
 repository (as a user runs it after pip install), and from the source tree with deprecation warnings as errors.
 
 - From the wheel: `torchrun --nproc_per_node 2 -m torch_sdma.check` exits 0 with its report (PASS, every form and
-  every exchange op on the DMA path in the groups that ask for it, the exchanges' busbw rows, every line under 200
-  characters), and torch_sdma comes from the venv.
+  every exchange op, point-to-point included, on the DMA path in the groups that ask for it, the exchanges' busbw
+  rows, every line under 200 characters), and torch_sdma comes from the venv.
 - The console script `torch-sdma-check`, started outside torchrun, launches torchrun itself; with one output byte
-  flipped (TORCH_SDMA_CHECK_PLANT_WRONG_BYTE, a test knob) of an all-gather form or of the uneven all-to-all, it
-  exits 1 and names the call.
+  flipped (TORCH_SDMA_CHECK_PLANT_WRONG_BYTE, a test knob) of an all-gather form, of the uneven all-to-all or of the
+  batch_isend_irecv ring, it exits 1 and names the call.
 - From the source tree under PYTHONWARNINGS=error::FutureWarning: nothing the check calls warns, so every form of
   all_gather_single (out of place, in place, stacked, async in flight, coalesced) runs without torch's deprecation
   of all_gather_into_tensor, bit-exact, on the DMA path.
@@ -139,15 +139,20 @@ def test_check_passes_from_installed_wheel(fresh_venv, tmp_path):
         assert re.search(f"^group {group}: all bytes right$", out, re.M), out
     for op in ("all_to_all_single uneven", "all_to_all", "broadcast", "gather", "scatter"):
         assert len(re.findall(f"^  {op} +-> dma:direct$", out, re.M)) == 2, (op, out)
-    for op in ("all_to_all_single", "broadcast", "gather", "scatter"):  # the exchanges' busbw table
+    for op in ("batch_isend_irecv ring", "send/recv pipeline"):  # paths merged over the ranks that made the op
+        assert len(re.findall(f"^  {op} +-> send dma:direct, recv dma:direct$", out, re.M)) == 2, (op, out)
+    for op in ("all_to_all_single", "broadcast", "gather", "scatter", "batch_isend_irecv ring",
+               "send/recv pipeline"):  # the exchanges' busbw table
         assert f"| {op} | 512 KiB |" in out, out
+    assert re.search(r"^\| send/recv pipeline \| 512 KiB \|.*\| send dma:direct, recv dma:direct \|$", out, re.M), out
     long_lines = [line for line in report.splitlines() if len(line) > 200]
     assert not long_lines, long_lines
     assert "Warning" not in report, report[-8000:]
 
 
 @pytest.mark.parametrize("planted,named", [(PLANTED_FORM, "rank 1: first wrong byte at 0 (from rank 0)"),
-                                           ("all_to_all_single uneven", "rank 1: first wrong byte at 0: 0x")])
+                                           ("all_to_all_single uneven", "rank 1: first wrong byte at 0: 0x"),
+                                           ("batch_isend_irecv ring", "rank 1: first wrong byte at 0: 0x")])
 def test_planted_wrong_byte_exits_1_and_names_the_call(fresh_venv, tmp_path, planted, named):
     script = os.path.join(fresh_venv, "bin", "torch-sdma-check")
     rc, out, err = _run([script, "--skip-busbw", "--timeout", "120"], tmp_path,

@@ -1,5 +1,6 @@
-"""The exchanges of torch_sdma.check: every exchange op torch offers, as calls whose outputs each rank compares byte
-for byte with what it rebuilds of every rank's input, and the calls its busbw table times.
+"""The exchanges of torch_sdma.check: every exchange op torch offers, point-to-point among them (a ring by
+batch_isend_irecv, as context parallelism makes it, and a one-directional send/recv pipeline), as calls whose outputs
+each rank compares byte for byte with what it rebuilds of every rank's input, and the calls its busbw table times.
 
 Each rank's bytes for a peer are a hash of (sender, receiver), so every rank knows what every pair moved. The
 uneven all-to-all's splits come from the pair too, zeros among them, so that ranks agree on them without talking."""
@@ -8,6 +9,9 @@ import torch.distributed as dist
 
 ASYNC_IN_FLIGHT = 4
 POISON = 0xA5
+# The point-to-point ops: name -> method of Exchanges; group_path names their paths by send and recv.
+P2P_OPS = {"batch_isend_irecv ring": "ring", "send/recv pipeline": "pipeline"}
+P2P_PATH_OPS = ("send", "recv")
 
 
 def uneven_elements(src, dst, m):
@@ -30,14 +34,17 @@ class Exchanges:
         return torch.full((n,), POISON, dtype=torch.uint8, device=self.device)
 
     def ops(self):
-        """(name, op for group_path, call)."""
-        return [("all_to_all_single", "all_to_all_single", self.all_to_all_even),
-                ("all_to_all_single uneven", "all_to_all_single", self.all_to_all_uneven),
-                (f"all_to_all_single x{ASYNC_IN_FLIGHT} async", "all_to_all_single", self.all_to_all_in_flight),
-                ("all_to_all", "all_to_all", self.all_to_all_lists),
-                ("broadcast", "broadcast", self.broadcast),
-                ("gather", "gather", self.gather),
-                ("scatter", "scatter", self.scatter)]
+        """(name, ops for group_path, call); the point-to-point ones only where there is a peer."""
+        ops = [("all_to_all_single", ("all_to_all_single",), self.all_to_all_even),
+               ("all_to_all_single uneven", ("all_to_all_single",), self.all_to_all_uneven),
+               (f"all_to_all_single x{ASYNC_IN_FLIGHT} async", ("all_to_all_single",), self.all_to_all_in_flight),
+               ("all_to_all", ("all_to_all",), self.all_to_all_lists),
+               ("broadcast", ("broadcast",), self.broadcast),
+               ("gather", ("gather",), self.gather),
+               ("scatter", ("scatter",), self.scatter)]
+        if self.world > 1:
+            ops += [(name, P2P_PATH_OPS, getattr(self, method)) for name, method in P2P_OPS.items()]
+        return ops
 
     def _all_to_all_single(self, send, recv, dtype, group, splits, async_op=False):
         """send[p] / recv[p]: bytes to / from rank p. Returns (output, work, expected)."""
@@ -97,11 +104,51 @@ class Exchanges:
         dist.scatter(out.view(dtype), pieces, src=root, group=group)
         return [(out, self.piece(root, self.rank, n))]
 
+    def ring(self, n, dtype, group):
+        """Each rank sends to the next and receives from the previous in one batch (context parallelism's ring)."""
+        nxt, prev = (self.rank + 1) % self.world, (self.rank - 1) % self.world
+        out = self.poisoned(n)
+        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, self.piece(self.rank, nxt, n).view(dtype), nxt, group),
+                                        dist.P2POp(dist.irecv, out.view(dtype), prev, group)])
+        for work in works:
+            work.wait()
+        return [(out, self.piece(prev, self.rank, n))]
+
+    def pipeline(self, n, dtype, group):
+        """Rank r receives from r-1, then sends to r+1 (pipeline parallelism's forward pass)."""
+        pairs = []
+        if self.rank > 0:
+            out = self.poisoned(n)
+            dist.recv(out.view(dtype), src=self.rank - 1, group=group)
+            pairs.append((out, self.piece(self.rank - 1, self.rank, n)))
+        if self.rank < self.world - 1:
+            t = self.piece(self.rank, self.rank + 1, n)
+            dist.send(t.view(dtype), dst=self.rank + 1, group=group)
+            pairs.append((t, self.piece(self.rank, self.rank + 1, n)))  # a sender's input is untouched
+        return pairs
+
     def timed_call(self, op, n, group):
         """A call of `op` that moves n bytes per rank and pair (bf16), for the busbw table, and the bytes its busbw
-        counts: what one rank sends or receives across the links, as nccl-tests count it."""
+        counts: what one rank sends or receives across the links, as nccl-tests count it (sendrecv: the bytes each
+        rank sends, for the ring and the pipeline alike)."""
         w = self.world
         dtype = torch.bfloat16
+        if op in P2P_OPS:
+            nxt, prev = (self.rank + 1) % w, (self.rank - 1) % w
+            inp, out = self.piece(self.rank, nxt, n).view(dtype), self.poisoned(n).view(dtype)
+            if P2P_OPS[op] == "ring":
+                def ring():
+                    for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, inp, nxt, group),
+                                                        dist.P2POp(dist.irecv, out, prev, group)]):
+                        work.wait()
+                return ring, n
+
+            def pipeline():
+                if self.rank > 0:
+                    dist.recv(out, src=prev, group=group)
+                if self.rank < w - 1:
+                    dist.send(inp, dst=nxt, group=group)
+            return pipeline, n
         if op == "all_to_all_single":
             inp, out = self.piece(self.rank, 0, w * n).view(dtype), self.poisoned(w * n).view(dtype)
             return (lambda: dist.all_to_all_single(out, inp, group=group)), w * n * (w - 1) / w

@@ -55,7 +55,7 @@ def group_path(group: Optional[dist.ProcessGroup] = None, device: Optional[str] 
     """"dma", "dma:hierarchical" or "inner:<reason>" for all-gathers of `group` on `device` ("cuda" or "cpu");
     "unknown" before the first one. Without a device: the device whose all-gathers the group serves, CUDA where it
     serves both (backend string "sdma" on a machine with GPUs).
-    With `op` (all_to_all_single, all_to_all, broadcast, gather, scatter): the path that collective last took on
+    With `op` (all_to_all_single, all_to_all, broadcast, gather, scatter, send, recv): the path that op last took on
     that device, "dma:direct" or "inner:<reason>", "unknown" before its first call."""
     backends = _sdma_backends(group)
     if op is not None:

@@ -11,9 +11,10 @@ Any number of ranks and devices. In order:
   groups (the defaults, and every size on DMA: default schedule, direct, staging); each output is compared byte for
   byte with what every rank rebuilds of every rank's input;
 - the same for the exchanges (all_to_all_single even, uneven with zero splits and async, all_to_all, broadcast,
-  gather, scatter) in the defaults and the every-size-on-DMA group, with the path each took (group_path(op=...));
+  gather, scatter, a batch_isend_irecv ring and a send/recv pipeline) in the defaults and the every-size-on-DMA
+  group, with the path each took (group_path(op=...), "send" and "recv" for point-to-point);
 - a short busbw table: sdma against NCCL (gloo on CPU tensors) and, on GPUs, the copy-engine limit (plain pushes
-  of the same bytes into the peers, unordered); then the exchanges against NCCL (gloo).
+  of the same bytes into the peers, unordered); then the exchanges, point-to-point included, against NCCL (gloo).
 
 Exit 1 on a wrong byte (the report names the group, form, dtype, size and rank), a step that outlasts --timeout
 (a hang: every rank's stacks go to stderr), or a misconfiguration it can name; 0 otherwise.
@@ -41,10 +42,11 @@ import torch.distributed as dist
 import torch_sdma
 
 from . import _hw_queues
-from ._check_exchanges import Exchanges
+from ._check_exchanges import P2P_OPS, Exchanges
 
 KIB, MIB = 1 << 10, 1 << 20
 PLANT_KNOB = "TORCH_SDMA_CHECK_PLANT_WRONG_BYTE"
+CUDA_P2P_KNOB = "TORCH_SDMA_TEST_CUDA_P2P"
 # torch 2.14 deprecates all_gather_into_tensor in favour of all_gather_single (the same call underneath).
 GATHER_SINGLE = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 SINGLE = GATHER_SINGLE.__name__
@@ -408,12 +410,15 @@ class Check:
 
     def exchange_sweep(self):
         """Every exchange op in the defaults and the every-size-on-DMA group."""
-        ops = Exchanges(self.rank, self.world, self.device, hashed_bytes).ops()
+        ops = [op for op in Exchanges(self.rank, self.world, self.device, hashed_bytes).ops()
+               if op[0] not in P2P_OPS or not self.p2p_skipped()]
         self.say(f"\n## Exchange sweep: {len(ops)} ops x {len(DTYPES)} dtypes x {len(EXCHANGE_BYTES)} sizes per "
                  f"group, {self.world} ranks")
+        if self.p2p_skipped():
+            self.say(f"point-to-point: skipped, {self.p2p_skipped()}")
         for group_name, group in self.groups[:2]:
             wrong, paths = [], {}
-            for name, op, call in ops:
+            for name, path_ops, call in ops:
                 for dtype in DTYPES:
                     elem = torch.tensor([], dtype=dtype).element_size()
                     for size in EXCHANGE_BYTES:
@@ -427,18 +432,43 @@ class Check:
                             if bad:
                                 wrong.append(f"{key}, rank {self.rank}: first wrong byte at {bad[0]}: {bad[1]}")
                                 break
-                paths[name] = torch_sdma.group_path(group, op=op)
+                paths[name] = {op: torch_sdma.group_path(group, op=op) for op in path_ops}
             all_wrong = sum(self.gather_all(wrong), [])
             for w in all_wrong:
                 self.fail(f"WRONG BYTES: {w}")
             self.say(f"group {group_name}: {'all bytes right' if not all_wrong else f'{len(all_wrong)} WRONG'}")
-            for name, path in paths.items():
-                self.say(f"  {name:<34} -> {path}")
-            inner = sorted({p for p in paths.values() if not p.startswith("dma")})
+            # A pipeline's first rank never receives: each op's path as the ranks that made it report it.
+            every_rank = self.gather_all(paths)
+            took = set()
+            for name, path_ops in paths.items():
+                per_op = {}
+                for op in path_ops:
+                    seen = [r[name][op] for r in every_rank if r[name][op] != "unknown"]
+                    per_op[op] = " | ".join(dict.fromkeys(seen)) or "unknown"
+                    took.add((name, per_op[op]))
+                shown = (next(iter(per_op.values())) if len(per_op) == 1
+                         else ", ".join(f"{op} {path}" for op, path in per_op.items()))
+                self.say(f"  {name:<34} -> {shown}")
+            inner = sorted({p for name, p in took if not p.startswith("dma")
+                            and not (name in P2P_OPS and self.p2p_to_inner_backend())})
             if group_name != "defaults" and inner:
                 # Not a failure: a machine may keep the exchanges off the DMA path for a reason it names.
                 self.warnings.append(f"group {group_name}: exchanges took {', '.join(inner)}")
                 self.say(f"  WARNING: with TORCH_SDMA_MIN_BYTES=0 the exchanges took {', '.join(inner)}")
+
+    def p2p_to_inner_backend(self):
+        """Whether point-to-point goes to the inner backend by design: CUDA tensors' does, unless
+        TORCH_SDMA_TEST_CUDA_P2P=1 selects the copy-engine runner (docs/design.md, "Point-to-point")."""
+        return self.mode == "gpu" and os.environ.get(CUDA_P2P_KNOB) != "1"
+
+    def p2p_skipped(self):
+        """Why this run has no point-to-point ("" when it has)."""
+        if self.world < 2:
+            return "one rank"
+        if self.p2p_to_inner_backend() and self.args.share_gpu:
+            return (f"CUDA tensors' send/recv go to NCCL ({CUDA_P2P_KNOB}=1 selects the copy engines), which refuses "
+                    f"two ranks on one GPU")
+        return ""
 
     # ------------------------------------------------------------------------------------------------- busbw
     def time_calls(self, fn, iters):
@@ -520,10 +550,13 @@ class Check:
         exchanges = Exchanges(self.rank, self.world, self.device, hashed_bytes)
         dma_group = self.groups[1][1]
         self.say(f"\n## busbw, exchanges, bf16; bytes: to each peer (all_to_all_single), the tensor (broadcast), each "
-                 f"rank's piece (gather, scatter); median of {self.args.rounds} rounds")
+                 f"rank's piece (gather, scatter), each rank's send (point-to-point); median of {self.args.rounds} "
+                 f"rounds")
         self.say(f"| op | bytes | sdma | {self.base_name} | sdma / {self.base_name} | path |")
         self.say("|---|---|---|---|---|---|")
-        for op in ("all_to_all_single", "broadcast", "gather", "scatter"):
+        ops = ["all_to_all_single", "broadcast", "gather", "scatter"] + (list(P2P_OPS) if not self.p2p_skipped()
+                                                                         else [])
+        for op in ops:
             for size in sizes:
                 self.watchdog.enter(f"busbw {op} {human_bytes(size)}")
                 n = max(2, size // self.world // 2 * 2)
@@ -532,8 +565,12 @@ class Check:
                 iters = max(3, min(50, budget // (self.world * n)))
                 med = self.slowest_medians({"sdma": sdma, self.base_name: base}, iters)
                 bw = {k: moved / t / 1e9 for k, t in med.items()}
+                if op in P2P_OPS:  # the first rank of a pipeline only sends
+                    path = ", ".join(f"{p} {torch_sdma.group_path(dma_group, op=p)}" for p in ("send", "recv"))
+                else:
+                    path = torch_sdma.group_path(dma_group, op=op)
                 self.say(f"| {op} | {human_bytes(n)} | {bw['sdma']:.3g} | {bw[self.base_name]:.3g} | "
-                         f"{bw['sdma'] / bw[self.base_name]:.2f} | {torch_sdma.group_path(dma_group, op=op)} |")
+                         f"{bw['sdma'] / bw[self.base_name]:.2f} | {path} |")
 
     def run(self):
         self.registration()
