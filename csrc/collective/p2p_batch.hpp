@@ -32,6 +32,26 @@ struct PairStep {
 // (lo, hi) ascending: connecting the pairs in that order on every rank never waits in a cycle.
 std::vector<PairStep> pairStepsOf(const std::vector<P2pOp>& ops, int rank);
 
+// The tensors of a batch's steps: what its Work returns (every recv) and what its copies touch (every send and recv).
+struct StepTensors {
+  std::vector<at::Tensor> outputs;
+  std::vector<at::Tensor> keepAlive;
+};
+inline StepTensors tensorsOf(const std::vector<PairStep>& steps) {
+  StepTensors out;
+  for (const PairStep& step : steps) {
+    for (const at::Tensor& t : {step.send, step.recv}) {
+      if (t.defined()) {
+        out.keepAlive.push_back(t);
+      }
+    }
+    if (step.recv.defined()) {
+      out.outputs.push_back(step.recv);
+    }
+  }
+  return out;
+}
+
 // What a step posts in the mailbox's bytes word: which directions this rank moves, so that two sends (or two recvs)
 // that meet are refused even at zero bytes.
 constexpr uint64_t kStepSends = 1;

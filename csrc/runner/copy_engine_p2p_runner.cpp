@@ -100,18 +100,7 @@ class CopyEngineP2pRunner : public P2pRunner {
                                      uint64_t nextCollective) override {
     refuseBatchOfFailedGroup(mutex_, failure_, board_, info);
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
-    std::vector<at::Tensor> outputs;
-    std::vector<at::Tensor> keep;
-    for (const PairStep& step : steps) {
-      for (const at::Tensor& t : {step.send, step.recv}) {
-        if (t.defined()) {
-          keep.push_back(t);
-        }
-      }
-      if (step.recv.defined()) {
-        outputs.push_back(step.recv);
-      }
-    }
+    auto [outputs, keep] = tensorsOf(steps);
     // Every step's post first (CopyEngineDirect compares the pair's ranges and throws RangeMismatch, naming both).
     std::vector<CopyEngineDirect::Arrival> arrivals;
     std::vector<DirectPairStep> direct;

@@ -62,18 +62,7 @@ class HostP2pRunner : public P2pRunner {
   c10::intrusive_ptr<c10d::Work> run(std::vector<PairStep> steps, const CollectiveInfo& info,
                                      uint64_t nextCollective) override {
     refuseBatchOfFailedGroup(mutex_, failure_, board_, info);
-    std::vector<at::Tensor> outputs;
-    std::vector<at::Tensor> keep;
-    for (const PairStep& step : steps) {
-      for (const at::Tensor& t : {step.send, step.recv}) {
-        if (t.defined()) {
-          keep.push_back(t);
-        }
-      }
-      if (step.recv.defined()) {
-        outputs.push_back(step.recv);
-      }
-    }
+    auto [outputs, keep] = tensorsOf(steps);
     // Every step's post first: a peer that reads one may copy with these buffers once this rank's Arrived is out.
     std::vector<DirectPairStep> direct;
     std::vector<uint64_t> directions;
