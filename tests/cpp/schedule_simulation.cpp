@@ -1211,37 +1211,70 @@ void capturedExchangeCase(std::mt19937& rng, int caseNo, bool withoutArrived) {
   }
 }
 
+// The cases of a run in which a wrong variant was caught, counted by what caught it, and the first failure in full.
+class CaughtCases {
+ public:
+  // A case's result as a model returns it: "" where it passed, else the failure, its kind before the first ':'. A
+  // failure ends the run unless the run `counts` them.
+  void addResult(const std::string& failure, bool counts) {
+    if (failure.empty())
+      return;
+    if (!counts)
+      fail(failure);
+    add(failure.substr(0, failure.find(':')), failure);
+  }
+  // Runs runCase(c) for each of `cases` cases; one that a failure ends (failureEndsCase) counts as a hang where the
+  // failure is a deadlock, as `kind` where it says `marker`, else as wrong bytes.
+  template <class RunCase>
+  void runEach(int cases, RunCase&& runCase, const char* marker, const char* kind) {
+    for (int c = 0; c < cases; ++c) {
+      try {
+        runCase(c);
+      } catch (const std::runtime_error& e) {
+        const std::string failure = e.what();
+        add(failure.find("deadlock") != std::string::npos ? "hang"
+            : failure.find(marker) != std::string::npos   ? kind
+                                                          : "wrong bytes",
+            failure);
+      }
+    }
+  }
+  // Prints "ok CASES" (exit 0) where none was caught, else "caught N of CASES cases: <kind> <n>; ..." and `more` on
+  // stdout and the first failure on stderr (exit 1).
+  int report(int cases, const std::string& more = "") const {
+    if (first_.empty()) {
+      printf("ok %d\n", cases);
+      return 0;
+    }
+    int total = 0;
+    for (const auto& [kind, n] : byKind_)
+      total += n;
+    printf("caught %d of %d cases:", total, cases);
+    for (const auto& [kind, n] : byKind_)
+      printf(" %s %d;", kind.c_str(), n);
+    printf("%s\n", more.c_str());
+    fprintf(stderr, "FAIL: %s\n", first_.c_str());
+    return 1;
+  }
+
+ private:
+  void add(const std::string& kind, const std::string& failure) {
+    if (first_.empty())
+      first_ = failure;
+    ++byKind_[kind];
+  }
+
+  std::map<std::string, int> byKind_;
+  std::string first_;
+};
+
 // Prints "ok CASES" (exit 0) where every case passed; with `withoutArrived` every case runs and it prints "caught N of
 // CASES cases: hang <n>; wrong bytes <n>; flag left set <n>;" (exit 1) where any failed.
 int runCapturedExchanges(std::mt19937& rng, int cases, bool withoutArrived) {
   failureEndsCase = withoutArrived;
-  std::map<std::string, int> caught;
-  std::string first;
-  for (int c = 0; c < cases; ++c) {
-    try {
-      capturedExchangeCase(rng, c, withoutArrived);
-    } catch (const std::runtime_error& e) {
-      const std::string failure = e.what();
-      if (first.empty())
-        first = failure;
-      ++caught[failure.find("deadlock") != std::string::npos        ? "hang"
-               : failure.find("flag was left") != std::string::npos ? "flag left set"
-                                                                    : "wrong bytes"];
-    }
-  }
-  if (first.empty()) {
-    printf("ok %d\n", cases);
-    return 0;
-  }
-  int total = 0;
-  for (const auto& [kind, n] : caught)
-    total += n;
-  printf("caught %d of %d cases:", total, cases);
-  for (const auto& [kind, n] : caught)
-    printf(" %s %d;", kind.c_str(), n);
-  printf("\n");
-  fprintf(stderr, "FAIL: %s\n", first.c_str());
-  return 1;
+  CaughtCases caught;
+  caught.runEach(cases, [&](int c) { capturedExchangeCase(rng, c, withoutArrived); }, "flag was left", "flag left set");
+  return caught.report(cases);
 }
 
 // What one call costs on the CPU: a one-chunk all-gather on two ranks issues one push, one local copy, one Ready
@@ -1513,6 +1546,134 @@ int earlierOnHardwareQueue(const std::vector<Queue>& queues, const std::vector<i
   return -1;
 }
 
+// A step on a rank's stream in the calls-in-flight and the p2p models: an operation of a schedule, a fence (an event
+// wait), the caller's write of a call's input, or a call's end. Each model adds what its operations need.
+struct StreamStep {
+  enum Kind { Operation, Fence, Produce, End } kind = Operation;
+  int queue = -1;  // Fence: runs once this rank's queue `queue` ran `count` steps
+  uint64_t count = 0;
+  std::vector<std::pair<int, int>> touches;  // a copy: the buffers it reads or writes, as its model names them
+  uint64_t submitted = 0;                    // its place in the order the rank's host submitted work
+};
+
+// Every rank's GPU streams in the calls-in-flight and the p2p models: each stream a queue of steps (a StreamStep) in
+// stream order, and the hardware queue it sits on (earlierOnHardwareQueue).
+template <class Step>
+class RankStreams {
+ protected:
+  struct Queue {
+    std::deque<Step> steps;
+    uint64_t recorded = 0, executed = 0;
+  };
+
+  // The next rank, with `streams` streams, each on a hardware queue of its own.
+  void addRank(int streams) {
+    queues_.emplace_back(streams);
+    hardwareQueueOf_.emplace_back(streams);
+    std::iota(hardwareQueueOf_.back().begin(), hardwareQueueOf_.back().end(), 0);
+    submitted_.push_back(0);
+  }
+
+  void add(int r, int q, Step step) {
+    step.submitted = submitted_[r]++;
+    queues_[r][q].steps.push_back(std::move(step));
+    ++queues_[r][q].recorded;
+  }
+  void fence(int r, int q, int after, uint64_t count) {
+    Step s;
+    s.kind = Step::Fence;
+    s.queue = after;
+    s.count = count;
+    add(r, q, s);
+  }
+  // Stream q waits for what stream `after` holds now (an event recorded there and waited on q).
+  void fenceOn(int r, int q, int after) {
+    if (q != after)
+      fence(r, q, after, queues_[r][after].recorded);
+  }
+
+  // Whether step s, not an operation, may leave the head of its stream on rank r: a fence once the stream it waits
+  // for ran that far, the caller's write of an input and a call's end at once.
+  bool nonOperationReady(int r, const Step& s) const {
+    return s.kind != Step::Fence || queues_[r][s.queue].executed >= s.count;
+  }
+  int earlierOnHardwareQueue(int r, int q) const {
+    return ::earlierOnHardwareQueue(queues_[r], hardwareQueueOf_[r], q);
+  }
+  Step popHead(int r, int q) {
+    Step s = queues_[r][q].steps.front();
+    queues_[r][q].steps.pop_front();
+    ++queues_[r][q].executed;
+    return s;
+  }
+
+  // Calls visit(rank, stream, touch) for each buffer that a copy still queued on some stream reads or writes.
+  template <class Visit>
+  void forEachQueuedTouch(Visit&& visit) const {
+    for (size_t p = 0; p < queues_.size(); ++p)
+      for (size_t q = 0; q < queues_[p].size(); ++q)
+        for (const Step& left : queues_[p][q].steps)
+          for (const std::pair<int, int>& touch : left.touches)
+            visit(static_cast<int>(p), static_cast<int>(q), touch);
+  }
+
+  std::vector<std::vector<Queue>> queues_;         // [rank][queue]
+  std::vector<std::vector<int>> hardwareQueueOf_;  // [rank][queue]
+  std::vector<uint64_t> submitted_;                // [rank]: steps submitted so far
+};
+
+// Whether copy `op` reads or writes any of `buffers`.
+bool copyTouches(const Op& op, const std::vector<const std::vector<char>*>& buffers) {
+  auto overlaps = [&op](const char* p, const std::vector<char>& v) {
+    return op.bytes > 0 && !v.empty() && p < v.data() + v.size() && v.data() < p + op.bytes;
+  };
+  for (const std::vector<char>* v : buffers)
+    if (overlaps(op.dst, *v) || overlaps(op.src, *v))
+      return true;
+  return false;
+}
+
+// A call's input before the caller's stream produces it holds other bytes (its own, flipped): a lane that started
+// before the caller's stream reached the call would send these.
+void flipInput(const ExchangePlan& plan) {
+  walkRegion(inputRegion(plan), 0, plan.inputBytes, [](char* ptr, uint64_t k) {
+    for (uint64_t b = 0; b < k; ++b)
+      ptr[b] = static_cast<char>(~ptr[b]);
+  });
+}
+void flipInput(const std::vector<ByteSpan>& input) {
+  for (const ByteSpan& span : input)
+    for (size_t b = 0; b < span.bytes; ++b)
+      span.ptr[b] = static_cast<char>(~span.ptr[b]);
+}
+
+// The caller's stream producing a call's input: the bytes to send (`sent`, `original`) into its input.
+void produceInput(const ExchangePlan& plan, const std::vector<char>& sent) {
+  const char* src = sent.data();
+  walkRegion(inputRegion(plan), 0, plan.inputBytes, [&](char* ptr, uint64_t n) {
+    memcpy(ptr, src, n);
+    src += n;
+  });
+}
+void produceInput(const std::vector<ByteSpan>& input, const std::vector<char>& original) {
+  size_t at = 0;
+  for (const ByteSpan& span : input) {
+    if (span.bytes > 0)
+      memcpy(span.ptr, original.data() + at, span.bytes);
+    at += span.bytes;
+  }
+}
+
+// A step of the calls-in-flight model (CallsInFlight below); its touches name buffers (rank, call).
+struct CallInFlightStep : StreamStep {
+  Op op{Op::Copy};      // Operation
+  int group = -1;       // Operation: whose transport; End: the call's group
+  bool direct = false;  // Operation: the direct transport, not the staging one
+  int groupRank = -1;   // Operation
+  int call = -1;        // Operation, Produce, End
+  int member = -1;      // Produce: the group rank whose input it writes
+};
+
 // Calls in flight across streams: a model check of how a group's collectives are ordered on the GPU. 2 or 3 ranks,
 // 1 to 3 groups, each over every rank or two of them, chunk and direct serials from 0 or near the wrap. Each rank has
 // the queues its GPU streams are: a push stream and a drain stream per group, and two caller streams shared by all
@@ -1545,7 +1706,7 @@ int earlierOnHardwareQueue(const std::vector<Queue>& queues, const std::vector<i
 // caller's later use of an output is not run either: the early-completion check stands for it. Nor work of a hardware
 // queue that runs beside the work behind it: a step leaves its queue's head here only once it ran, which holds the
 // queue at least as long as the GPU does.
-class CallsInFlight {
+class CallsInFlight : RankStreams<CallInFlightStep> {
  public:
   CallsInFlight(std::mt19937& rng, int caseNo, bool ordered, bool forked, bool hardwareQueues = false,
                 bool crossedOrders = false)
@@ -1567,12 +1728,8 @@ class CallsInFlight {
       g->previousEnd.assign(n, {-1, 0});
       groups_.push_back(std::move(g));
     }
-    for (int r = 0; r < W_; ++r) {
-      queues_.emplace_back(queueCount());
-      hardwareQueueOf_.emplace_back(queueCount());
-      std::iota(hardwareQueueOf_[r].begin(), hardwareQueueOf_[r].end(), 0);
-    }
-    submitted_.assign(W_, 0);
+    for (int r = 0; r < W_; ++r)
+      addRank(queueCount());
     const int calls = pick(2, 4);
     // A quarter of the scenarios let ranks choose sync and stream apart; otherwise every rank makes the same call.
     const bool ranksDiffer = pick(0, 3) == 0;
@@ -1622,10 +1779,7 @@ class CallsInFlight {
         fail(what_ + ": hang: every queue waits on a flag, a fence or its hardware queue, which nothing will move (" +
              heads() + ")");
       auto [r, q] = runnable[std::uniform_int_distribution<size_t>(0, runnable.size() - 1)(rng_)];
-      Step step = queues_[r][q].steps.front();
-      queues_[r][q].steps.pop_front();
-      ++queues_[r][q].executed;
-      execute(r, step);
+      execute(r, popHead(r, q));
     }
     for (size_t c = 0; c < calls_.size(); ++c) {
       const Exchange* x = calls_[c]->exchange.get();
@@ -1650,23 +1804,7 @@ class CallsInFlight {
     std::vector<CallOrder<int>> order;
     std::vector<std::pair<int, uint64_t>> previousEnd;  // queue and count after the previous call's end
   };
-  struct Step {
-    enum Kind { Operation, Fence, Produce, End } kind = Operation;
-    Op op{Op::Copy};      // Operation
-    int group = -1;       // Operation: whose transport; End: the call's group
-    bool direct = false;  // Operation: the direct transport, not the staging one
-    int groupRank = -1;   // Operation
-    int queue = -1;       // Fence: runs once this rank's queue `queue` ran `count` steps
-    uint64_t count = 0;
-    int call = -1;                             // Operation, Produce, End
-    int member = -1;                           // Produce: the group rank whose input it writes
-    std::vector<std::pair<int, int>> touches;  // Operation (a copy): the (rank, call) buffers it reads or writes
-    uint64_t submitted = 0;                    // its place in the order the rank's host submitted work
-  };
-  struct Queue {
-    std::deque<Step> steps;
-    uint64_t recorded = 0, executed = 0;
-  };
+  using Step = CallInFlightStep;
   struct Call {
     Buffers buffers;  // by group rank
     std::vector<std::vector<char>> original;
@@ -1701,10 +1839,6 @@ class CallsInFlight {
     if (q >= 2 * groupCount())
       return "C" + std::to_string(q - 2 * groupCount() + 1);
     return "g" + std::to_string(q / 2) + (q % 2 ? " drain" : " push");
-  }
-
-  int earlierOnHardwareQueue(int r, int q) const {
-    return ::earlierOnHardwareQueue(queues_[r], hardwareQueueOf_[r], q);
   }
 
   // Each rank's streams on its hardware queues: all on one (CUDA_DEVICE_MAX_CONNECTIONS=1, as Megatron sets it), each
@@ -1757,42 +1891,16 @@ class CallsInFlight {
     }
   }
 
-  void add(int r, int q, Step step) {
-    step.submitted = submitted_[r]++;
-    queues_[r][q].steps.push_back(std::move(step));
-    ++queues_[r][q].recorded;
-  }
-  void fence(int r, int q, int after, uint64_t count) {
-    Step s;
-    s.kind = Step::Fence;
-    s.queue = after;
-    s.count = count;
-    add(r, q, s);
-  }
-  void fenceOn(int r, int q, int after) {
-    if (q != after)
-      fence(r, q, after, queues_[r][after].recorded);
-  }
-
   std::vector<std::pair<int, int>> touchesOf(const Op& op) const {
     std::vector<std::pair<int, int>> found;
-    auto overlaps = [](const char* p, size_t n, const std::vector<char>& v) {
-      return n > 0 && !v.empty() && p < v.data() + v.size() && v.data() < p + n;
-    };
     for (size_t c = 0; c < calls_.size(); ++c) {
       const Call& call = *calls_[c];
-      const auto& members = groups_[call.group]->members;
-      for (size_t i = 0; i < members.size(); ++i) {
-        const Exchange* x = call.exchange.get();
-        for (const std::vector<char>* v :
-             {x ? &x->inputs[i] : &call.buffers.inputs[i], x ? &x->outputs[i] : &call.buffers.outputs[i],
-              x ? &x->bounce[i] : &call.bounce[i]}) {
-          if (overlaps(op.dst, op.bytes, *v) || overlaps(op.src, op.bytes, *v)) {
-            found.push_back({members[i], static_cast<int>(c)});
-            break;
-          }
-        }
-      }
+      const std::vector<int>& members = groups_[call.group]->members;
+      const Exchange* x = call.exchange.get();
+      for (size_t i = 0; i < members.size(); ++i)
+        if (copyTouches(op, {x ? &x->inputs[i] : &call.buffers.inputs[i], x ? &x->outputs[i] : &call.buffers.outputs[i],
+                             x ? &x->bounce[i] : &call.bounce[i]}))
+          found.push_back({members[i], static_cast<int>(c)});
     }
     return found;
   }
@@ -1812,12 +1920,8 @@ class CallsInFlight {
       call->exchange =
           std::make_unique<Exchange>(makeExchange(static_cast<ExchangeKind>(pick(0, kExchangeKinds - 1)), n, rng_));
       // Its input holds other bytes until the caller's stream produces it, as below.
-      const Exchange& x = *call->exchange;
       for (int i = 0; i < n; ++i)
-        walkRegion(inputRegion(x.plans[i]), 0, x.plans[i].inputBytes, [](char* ptr, uint64_t k) {
-          for (uint64_t b = 0; b < k; ++b)
-            ptr[b] = static_cast<char>(~ptr[b]);
-        });
+        flipInput(call->exchange->plans[i]);
     } else {
       call->buffers = makeCollective(form, n, bytes, rng_);
       call->original = call->buffers.inputs;
@@ -1825,11 +1929,7 @@ class CallsInFlight {
     for (int i = 0; i < n && !exchange; ++i) {
       if (form == Form::InPlace)
         call->original[i].assign(call->buffers.plans[i].input[0].ptr, call->buffers.plans[i].input[0].ptr + bytes);
-      // The input holds other bytes until the caller's stream produces it (a Produce step): a lane that started
-      // before the caller's stream reached the call would send these.
-      for (const ByteSpan& span : call->buffers.plans[i].input)
-        for (size_t b = 0; b < span.bytes; ++b)
-          span.ptr[b] = static_cast<char>(~span.ptr[b]);
+      flipInput(call->buffers.plans[i].input);  // until the caller's stream produces it (a Produce step)
     }
     // Direct: the posted buffers (own or a bounce area) and the pairs as the mailbox settled them, as directCase.
     std::vector<PostedBuffers> posted(n);
@@ -1957,18 +2057,10 @@ class CallsInFlight {
   }
 
   bool ready(int r, const Step& s) {
-    switch (s.kind) {
-      case Step::Operation: {
-        Group& g = *groups_[s.group];
-        return (s.direct ? g.direct : g.staging).ready(s.groupRank, s.op);
-      }
-      case Step::Fence:
-        return queues_[r][s.queue].executed >= s.count;
-      case Step::Produce:
-      case Step::End:
-        break;
-    }
-    return true;
+    if (s.kind != Step::Operation)
+      return nonOperationReady(r, s);
+    Group& g = *groups_[s.group];
+    return (s.direct ? g.direct : g.staging).ready(s.groupRank, s.op);
   }
 
   void execute(int r, const Step& s) {
@@ -1978,35 +2070,19 @@ class CallsInFlight {
     }
     if (s.kind == Step::Produce && calls_[s.call]->exchange) {
       const Exchange& x = *calls_[s.call]->exchange;
-      const ExchangePlan& plan = x.plans[s.member];
-      const char* src = x.sent[s.member].data();
-      walkRegion(inputRegion(plan), 0, plan.inputBytes, [&](char* ptr, uint64_t n) {
-        memcpy(ptr, src, n);
-        src += n;
-      });
+      produceInput(x.plans[s.member], x.sent[s.member]);
     } else if (s.kind == Step::Produce) {
       const Call& call = *calls_[s.call];
-      size_t at = 0;
-      for (const ByteSpan& span : call.buffers.plans[s.member].input) {
-        if (span.bytes > 0)
-          memcpy(span.ptr, call.original[s.member].data() + at, span.bytes);
-        at += span.bytes;
-      }
+      produceInput(call.buffers.plans[s.member].input, call.original[s.member]);
     }
     if (s.kind != Step::End)
       return;
-    for (int p = 0; p < W_; ++p) {
-      for (int q = 0; q < queueCount(); ++q) {
-        for (const Step& left : queues_[p][q].steps) {
-          for (auto [rank, call] : left.touches) {
-            if (rank == r && call == s.call)
-              fail(what_ + ": early completion: call " + std::to_string(s.call) + " ended on rank " +
-                   std::to_string(r) + " while rank " + std::to_string(p) + " still has a copy into or out of its " +
-                   "buffers queued (queue " + std::to_string(q) + ")");
-          }
-        }
-      }
-    }
+    forEachQueuedTouch([&](int p, int q, std::pair<int, int> touch) {
+      if (touch.first == r && touch.second == s.call)
+        fail(what_ + ": early completion: call " + std::to_string(s.call) + " ended on rank " + std::to_string(r) +
+             " while rank " + std::to_string(p) + " still has a copy into or out of its buffers queued (queue " +
+             std::to_string(q) + ")");
+    });
   }
 
   std::string stepName(const Step& s) const {
@@ -2052,9 +2128,6 @@ class CallsInFlight {
   bool crossedOrders_;
   int W_ = 0;
   std::vector<std::unique_ptr<Group>> groups_;
-  std::vector<std::vector<Queue>> queues_;         // [rank][queue]
-  std::vector<uint64_t> submitted_;                // [rank]: steps submitted so far
-  std::vector<std::vector<int>> hardwareQueueOf_;  // [rank][queue]
   std::vector<std::unique_ptr<Call>> calls_;
   std::string what_;
 };
@@ -2787,7 +2860,17 @@ struct RecordedOp {
   Op op{Op::Copy};
 };
 
-class P2PCase {
+// A step of the p2p model (P2PCase below); its touches name buffers (unit, member).
+struct P2PStep : StreamStep {
+  Op op{Op::Copy};
+  World* world = nullptr;  // Operation: the transport it runs on
+  int index = -1;          // Operation: the rank's index there
+  int unit = -1;           // Operation
+  int otherUnit = -1;      // Operation of a p2p step with both directions: its other op
+  int item = -1;           // Operation, Produce, End
+};
+
+class P2PCase : RankStreams<P2PStep> {
  public:
   P2PCase(std::mt19937& rng, int caseNo, const P2POptions& options) : rng_(rng), o_(options) {
     W_ = pick(2, 4);
@@ -2807,12 +2890,8 @@ class P2PCase {
       }
     pairSerial_.assign(W_, std::vector<uint32_t>(W_, 0));
     drawProgram();
-    for (int r = 0; r < W_; ++r) {
-      queues_.emplace_back(kQueuesPerRank);
-      hardwareQueueOf_.emplace_back(kQueuesPerRank);
-      std::iota(hardwareQueueOf_[r].begin(), hardwareQueueOf_[r].end(), 0);
-    }
-    submitted_.assign(W_, 0);
+    for (int r = 0; r < W_; ++r)
+      addRank(kQueuesPerRank);
     order_.resize(W_);
     previousEnd_.assign(W_, {-1, 0});
     next_.assign(W_, 0);
@@ -2860,8 +2939,7 @@ class P2PCase {
         if (gone_[r])
           continue;
         for (int q = 0; q < kQueuesPerRank; ++q)
-          if (!queues_[r][q].steps.empty() && ready(r, queues_[r][q].steps.front()) &&
-              earlierOnHardwareQueue(queues_[r], hardwareQueueOf_[r], q) < 0)
+          if (!queues_[r][q].steps.empty() && ready(r, queues_[r][q].steps.front()) && earlierOnHardwareQueue(r, q) < 0)
             moves.push_back([this, r, q] { runHead(r, q); });
         if (canEnqueue(r))
           moves.push_back([this, r] { enqueue(r, true); });
@@ -2944,23 +3022,7 @@ class P2PCase {
     World world;  // connected at the pair's first op
     bool connected = false;
   };
-  struct Step {
-    enum Kind { Operation, Fence, Produce, End } kind = Operation;
-    Op op{Op::Copy};
-    World* world = nullptr;  // Operation: the transport it runs on
-    int index = -1;          // Operation: the rank's index there
-    int unit = -1;           // Operation
-    int otherUnit = -1;      // Operation of a p2p step with both directions: its other op
-    int item = -1;           // Operation, Produce, End
-    int queue = -1;          // Fence: runs once this rank's queue `queue` ran `count` steps
-    uint64_t count = 0;
-    std::vector<std::pair<int, int>> touches;  // a copy: the (unit, member) buffers it reads or writes
-    uint64_t submitted = 0;                    // its place in the order the rank's host submitted work
-  };
-  struct Queue {
-    std::deque<Step> steps;
-    uint64_t recorded = 0, executed = 0;
-  };
+  using Step = P2PStep;
 
   int pick(int lo, int hi) {
     return std::uniform_int_distribution<int>(lo, hi)(rng_);
@@ -3035,15 +3097,10 @@ class P2PCase {
       // then the input holds other bytes.
       u->freshOutputs = u->x.outputs;
       for (int i = 0; i < n; ++i)
-        walkRegion(inputRegion(u->x.plans[i]), 0, u->x.plans[i].inputBytes, [](char* ptr, uint64_t k) {
-          for (uint64_t b = 0; b < k; ++b)
-            ptr[b] = static_cast<char>(~ptr[b]);
-        });
+        flipInput(u->x.plans[i]);
     } else {
       for (int i = 0; i < n; ++i)
-        for (const ByteSpan& span : u->buffers.plans[i].input)
-          for (size_t b = 0; b < span.bytes; ++b)
-            span.ptr[b] = static_cast<char>(~span.ptr[b]);
+        flipInput(u->buffers.plans[i].input);
     }
     const int id = static_cast<int>(units_.size());
     for (int r : u->members)
@@ -3411,36 +3468,13 @@ class P2PCase {
     }
   }
 
-  void add(int r, int q, Step step) {
-    step.submitted = submitted_[r]++;
-    queues_[r][q].steps.push_back(std::move(step));
-    ++queues_[r][q].recorded;
-  }
-  void fence(int r, int q, int after, uint64_t count) {
-    Step s;
-    s.kind = Step::Fence;
-    s.queue = after;
-    s.count = count;
-    add(r, q, s);
-  }
-  void fenceOn(int r, int q, int after) {
-    if (q != after)
-      fence(r, q, after, queues_[r][after].recorded);
-  }
-
   std::vector<std::pair<int, int>> touchesOf(const Op& op) const {
     std::vector<std::pair<int, int>> found;
-    auto overlaps = [&op](const char* p, const std::vector<char>& v) {
-      return op.bytes > 0 && !v.empty() && p < v.data() + v.size() && v.data() < p + op.bytes;
-    };
     for (size_t id = 0; id < units_.size(); ++id) {
       const Unit& u = *units_[id];
       for (size_t i = 0; i < u.members.size(); ++i)
-        for (const std::vector<char>* v : buffersOf(u, static_cast<int>(i)))
-          if (overlaps(op.dst, *v) || overlaps(op.src, *v)) {
-            found.push_back({static_cast<int>(id), static_cast<int>(i)});
-            break;
-          }
+        if (copyTouches(op, buffersOf(u, static_cast<int>(i))))
+          found.push_back({static_cast<int>(id), static_cast<int>(i)});
     }
     return found;
   }
@@ -3776,16 +3810,7 @@ class P2PCase {
   // ---- Running.
 
   bool ready(int r, const Step& s) const {
-    switch (s.kind) {
-      case Step::Operation:
-        return s.world->ready(s.index, s.op);
-      case Step::Fence:
-        return queues_[r][s.queue].executed >= s.count;
-      case Step::Produce:
-      case Step::End:
-        break;
-    }
-    return true;
+    return s.kind == Step::Operation ? s.world->ready(s.index, s.op) : nonOperationReady(r, s);
   }
 
   void produce(int r, int it) {
@@ -3794,19 +3819,10 @@ class P2PCase {
       const int i = u.indexOf(r);
       if (u.kind == UnitKind::SendRecv || u.kind == UnitKind::Exchange) {
         u.x.outputs[i] = u.freshOutputs[i];
-        const char* src = u.x.sent[i].data();
-        walkRegion(inputRegion(u.x.plans[i]), 0, u.x.plans[i].inputBytes, [&](char* ptr, uint64_t n) {
-          memcpy(ptr, src, n);
-          src += n;
-        });
+        produceInput(u.x.plans[i], u.x.sent[i]);
         continue;
       }
-      size_t at = 0;
-      for (const ByteSpan& span : u.buffers.plans[i].input) {
-        if (span.bytes > 0)
-          memcpy(span.ptr, u.original[i].data() + at, span.bytes);
-        at += span.bytes;
-      }
+      produceInput(u.buffers.plans[i].input, u.original[i]);
     }
   }
 
@@ -3828,13 +3844,12 @@ class P2PCase {
   void end(int r, int it) {
     const std::vector<int>& units = items_[it].units.at(r);
     if (!o_.faults) {
-      for (int p = 0; p < W_; ++p)
-        for (int q = 0; q < kQueuesPerRank; ++q)
-          for (const Step& left : queues_[p][q].steps)
-            for (auto [id, i] : left.touches)
-              if (units_[id]->members[i] == r && std::count(units.begin(), units.end(), id))
-                violation("early completion: " + units_[id]->description + " ended on rank " + std::to_string(r) +
-                          " while rank " + std::to_string(p) + " still has a copy into or out of its buffers queued");
+      forEachQueuedTouch([&](int p, int, std::pair<int, int> touch) {
+        auto [id, i] = touch;
+        if (units_[id]->members[i] == r && std::count(units.begin(), units.end(), id))
+          violation("early completion: " + units_[id]->description + " ended on rank " + std::to_string(r) +
+                    " while rank " + std::to_string(p) + " still has a copy into or out of its buffers queued");
+      });
     }
     for (int id : units) {
       Unit& u = *units_[id];
@@ -3852,9 +3867,7 @@ class P2PCase {
   }
 
   void runHead(int r, int q) {
-    Step s = queues_[r][q].steps.front();
-    queues_[r][q].steps.pop_front();
-    ++queues_[r][q].executed;
+    const Step s = popHead(r, q);
     switch (s.kind) {
       case Step::Operation:
         for (auto [id, i] : s.touches) {
@@ -3968,7 +3981,7 @@ class P2PCase {
                std::to_string(s.op.value) + " from rank " + std::to_string(units_[s.unit]->members[s.op.peer]);
         else
           at = units_[s.unit]->description + "'s step";
-        const int ahead = earlierOnHardwareQueue(queues_[r], hardwareQueueOf_[r], q);
+        const int ahead = earlierOnHardwareQueue(r, q);
         out += (out.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " " + kStreams[q] + " at " + at +
                (ahead < 0 ? "" : std::string(", behind ") + kStreams[ahead] + " on their hardware queue");
       }
@@ -3994,9 +4007,6 @@ class P2PCase {
   std::vector<uint64_t> chunks_;
   std::vector<uint32_t> directSerial_;
   std::vector<std::vector<uint32_t>> pairSerial_;  // [rank][peer]: the last serial of their pair on the rank
-  std::vector<std::vector<Queue>> queues_;         // [rank][queue]
-  std::vector<std::vector<int>> hardwareQueueOf_;  // [rank][queue]
-  std::vector<uint64_t> submitted_;
   std::vector<CallOrder<int>> order_;
   std::vector<std::pair<int, uint64_t>> previousEnd_;  // [rank]: queue and count after its previous call's end
   std::vector<int> next_, delay_, limit_;
@@ -4043,8 +4053,7 @@ bool parseP2POption(const char* arg, P2POptions& o) {
 int runP2P(std::mt19937& rng, int cases, const P2POptions& options) {
   const bool counts =
       options.mutation != P2POptions::Mutation::None || options.unmatchedBatches || options.doneAfterEveryCopy;
-  std::map<std::string, int> caught;
-  std::string first;
+  CaughtCases caught;
   int rings = 0, ringsHung = 0;
   for (int c = 0; c < cases; ++c) {
     P2PCase model(rng, c, options);
@@ -4053,29 +4062,12 @@ int runP2P(std::mt19937& rng, int cases, const P2POptions& options) {
       ++rings;
       ringsHung += failure.rfind("hang:", 0) == 0;
     }
-    if (failure.empty())
-      continue;
-    if (!counts)
-      fail(failure);
-    if (first.empty())
-      first = failure;
-    ++caught[failure.substr(0, failure.find(':'))];
+    caught.addResult(failure, counts);
   }
-  if (first.empty()) {
-    printf("ok %d\n", cases);
-    return 0;
-  }
-  int total = 0;
-  for (const auto& [kind, n] : caught)
-    total += n;
-  printf("caught %d of %d cases:", total, cases);
-  for (const auto& [kind, n] : caught)
-    printf(" %s %d;", kind.c_str(), n);
-  if (options.mutation == P2POptions::Mutation::WaitBeforeArrived)
-    printf(" rings of 3 or more ranks hang %d of %d;", ringsHung, rings);
-  printf("\n");
-  fprintf(stderr, "FAIL: %s\n", first.c_str());
-  return 1;
+  if (options.mutation != P2POptions::Mutation::WaitBeforeArrived)
+    return caught.report(cases);
+  return caught.report(
+      cases, " rings of 3 or more ranks hang " + std::to_string(ringsHung) + " of " + std::to_string(rings) + ";");
 }
 }  // namespace
 
@@ -4140,64 +4132,18 @@ int main(int argc, char** argv) {
   if (exchanges) {
     // A wrong schedule: every case runs, and the cases it is caught in are counted by what caught it.
     failureEndsCase = true;
-    std::map<std::string, int> caught;
-    std::string first;
-    for (int c = 0; c < cases; ++c) {
-      try {
-        exchangeCase(rng, c, mutation);
-      } catch (const std::runtime_error& e) {
-        const std::string failure = e.what();
-        if (first.empty())
-          first = failure;
-        const bool hang = failure.find("deadlock") != std::string::npos;
-        ++caught[hang                                                         ? "hang"
-                 : failure.find("after that call ended") != std::string::npos ? "write after end"
-                                                                              : "wrong bytes"];
-      }
-    }
-    if (first.empty()) {
-      printf("ok %d\n", cases);
-      return 0;
-    }
-    int total = 0;
-    for (const auto& [kind, n] : caught)
-      total += n;
-    printf("caught %d of %d cases:", total, cases);
-    for (const auto& [kind, n] : caught)
-      printf(" %s %d;", kind.c_str(), n);
-    printf("\n");
-    fprintf(stderr, "FAIL: %s\n", first.c_str());
-    return 1;
+    CaughtCases caught;
+    caught.runEach(cases, [&](int c) { exchangeCase(rng, c, mutation); }, "after that call ended", "write after end");
+    return caught.report(cases);
   }
   if (faults) {
     // The protocol on its own streams stops at its first failure. The old rule and the shared hardware queue run every
     // case and count what they are caught at.
     const bool counts = faultOptions.rule == ReleaseRule::Old || faultOptions.sharedQueueCrossed;
-    std::map<std::string, int> caught;
-    std::string first;
-    for (int c = 0; c < cases; ++c) {
-      const std::string failure = FaultCase(rng, c, faultOptions).run();
-      if (failure.empty())
-        continue;
-      if (!counts)
-        fail(failure);
-      if (first.empty())
-        first = failure;
-      ++caught[failure.substr(0, failure.find(':'))];
-    }
-    if (first.empty()) {
-      printf("ok %d\n", cases);
-      return 0;
-    }
-    int total = 0;
-    for (const auto& [kind, n] : caught)
-      total += n;
-    printf("caught %d of %d cases:", total, cases);
-    for (const auto& [kind, n] : caught)
-      printf(" %s %d;", kind.c_str(), n);
-    printf("\n");
-    fprintf(stderr, "FAIL: %s\n", first.c_str());
-    return 1;
+    CaughtCases caught;
+    for (int c = 0; c < cases; ++c)
+      caught.addResult(FaultCase(rng, c, faultOptions).run(), counts);
+    return caught.report(cases);
   }
   if (inFlight || (hardwareQueues && !crossedOrders)) {
     for (int c = 0; c < cases; ++c)
