@@ -48,8 +48,8 @@ warnings.filterwarnings("ignore", category=UserWarning, module="torch.distribute
 # Forms, in the order their counts are printed.
 FORMS = ("all_to_all_single", "all_to_all_single_uneven", "all_to_all", "broadcast", "gather", "scatter",
          "all_gather", "send_recv", "p2p_ring")
-# Point-to-point forms: soaked on CPU tensors only, while CUDA point-to-point takes NCCL (not on two ranks of one GPU,
-# and not every dtype).
+# Point-to-point forms: soaked on CPU tensors, and on CUDA tensors only where TORCH_SDMA_TEST_CUDA_P2P=1 puts them on
+# the copy engines (else they take NCCL, which refuses two ranks of one GPU and lacks some dtypes).
 P2P_FORMS = ("send_recv", "p2p_ring")
 # The ops move bytes: any bit pattern of any dtype must arrive as it left (NaN payloads, fp8, unsigned wide ints).
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int8, torch.uint8, torch.int16, torch.int32,
@@ -331,7 +331,7 @@ class ExchangeSoak(Soak):
 
     def schedule(self):
         opts = self.opts
-        if self.cuda:
+        if self.cuda and os.environ.get("TORCH_SDMA_TEST_CUDA_P2P") != "1":
             opts = dataclasses.replace(opts, forms=tuple(f for f in opts.forms if f not in P2P_FORMS) or opts.forms)
         return Schedule(opts.seed, opts, [len(m) for m in self.members])
 
