@@ -17,9 +17,8 @@ median over alternating rounds, every row's bytes checked:
 - symm-mem:  torch symmetric memory's NVSHMEM collectives, where it has the op (processes of their own);
 - ce-limit:  not the op: the bytes the op moves between ranks pushed into peers' memory (mapped by torch symmetric
              memory) with plain copy-engine copies, no ordering. What these links and engines do; no op beats it.
-Point-to-point of CUDA tensors takes sdma's copy-engine runner only with TORCH_SDMA_TEST_CUDA_P2P=1 (docs/design.md,
-"Point-to-point"), which GPU mode sets unless the environment gives it (=0: sdma's rows go to NCCL, as by default);
-the path column says which ran. NCCL refuses two ranks of one communicator on one GPU: with ranks sharing GPUs the
+Point-to-point of CUDA tensors takes sdma's copy-engine runner (docs/design.md, "Point-to-point"); the path column
+says which path ran. NCCL refuses two ranks of one communicator on one GPU: with ranks sharing GPUs the
 nccl, nccl-ce, symm-mem and ce-limit rows say so, and so does the sdma row (its small sizes go to the inner NCCL);
 sdma-dma runs alone.
 
@@ -51,7 +50,6 @@ from torch_sdma.check import human_bytes, new_group_with_env, parse_bytes
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 DEFAULT_SIZES = [64 * KIB, 256 * KIB, 1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB, 1 * GIB]
 PEERS = ("nccl-ce", "symm-mem")
-CUDA_P2P_KNOB = "TORCH_SDMA_TEST_CUDA_P2P"
 
 
 def parse_args():
@@ -91,9 +89,6 @@ class Bench(bench_allgather.Bench):
         self.mode = mode
         self.unavailable = {}
         self.ops = args.ops.split(",")
-        if mode == "gpu" and set(self.ops) & set(P2P_OPS):
-            # Read at the first point-to-point op, alike on every rank.
-            os.environ.setdefault(CUDA_P2P_KNOB, "1")
         if mode == "gpu":
             gpus = torch.cuda.device_count()
             # Ranks beyond the visible GPUs share them, as the tests' SDMA_TEST_SHARE_GPU=1 runs do.

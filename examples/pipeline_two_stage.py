@@ -10,8 +10,8 @@ activations go back with batch_isend_irecv. Stage 2 computes the loss and broadc
 Every collective only moves bytes, so the losses must be bit-identical on every backend for one seed and device.
 examples/compare_frameworks.py --frameworks pipeline runs it on NCCL and on sdma and compares.
 
-Two ranks exactly. On one GPU shared by both ranks it cannot run: send/recv go to sdma's inner NCCL, which
-refuses two ranks on one GPU.
+Two ranks exactly. On one GPU shared by both ranks only sdma runs it: NCCL refuses two ranks on one GPU, and gloo
+sends and receives CPU tensors only.
 """
 import sys
 

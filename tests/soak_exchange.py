@@ -1,7 +1,7 @@
 """A randomized soak of the exchange collectives among all-gathers: all_to_all_single (even, and uneven with zero
 splits), all_to_all lists, broadcast, gather and scatter with random roots, all_gather_into_tensor between them,
 point-to-point between them (a send/recv of one pair, the rest of the group idle, and a batch_isend_irecv ring over
-the group; CPU tensors only while CUDA point-to-point goes to NCCL), sync and async at a random depth, on the current
+the group), sync and async at a random depth, on the current
 stream or a side one (GPU), on two groups; every output checked bit-exact against bytes every rank rebuilds locally
 from (seed, call index, rank).
 
@@ -19,7 +19,6 @@ calls per form, bytes, seconds.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import os
 import random
@@ -48,9 +47,6 @@ warnings.filterwarnings("ignore", category=UserWarning, module="torch.distribute
 # Forms, in the order their counts are printed.
 FORMS = ("all_to_all_single", "all_to_all_single_uneven", "all_to_all", "broadcast", "gather", "scatter",
          "all_gather", "send_recv", "p2p_ring")
-# Point-to-point forms: soaked on CPU tensors, and on CUDA tensors only where TORCH_SDMA_TEST_CUDA_P2P=1 puts them on
-# the copy engines (else they take NCCL, which refuses two ranks of one GPU and lacks some dtypes).
-P2P_FORMS = ("send_recv", "p2p_ring")
 # The ops move bytes: any bit pattern of any dtype must arrive as it left (NaN payloads, fp8, unsigned wide ints).
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int8, torch.uint8, torch.int16, torch.int32,
           torch.int64, torch.float64, torch.bool, torch.complex64, torch.float8_e4m3fn, torch.float8_e5m2,
@@ -330,10 +326,7 @@ class ExchangeSoak(Soak):
         return item
 
     def schedule(self):
-        opts = self.opts
-        if self.cuda and os.environ.get("TORCH_SDMA_TEST_CUDA_P2P") != "1":
-            opts = dataclasses.replace(opts, forms=tuple(f for f in opts.forms if f not in P2P_FORMS) or opts.forms)
-        return Schedule(opts.seed, opts, [len(m) for m in self.members])
+        return Schedule(self.opts.seed, self.opts, [len(m) for m in self.members])
 
     def form_counts(self):
         return {f: self.per_form[f] for f in FORMS if f in self.per_form}

@@ -1,11 +1,11 @@
 """GPU (2 GPUs, or one with SDMA_TEST_SHARE_GPU=1; skipped elsewhere): the point-to-point cases of test_p2p_cpu.py
 on CUDA tensors, beside copy-engine all-gathers and all-to-alls on the same group, on both routes:
-- the default: CUDA point-to-point takes the inner backend (NCCL): bit-exact on the dtypes NCCL sends, counted as
-  delegated; skipped where NCCL cannot run (two ranks on one GPU);
-- TORCH_SDMA_TEST_CUDA_P2P=1: the copy-engine point-to-point runner (docs/design.md, "Point-to-point"), every
-  dtype, on "dma:direct", and the mistakes of test_p2p_cpu.py (sizes that differ raising on both ranks before a byte
-  moves, naming both; a recv whose send never comes named within the timeout; the failed group's next all-gather
-  refused). Expected bytes are rebuilt locally from every rank's seed."""
+- the default: the copy-engine point-to-point runner (docs/design.md, "Point-to-point"), every dtype, on
+  "dma:direct", and the mistakes of test_p2p_cpu.py (sizes that differ raising on both ranks before a byte moves,
+  naming both; a recv whose send never comes named within the timeout; the failed group's next all-gather refused);
+- TORCH_SDMA_DELEGATE=send: the inner backend (NCCL), bit-exact on the dtypes NCCL sends, counted as delegated;
+  skipped where NCCL cannot run (two ranks on one GPU).
+Expected bytes are rebuilt locally from every rank's seed."""
 import pytest
 import torch
 import torch.distributed as dist
@@ -18,10 +18,10 @@ from mp_harness import run_group
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(cuda_count() < 2, reason="needs 2 CUDA devices")]
 
 W = 2
-ENV = {"TORCH_SDMA_MIN_BYTES": "0", "TORCH_SDMA_DISABLE": None, "TORCH_SDMA_DELEGATE": None,
-       "TORCH_SDMA_TEST_CUDA_P2P": None}
-ON_COPY_ENGINES = dict(ENV, TORCH_SDMA_TEST_CUDA_P2P="1")
-INNER = "inner:point-to-point of CUDA tensors takes the inner backend"
+ENV = {"TORCH_SDMA_MIN_BYTES": "0", "TORCH_SDMA_DISABLE": None, "TORCH_SDMA_DELEGATE": None}
+# Delegating send delegates recv too: one is the other's match.
+ON_NCCL = dict(ENV, TORCH_SDMA_DELEGATE="send")
+INNER = "inner:TORCH_SDMA_DELEGATE"
 NCCL_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.uint8, torch.int8, torch.int32,
                torch.int64)
 MISTAKE_TIMEOUT_S = 10.0
@@ -35,13 +35,13 @@ def cuda_p2p_body(ctx, dtypes, expected):
 @pytest.mark.skipif(SHARE_GPU, reason=NCCL_SHARED_REASON)
 @pytest.mark.parametrize("init", ["cpu:gloo,cuda:sdma", "sdma"])
 def test_cuda_p2p_on_nccl_matches_local_bytes(init):
-    run_group(cuda_p2p_body, W, init, kwargs={"dtypes": NCCL_DTYPES, "expected": INNER}, env=ENV, cuda=True,
+    run_group(cuda_p2p_body, W, init, kwargs={"dtypes": NCCL_DTYPES, "expected": INNER}, env=ON_NCCL, cuda=True,
               timeout=540, pg_timeout_s=60).check()
 
 
 @pytest.mark.parametrize("init", ["cpu:gloo,cuda:sdma", "sdma"])
 def test_cuda_p2p_on_copy_engines_matches_local_bytes(init):
-    run_group(cuda_p2p_body, W, init, kwargs={"dtypes": EVERY_DTYPE, "expected": "dma:direct"}, env=ON_COPY_ENGINES,
+    run_group(cuda_p2p_body, W, init, kwargs={"dtypes": EVERY_DTYPE, "expected": "dma:direct"}, env=ENV,
               cuda=True, timeout=540, pg_timeout_s=60).check()
 
 
@@ -50,7 +50,7 @@ def cuda_mistakes_body(ctx):
 
 
 def test_cuda_p2p_on_copy_engines_mistakes_raise():
-    res = run_group(cuda_mistakes_body, W, "cpu:gloo,cuda:sdma", env=ON_COPY_ENGINES, cuda=True,
+    res = run_group(cuda_mistakes_body, W, "cpu:gloo,cuda:sdma", env=ENV, cuda=True,
                     timeout=4 * (MISTAKE_TIMEOUT_S + SLACK_S) + 60, pg_timeout_s=60, destroy=False, hard_exit=True,
                     grace=4 * (MISTAKE_TIMEOUT_S + SLACK_S))
     assert all(r.status == "ok" and r.exitcode == 0 for r in res.ranks), res.describe()

@@ -46,7 +46,6 @@ from ._check_exchanges import P2P_OPS, Exchanges
 
 KIB, MIB = 1 << 10, 1 << 20
 PLANT_KNOB = "TORCH_SDMA_CHECK_PLANT_WRONG_BYTE"
-CUDA_P2P_KNOB = "TORCH_SDMA_TEST_CUDA_P2P"
 # torch 2.14 deprecates all_gather_into_tensor in favour of all_gather_single (the same call underneath).
 GATHER_SINGLE = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 SINGLE = GATHER_SINGLE.__name__
@@ -449,25 +448,16 @@ class Check:
                 shown = (next(iter(per_op.values())) if len(per_op) == 1
                          else ", ".join(f"{op} {path}" for op, path in per_op.items()))
                 self.say(f"  {name:<34} -> {shown}")
-            inner = sorted({p for name, p in took if not p.startswith("dma")
-                            and not (name in P2P_OPS and self.p2p_to_inner_backend())})
+            inner = sorted({p for name, p in took if not p.startswith("dma")})
             if group_name != "defaults" and inner:
                 # Not a failure: a machine may keep the exchanges off the DMA path for a reason it names.
                 self.warnings.append(f"group {group_name}: exchanges took {', '.join(inner)}")
                 self.say(f"  WARNING: with TORCH_SDMA_MIN_BYTES=0 the exchanges took {', '.join(inner)}")
 
-    def p2p_to_inner_backend(self):
-        """Whether point-to-point goes to the inner backend by design: CUDA tensors' does, unless
-        TORCH_SDMA_TEST_CUDA_P2P=1 selects the copy-engine runner (docs/design.md, "Point-to-point")."""
-        return self.mode == "gpu" and os.environ.get(CUDA_P2P_KNOB) != "1"
-
     def p2p_skipped(self):
         """Why this run has no point-to-point ("" when it has)."""
         if self.world < 2:
             return "one rank"
-        if self.p2p_to_inner_backend() and self.args.share_gpu:
-            return (f"CUDA tensors' send/recv go to NCCL ({CUDA_P2P_KNOB}=1 selects the copy engines), which refuses "
-                    f"two ranks on one GPU")
         return ""
 
     # ------------------------------------------------------------------------------------------------- busbw

@@ -6,7 +6,6 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <cstdlib>
 
 #ifdef TORCH_SDMA_CUDA
 #include <c10/cuda/CUDAStream.h>
@@ -20,16 +19,6 @@
 
 namespace sdma {
 namespace {
-
-// The copy-engine point-to-point runner has not run on a GPU yet: CUDA tensors take it only where a test asks for it
-// (TORCH_SDMA_TEST_CUDA_P2P=1, the same on every rank), and NCCL otherwise.
-bool cudaP2pOnCopyEngines() {
-  static const bool on = [] {
-    const char* v = std::getenv("TORCH_SDMA_TEST_CUDA_P2P");
-    return v && std::string(v) == "1";
-  }();
-  return on;
-}
 
 constexpr CollectiveNames kSend{"send", "send", "send"};
 constexpr CollectiveNames kRecv{"recv", "recv", "recv"};
@@ -45,11 +34,6 @@ int64_t bytesOf(const at::Tensor& t) {
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
   const TracedCollective traced{kSend, tensors, kNoTensors, kNoSplits, kNoSplits, nullptr, "->", getRank(), dstRank};
   refuseIfDestroyed("send");
-  if (dstRank == getRank()) {
-    recordPath("self:send", bytesOf(tensors.empty() ? at::Tensor() : tensors[0]));
-    return runTraced(traceGroup_, getGroupDesc(), ++p2pSeq_, traced,
-                     [&] { return trackCoalesced(self_.send(tensors, tag)); });
-  }
   return pointToPoint(kSend, traced, tensors, dstRank, /*isSend=*/true, tag,
                       [&](c10d::Backend& b) { return b.send(tensors, dstRank, tag); });
 }
@@ -57,11 +41,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::send(std::vector<at::Tensor>& t
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
   const TracedCollective traced{kRecv, kNoTensors, tensors, kNoSplits, kNoSplits, nullptr, "<-", getRank(), srcRank};
   refuseIfDestroyed("recv");
-  if (srcRank == getRank()) {
-    recordPath("self:recv", bytesOf(tensors.empty() ? at::Tensor() : tensors[0]));
-    return runTraced(traceGroup_, getGroupDesc(), ++p2pSeq_, traced,
-                     [&] { return trackCoalesced(self_.recv(tensors, tag)); });
-  }
   return pointToPoint(kRecv, traced, tensors, srcRank, /*isSend=*/false, tag,
                       [&](c10d::Backend& b) { return b.recv(tensors, srcRank, tag); });
 }
@@ -99,9 +78,6 @@ CollectivePath ProcessGroupSDMA::p2pRoute(const at::Tensor& tensor) const {
     return CollectivePath::inner("below TORCH_SDMA_MIN_BYTES");
   }
   if (cuda) {
-    if (!cudaP2pOnCopyEngines()) {
-      return CollectivePath::inner("point-to-point of CUDA tensors takes the inner backend");
-    }
 #ifdef TORCH_SDMA_CUDA
     if (gpu::streamCapturing(c10::cuda::getCurrentCUDAStream(tensor.device().index()).stream())) {
       return CollectivePath::inner("captured into a CUDA graph");
@@ -162,6 +138,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::pointToPoint(const CollectiveNa
                                                               const TracedCollective& traced,
                                                               const std::vector<at::Tensor>& tensors, int peer,
                                                               bool isSend, int tag, InnerCall&& innerCall) {
+  if (peer == getRank()) {
+    recordPath(std::string("self:") + names.stats, bytesOf(tensors.empty() ? at::Tensor() : tensors[0]));
+    return runTraced(traceGroup_, getGroupDesc(), ++p2pSeq_, traced,
+                     [&] { return trackCoalesced(isSend ? self_.send(tensors, tag) : self_.recv(tensors, tag)); });
+  }
   TORCH_CHECK_VALUE(tensors.size() == 1, "torch_sdma: ", names.stats, " takes exactly one tensor, got ",
                     tensors.size());
   TORCH_CHECK_VALUE(peer >= 0 && peer < getSize(), "torch_sdma: ", names.stats, ": invalid group rank ", peer,

@@ -201,9 +201,9 @@ def path_cases(g, dev, rank, device_name, expected="dma:direct"):
     return [("paths", paths)]
 
 
-def profiler_cases(g, dev, rank):
-    """A send and its recv under torch.profiler: "sdma:send 0->1" on the sender's trace, "sdma:recv 1<-0" on the
-    receiver's."""
+def profiler_cases(g, dev, rank, expected="dma:direct"):
+    """A send and its recv, then a batch_isend_irecv of both directions, under torch.profiler: "sdma:send 0->1" on
+    the sender's trace, "sdma:recv 1<-0" on the receiver's; on the copy engines, no CUDA kernel on either rank."""
     from torch.profiler import ProfilerActivity, profile
 
     from checks.trace import exported_events
@@ -211,16 +211,31 @@ def profiler_cases(g, dev, rank):
     def events():
         if rank not in (0, 1):
             return
+        peer = 1 - rank
         t = rand("prof", 0, 4099, torch.float32, device=dev)
+        out, back = poison_(torch.empty_like(t)), rand("profb", rank, 4099, torch.float32, device=dev)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
         with profile(activities=activities) as prof:
             if rank == 0:
                 dist.send(t, 1, group=g)
             else:
                 dist.recv(t, 0, group=g)
-        names = {e.get("name") for e in exported_events(prof)}
+            ops = [dist.P2POp(dist.isend, back, dist.get_global_rank(g, peer), g),
+                   dist.P2POp(dist.irecv, out, dist.get_global_rank(g, peer), g)]
+            for w in dist.batch_isend_irecv(ops):
+                w.wait()
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+        assert_bytes_equal(out, rand("profb", peer, 4099, torch.float32, device=dev), "profiled batch")
+        events = exported_events(prof)
+        names = {e.get("name") for e in events}
         want = "sdma:send 0->1" if rank == 0 else "sdma:recv 1<-0"  # as NCCL names them, "nccl:send 0->1"
         assert want in names, f"no profiler event {want}; sdma events: {sorted(n for n in names if 'sdma' in str(n))}"
+        if dev.type == "cuda" and expected.startswith("dma"):
+            kernels = sorted({str(e.get("name"))[:80] for e in events if str(e.get("cat", "")).lower() == "kernel"})
+            assert not kernels, f"point-to-point on the copy engines ran CUDA kernels: {kernels}"
 
     return [("profiler", events)]
 
@@ -228,7 +243,7 @@ def profiler_cases(g, dev, rank):
 def all_cases(g, dev, rank, world, device_name, dtypes=EVERY_DTYPE, expected="dma:direct"):
     return (dtype_cases(g, dev, rank, dtypes) + ring_cases(g, dev, rank, world) + pipeline_cases(g, dev, rank)
             + batch_cases(g, dev, rank) + interleaved_cases(g, dev, rank, world)
-            + profiler_cases(g, dev, rank) + path_cases(g, dev, rank, device_name, expected))
+            + profiler_cases(g, dev, rank, expected) + path_cases(g, dev, rank, device_name, expected))
 
 
 def mistake_cases(ctx, dev, timeout_s):
