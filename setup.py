@@ -95,6 +95,7 @@ GPU_SOURCES = {
         "graph_held_transports.cpp",
         "copy_engine_p2p_runner.cpp",
         "captured_lanes.cpp",
+        "captured_p2p_pairs.cpp",
     ],
     "work": ["gpu_work.cpp", "gpu_completion.cpp"],
 }
