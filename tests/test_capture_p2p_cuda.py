@@ -25,10 +25,8 @@ from mp_harness import run_group
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(cuda_count() < 2, reason="needs 2 CUDA devices")]
 
-# TORCH_SDMA_TEST_CUDA_P2P=1 puts CUDA point-to-point on the copy engines while main still routes it to NCCL by
-# default; it goes once the copy-engine runner is the default.
 ENV = {"TORCH_SDMA_MIN_BYTES": "0", "TORCH_SDMA_DISABLE": None, "TORCH_SDMA_DELEGATE": None,
-       "TORCH_SDMA_TEST_FAULT": None, "TORCH_SDMA_TEST_CUDA_P2P": "1"}
+       "TORCH_SDMA_TEST_FAULT": None}
 
 
 class CapturedP2p:
