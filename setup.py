@@ -94,6 +94,8 @@ GPU_SOURCES = {
         "gpu_rail_allgather.cpp",
         "graph_held_transports.cpp",
         "copy_engine_p2p_runner.cpp",
+        "captured_lanes.cpp",
+        "captured_p2p_pairs.cpp",
     ],
     "work": ["gpu_work.cpp", "gpu_completion.cpp"],
 }

@@ -29,7 +29,9 @@ also run in the calls-in-flight and the fault models. And send, recv and batch_i
 formation (pair_steps.hpp) and batch schedule (direct_p2p_batch.cpp) on each pair's own transport and serials, over
 random programs valid under NCCL's rules among the group's collectives, with and without faults; wrong batches, a fault
 release that passes a failed rank's own waits on a live peer, and the rules the design needs beyond its words must be
-caught; programs it does not serve are shown hanging."""
+caught; programs it does not serve are shown hanging. And captured point-to-point (--captured-p2p): graphs of p2p
+batches on the pairs' captured transports mixed with captured collectives, replayed with new inputs; without the step
+order every rank shares, rings must be caught hanging."""
 import re
 import subprocess
 
@@ -315,3 +317,29 @@ def test_captured_exchanges_without_arrived_are_caught_hanging(simulation, seed)
     assert m and int(m.group(1)) >= 200, p.stdout + p.stderr
     counts = dict((k.strip(), int(n)) for k, n in re.findall(r"([a-z][a-z ]+?) (\d+);", p.stdout))
     assert counts.get("hang", 0) > 0, p.stdout
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_captured_p2p_replays_every_byte_and_leaves_flags_at_zero(simulation, seed):
+    """Graphs of captured point-to-point batches (rings of 2-5 ranks in any order and any listing, pipelines of lone
+    sends and recvs, random matched batches with several ops and both directions with one peer) mixed with captured
+    all-gathers and exchanges, 2-5 ranks, each step on its pair's captured transport in the order every rank shares,
+    recorded once and replayed three times with new inputs in random interleavings: every byte where it belongs, the
+    poison around it untouched, every flag of every transport back at 0, no hang (4000 cases a seed)."""
+    p = subprocess.run([str(simulation), str(seed), "4000", "--captured-p2p"], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.strip() == "ok 4000", p.stdout
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_captured_p2p_in_listing_order_hangs_rings(simulation, seed):
+    """A batch's steps in each rank's listing order instead of the shared (lower member, higher member, k): every ring
+    of 3 or more ranks listed the usual way (send to the next first) waits in a cycle and hangs (about 160 in 1000
+    cases), and so do some random batches; nothing else fails."""
+    p = subprocess.run([str(simulation), str(seed), "1000", "--captured-p2p", "--listing-order"], capture_output=True,
+                       text=True, timeout=120)
+    total, counts = _caught(p, 1000)
+    assert counts.get("hang") == total, counts
+    m = re.search(r"rings of 3 or more ranks hang (\d+) of (\d+);", p.stdout)
+    assert m and int(m.group(1)) == int(m.group(2)) >= 100, p.stdout

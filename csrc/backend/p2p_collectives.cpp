@@ -80,7 +80,15 @@ CollectivePath ProcessGroupSDMA::p2pRoute(const at::Tensor& tensor) const {
   if (cuda) {
 #ifdef TORCH_SDMA_CUDA
     if (gpu::streamCapturing(c10::cuda::getCurrentCUDAStream(tensor.device().index()).stream())) {
-      return CollectivePath::inner("captured into a CUDA graph");
+      // Through the pair's captured staging (docs/design.md, "Captured point-to-point"), which needs no direct path.
+      if (spansNodes()) {
+        return CollectivePath::inner("the group spans nodes");
+      }
+      const CollectivePath& atCreation = cudaPath_.atCreation;
+      if (!atCreation.isDma()) {
+        return atCreation.isInner() ? atCreation : CollectivePath::inner("the group does not serve the device");
+      }
+      return CollectivePath::dma(CollectivePath::kCaptured);
     }
 #endif
     if (!options_.directCuda) {
@@ -100,9 +108,9 @@ CollectivePath ProcessGroupSDMA::p2pRoute(const at::Tensor& tensor) const {
 CollectivePath ProcessGroupSDMA::connectP2pPair(const at::Device& device, int peer, const char* op) {
   DevicePath& path = devicePath(device);
   if (!path.p2p) {
-    path.p2p = device.is_cuda()
-                   ? makeCopyEngineP2pRunner(sdmaStore_, getRank(), device.index(), board_.get(), directPathOptions())
-                   : makeHostP2pRunner(sdmaStore_, getRank(), board_.get());
+    path.p2p = device.is_cuda() ? makeCopyEngineP2pRunner(sdmaStore_, getRank(), device.index(), board_.get(),
+                                                          directPathOptions(), geometry(device))
+                                : makeHostP2pRunner(sdmaStore_, getRank(), board_.get());
     p2pDevice_ = device.index();
   }
   TORCH_CHECK_VALUE(!device.is_cuda() || device.index() == p2pDevice_, "torch_sdma: ", op, " on ", device.str(),
@@ -200,9 +208,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::endP2pBatch() {
       TORCH_CHECK_VALUE(op.tensor.device() == device, "torch_sdma: batch_isend_irecv with tensors on ", device.str(),
                         " and ", op.tensor.device().str(), "; a batch's tensors must be on one device");
     }
+    CollectivePath dmaPath = CollectivePath::dma(CollectivePath::kDirect);  // or captured: alike for every pair
     for (const PairStep& step : pairStepsOf(ops, getRank())) {
       const CollectivePath path = connectP2pPair(device, step.peer, "batch_isend_irecv");
       if (path.isDma()) {
+        dmaPath = path;
         continue;
       }
       for (const P2pOp& op : ops) {
@@ -219,8 +229,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::endP2pBatch() {
     }
     if (!ops.empty()) {
       for (const P2pOp& op : ops) {
-        recordP2pPath(op.isSend ? "send" : "recv", op.tensor.device(), CollectivePath::dma(CollectivePath::kDirect),
-                      bytesOf(op.tensor));
+        recordP2pPath(op.isSend ? "send" : "recv", op.tensor.device(), dmaPath, bytesOf(op.tensor));
       }
       inner.push_back(runP2p(ops, "batch_isend_irecv", c10d::OpType::COALESCED));
     }

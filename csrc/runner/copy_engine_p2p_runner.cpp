@@ -3,7 +3,8 @@
 // buffers and the mappings of the peer's), connected at the pair's first operation; two streams of its own for the
 // lanes, which wait for the caller's stream; a watchdog that names a peer that never came within the timeout, fails
 // the group, and, once this runner's lanes ran out, releases the failed peers' waits on it (docs/design.md,
-// "Failures", applied to the pairs' flags).
+// "Failures", applied to the pairs' flags). Inside CUDA graph capture a pair's ops take its captured staging instead
+// (captured_p2p_pairs.hpp), which the watchdog never sees.
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <c10/cuda/CUDAGuard.h>
@@ -15,9 +16,12 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include "collective/direct_p2p_batch.hpp"
+#include "runner/captured_p2p_pairs.hpp"
 #include "runner/copy_engine_direct.hpp"
+#include "runner/graph_held_transports.hpp"
 #include "runner/group_failure.hpp"
 #include "runner/guarded_thread.hpp"
 #include "runner/kept_for_life.hpp"
@@ -33,13 +37,22 @@ constexpr uint32_t kReleaseAhead = 1u << 30;
 class CopyEngineP2pRunner : public P2pRunner {
  public:
   CopyEngineP2pRunner(c10::intrusive_ptr<c10d::Store> store, int rank, int device, CallBoard* board,
-                      DirectPathOptions options)
+                      DirectPathOptions options, const StagingGeometry& capturedGeometry)
       : store_(std::move(store)), rank_(rank), device_(device), board_(board), options_(options) {
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+    gpu::CaptureRelaxedScope relaxed;  // a group's first op may be a captured one
     push_ = gpu::createStream();
     drain_ = gpu::createStream();
     fork_ = gpu::createEvent();
-    watchdog_ = GuardedThread([this] { watchdogLoop(); }, [this](const std::string& why) { abandon(why); });
+    captured_ = std::make_unique<CapturedP2pPairs>(rank_, device_, capturedGeometry);
+    watchdog_ = GuardedThread(
+        [this] {
+          // Its event queries and the frees of graphs' transports must not invalidate a capture on the caller's thread.
+          c10::cuda::CUDAGuard watchdogGuard(static_cast<c10::DeviceIndex>(device_));
+          gpu::ignoreOtherThreadsCaptures();
+          watchdogLoop();
+        },
+        [this](const std::string& why) { abandon(why); });
   }
 
   ~CopyEngineP2pRunner() override {
@@ -65,41 +78,63 @@ class CopyEngineP2pRunner : public P2pRunner {
   }
 
   CollectivePath connectPair(int peer) override {
-    const auto found = pairs_.find(peer);  // only this thread adds pairs: reading here needs no lock
-    if (found != pairs_.end()) {
-      const Pair& pair = found->second;
-      return pair.direct ? CollectivePath::dma(CollectivePath::kDirect) : CollectivePath::inner(pair.whyNot);
-    }
     TORCH_CHECK_WITH(DistBackendError, failedPairs_.count(peer) == 0, "torch_sdma: ", failedPairs_[peer]);
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+    const bool capturing =
+        gpu::streamCapturing(c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream());
+    // Connecting allocates and maps memory, which a global-mode capture refuses unless this thread relaxes it.
+    std::optional<gpu::CaptureRelaxedScope> relaxed;
+    if (capturing) {
+      relaxed.emplace();
+    }
     const int lo = std::min(rank_, peer);
     const int hi = std::max(rank_, peer);
-    auto store = c10::make_intrusive<c10d::PrefixStore>(
-        "p2p/cuda/" + std::to_string(lo) + "-" + std::to_string(hi) + "/", store_);
     const int me = rank_ == lo ? 0 : 1;
-    Pair pair;
+    // Only this thread adds pairs or connects them: reading here needs no lock.
+    auto found = pairs_.find(peer);
     try {
-      // Collective over the pair: both members get the same answer.
-      pair.whyNot = CopyEngineTransport::checkGroupReachable(*store, "reach", me, 2, device_, &pair.members);
-      if (pair.whyNot.empty()) {
-        pair.direct = std::make_shared<CopyEngineDirect>(store, me, 2, device_, pair.members, options_);
+      if (found == pairs_.end()) {
+        // Collective over the pair: both members get the same answer.
+        Pair pair;
+        pair.store = c10::make_intrusive<c10d::PrefixStore>(
+            "p2p/cuda/" + std::to_string(lo) + "-" + std::to_string(hi) + "/", store_);
+        pair.whyNot = CopyEngineTransport::checkGroupReachable(*pair.store, "reach", me, 2, device_, &pair.members);
+        std::lock_guard<std::mutex> lock(mutex_);  // the watchdog reads the pairs
+        found = pairs_.emplace(peer, std::move(pair)).first;
       }
+      Pair& pair = found->second;
+      if (!pair.whyNot.empty()) {
+        return CollectivePath::inner(pair.whyNot);
+      }
+      // The eager and the captured state connect at the pair's first op of each kind, both members together.
+      if (capturing) {
+        if (!captured_->connected(peer)) {
+          captured_->connect(peer, pair.store, pair.members);
+        }
+        return CollectivePath::dma(CollectivePath::kCaptured);
+      }
+      if (!pair.direct) {
+        auto direct = std::make_shared<CopyEngineDirect>(pair.store, me, 2, device_, pair.members, options_);
+        std::lock_guard<std::mutex> lock(mutex_);
+        pair.direct = std::move(direct);
+      }
+      return CollectivePath::dma(CollectivePath::kDirect);
     } catch (const std::exception& e) {
       failedPairs_[peer] = "connecting the pair of group ranks " + std::to_string(lo) + " and " + std::to_string(hi) +
                            " failed: " + messageOf(e);
       throw;
     }
-    const CollectivePath path =
-        pair.direct ? CollectivePath::dma(CollectivePath::kDirect) : CollectivePath::inner(pair.whyNot);
-    std::lock_guard<std::mutex> lock(mutex_);  // the watchdog reads the pairs
-    pairs_.emplace(peer, std::move(pair));
-    return path;
   }
 
   c10::intrusive_ptr<c10d::Work> run(std::vector<PairStep> steps, const CollectiveInfo& info,
                                      uint64_t nextCollective) override {
     refuseBatchOfFailedGroup(mutex_, failure_, board_, info);
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+    const gpu::Stream caller = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream();
+    if (gpu::streamCapturing(caller)) {
+      return captured_->enqueue(steps, info, caller,
+                                [&](const std::string& reason) { failGroup(nextCollective, reason); });
+    }
     auto [outputs, keep] = tensorsOf(steps);
     // Every step's post first (CopyEngineDirect compares the pair's ranges and throws RangeMismatch, naming both).
     std::vector<CopyEngineDirect::Arrival> arrivals;
@@ -139,7 +174,6 @@ class CopyEngineP2pRunner : public P2pRunner {
       flight.steps.push_back({step.peer, a.serial});
     }
 
-    const gpu::Stream caller = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream();
     std::unique_lock<std::mutex> lock(mutex_);
     gpu::recordEvent(fork_, caller);
     gpu::streamWaitEvent(push_, fork_);
@@ -182,9 +216,10 @@ class CopyEngineP2pRunner : public P2pRunner {
 
  private:
   struct Pair {
-    std::shared_ptr<CopyEngineDirect> direct;
-    std::vector<MemberIdentity> members;  // the pair's, in group-rank order
-    std::string whyNot;                   // the pair takes the inner backend: why
+    c10::intrusive_ptr<c10d::Store> store;     // the pair's prefix of the group's store
+    std::shared_ptr<CopyEngineDirect> direct;  // from the pair's first eager op
+    std::vector<MemberIdentity> members;       // the pair's, in group-rank order
+    std::string whyNot;                        // the pair takes the inner backend: why
     bool released = false;
   };
   struct InFlight {
@@ -247,6 +282,7 @@ class CopyEngineP2pRunner : public P2pRunner {
     std::unique_lock<std::mutex> lock(mutex_);
     while (!stop_ || !inFlight_.empty()) {
       wake_.wait_for(lock, std::chrono::milliseconds(50));
+      freeTransportsOfDestroyedGraphs();
       const auto now = std::chrono::steady_clock::now();
       while (!inFlight_.empty() && inFlight_.front().completion->pollDone()) {
         inFlight_.pop_front();
@@ -315,6 +351,7 @@ class CopyEngineP2pRunner : public P2pRunner {
   std::condition_variable wake_;
   std::deque<InFlight> inFlight_;
   GroupFailure failure_;
+  std::unique_ptr<CapturedP2pPairs> captured_;  // only the caller's thread touches it
   bool stop_ = false;
   GuardedThread watchdog_;
 };
@@ -322,8 +359,11 @@ class CopyEngineP2pRunner : public P2pRunner {
 }  // namespace
 
 std::unique_ptr<P2pRunner> makeCopyEngineP2pRunner(c10::intrusive_ptr<c10d::Store> store, int rank, int device,
-                                                   CallBoard* board, const DirectPathOptions& options) {
-  return std::make_unique<CopyEngineP2pRunner>(std::move(store), rank, device, board, options);
+                                                   CallBoard* board, const DirectPathOptions& options,
+                                                   const StagingGeometry& cap) {
+  // A pair's captured staging: the group's cap, over two members.
+  const StagingGeometry pair = StagingGeometry::fit(2, cap.slots, cap.bytes(), cap.pipelineChunkBytes);
+  return std::make_unique<CopyEngineP2pRunner>(std::move(store), rank, device, board, options, pair);
 }
 
 }  // namespace sdma

@@ -21,6 +21,7 @@
 #include "collective/hierarchical_allgather.hpp"
 #include "collective/rank_list.hpp"
 #include "collective/staging_allgather.hpp"
+#include "runner/captured_lanes.hpp"
 #include "runner/graph_held_transports.hpp"
 #include "runner/kept_for_life.hpp"
 #include "runner/size_mismatch.hpp"
@@ -115,14 +116,12 @@ CopyEngineRunner::CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int ra
   c10::cuda::CUDAGuard guard(device_);
   pushStream_ = gpu::createStream();
   drainStream_ = gpu::createStream();
-  capturedPushStream_ = gpu::createStream();
   if (hierarchy_) {
     networkStream_ = gpu::createStream();
   }
   callerReady_ = gpu::createEvent();
   pushDone_ = gpu::createEvent();
-  capturedFork_ = gpu::createEvent();
-  capturedJoin_ = gpu::createEvent();
+  capturedLanes_ = std::make_unique<CapturedLanes>();
   {
     c10d::PrefixStore faultStore("faults/", store_);
     faultBoardRegion_ =
@@ -168,14 +167,14 @@ CopyEngineRunner::~CopyEngineRunner() {
     keepForLife(railStaging_, 0);
     return;
   }
-  for (gpu::Event e : {callerReady_, pushDone_, capturedFork_, capturedJoin_}) {
+  for (gpu::Event e : {callerReady_, pushDone_}) {
     gpu::destroyEvent(e);
   }
   // The gather buffers and the direct path's mappings go before the streams that may still name them (nothing is
   // in flight any more).
   railStaging_.reset();
   direct_.reset();
-  for (gpu::Stream s : {pushStream_, drainStream_, capturedPushStream_, networkStream_}) {
+  for (gpu::Stream s : {pushStream_, drainStream_, networkStream_}) {
     if (s) {
       gpu::destroyStream(s);
     }
@@ -234,9 +233,12 @@ size_t CopyEngineRunner::chunksOf(const AllgatherPlan& plan, const CopyEngineTra
   return hierarchicalChunkCount(plan, transport.geometry(), hierarchy_->layout.nodeCount());
 }
 
+c10::intrusive_ptr<c10d::Store> CopyEngineRunner::nextConnectionStore() {
+  return c10::make_intrusive<c10d::PrefixStore>("ce/" + std::to_string(connections_++) + "/", store_);
+}
+
 std::unique_ptr<CopyEngineTransport> CopyEngineRunner::connectTransport(const StagingGeometry& geometry) {
-  auto store = c10::make_intrusive<c10d::PrefixStore>("ce/" + std::to_string(connections_++) + "/", store_);
-  return CopyEngineTransport::connect(*store, rank_, size_, device_, geometry, members_);
+  return CopyEngineTransport::connect(*nextConnectionStore(), rank_, size_, device_, geometry, members_);
 }
 
 size_t CopyEngineRunner::segmentBytesFor(const AllgatherPlan& plan) const {
@@ -544,10 +546,8 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::run(PlannedExchange& planned, b
 
 CopyEngineTransport& CopyEngineRunner::capturedTransport() {
   if (!captured_) {
-    // Every member captures the same collectives in the same order, so they connect here together. Allocating
-    // and mapping memory is refused during a global-mode capture unless this thread relaxes it for the moment.
-    gpu::CaptureRelaxedScope relaxed;
-    captured_ = connectTransport(cap_);
+    // Every member captures the same collectives in the same order, so they connect here together.
+    captured_ = connectCapturedTransport(*nextConnectionStore(), rank_, size_, device_, cap_, members_);
   }
   return *captured_;
 }
@@ -563,29 +563,8 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::enqueueCaptured(PlannedAllgathe
 c10::intrusive_ptr<c10d::Work> CopyEngineRunner::enqueueOnCapturedLanes(
     gpu::Stream caller, bool pipelined, const CollectiveInfo& info, at::Device device, std::vector<at::Tensor> outputs,
     const std::function<void(CopyEngineTransport&)>& schedule) {
-  // Pushes run apart from drains only where the schedule is pipelined; on one stream, program order runs a round's
-  // pushes before its drains, which no hardware queue can reverse. The whole collective joins the caller's stream
-  // before the call returns, whatever asyncOp says: a graph may not end with a stream it forked still outside it, and
-  // the caller may never wait().
-  gpu::Stream push = pipelined ? capturedPushStream_ : caller;
-  if (pipelined) {
-    gpu::recordEvent(capturedFork_, caller);
-    gpu::streamWaitEvent(push, capturedFork_);
-  }
-  captured_->bindLanes(push, caller);
-  schedule(*captured_);
-  captured_->flush();
-  holdWhileGraphLives(caller, captured_);
-  if (pipelined) {
-    gpu::recordEvent(capturedJoin_, push);
-    gpu::streamWaitEvent(caller, capturedJoin_);
-  }
-  gpu::Event end = endEvents_->take();
-  gpu::recordEvent(end, caller);
-  // The graph's memory pool and the caller keep the tensors; the watchdog never sees a captured collective (its events
-  // fire only in replays), as ProcessGroupNCCL keeps captured works from its watchdog.
-  auto completion = std::make_shared<GpuCompletion>(end, endEvents_, std::vector<at::Tensor>{}, /*captured=*/true);
-  return c10::make_intrusive<GpuWork>(info, device, std::move(outputs), completion);
+  capturedLanes_->run(caller, pipelined, captured_, schedule);
+  return capturedWork(caller, endEvents_, info, device, std::move(outputs));
 }
 
 void CopyEngineRunner::watchdogLoop() {

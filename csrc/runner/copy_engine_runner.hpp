@@ -30,6 +30,7 @@
 #include <string>
 
 #include "runner/call_order.hpp"
+#include "runner/captured_lanes.hpp"
 #include "runner/collective_runner.hpp"
 #include "runner/copy_engine_direct.hpp"
 #include "runner/gpu_rail_allgather.hpp"
@@ -108,13 +109,15 @@ class CopyEngineRunner : public CollectiveRunner {
   size_t chunksOf(const AllgatherPlan& plan, const CopyEngineTransport& transport) const;
   // "group rank 3" for a member of the transport (a rank of this node, when hierarchical).
   int groupRankOf(int member) const;
+  // The store of the next connection of the group's transports, whose keys are fresh.
+  c10::intrusive_ptr<c10d::Store> nextConnectionStore();
   std::unique_ptr<CopyEngineTransport> connectTransport(const StagingGeometry& geometry);
   c10::intrusive_ptr<c10d::Work> enqueueCaptured(PlannedAllgather& planned, const CollectiveInfo& info,
                                                  gpu::Stream caller);
   // The transport of captured collectives, connected by the group's first (every member's together).
   CopyEngineTransport& capturedTransport();
-  // Runs `schedule` on the captured transport, its push lane forked from the caller's stream where `pipelined`, and
-  // joins it all back into the caller's stream; the Work of a captured collective.
+  // Runs `schedule` on the captured transport on the captured lanes (captured_lanes.hpp); the Work of a captured
+  // collective.
   c10::intrusive_ptr<c10d::Work> enqueueOnCapturedLanes(gpu::Stream caller, bool pipelined, const CollectiveInfo& info,
                                                         at::Device device, std::vector<at::Tensor> outputs,
                                                         const std::function<void(CopyEngineTransport&)>& schedule);
@@ -200,12 +203,10 @@ class CopyEngineRunner : public CollectiveRunner {
   std::unique_ptr<CopyEngineDirect> direct_;  // the direct path, from its first all-gather; guarded by mutex_
   gpu::Stream pushStream_ = nullptr;
   gpu::Stream drainStream_ = nullptr;
-  gpu::Stream capturedPushStream_ = nullptr;
   gpu::Stream networkStream_ = nullptr;  // the gathers between nodes (hierarchical)
   gpu::Event callerReady_ = nullptr;
   gpu::Event pushDone_ = nullptr;
-  gpu::Event capturedFork_ = nullptr;
-  gpu::Event capturedJoin_ = nullptr;
+  std::unique_ptr<CapturedLanes> capturedLanes_;
   std::shared_ptr<EventPool> endEvents_ = std::make_shared<EventPool>();
   uint64_t chunks_ = 0;  // chunks enqueued on staging_ (the last one's serial); guarded by mutex_
   // The eager collectives' order across streams: where the last one ended, and its completion, whose end event a

@@ -32,7 +32,7 @@ std::unique_ptr<CollectiveRunner> connectHierarchicalCopyEngineRunner(const c10:
 }
 
 std::unique_ptr<P2pRunner> makeCopyEngineP2pRunner(c10::intrusive_ptr<c10d::Store>, int, int, CallBoard*,
-                                                   const DirectPathOptions&) {
+                                                   const DirectPathOptions&, const StagingGeometry&) {
   TORCH_CHECK(false, "torch_sdma: ", kWhy);
 }
 

@@ -28,8 +28,9 @@ class P2pRunner {
   virtual ~P2pRunner() = default;
 
   // Connects the pair with `peer` at its first use, collectively over the pair (both members call it at their first
-  // operation with each other, in pair order within a batch). Then the DMA path, or the inner backend and why, alike
-  // on both members. Throws where the peer never came within the group's timeout.
+  // operation with each other, in pair order within a batch; the copy engines' eager and captured state each at the
+  // pair's first op of that kind). Then the DMA path, or the inner backend and why, alike on both members. Throws
+  // where the peer never came within the group's timeout.
   virtual CollectivePath connectPair(int peer) = 0;
   // Enqueues `steps` (every one on a pair whose connectPair said DMA) as one batch: every step's post in its pair's
   // mailbox first, then the batch's schedule. Throws before enqueuing anything where a step's peer posted another
@@ -58,8 +59,10 @@ inline void refuseBatchOfFailedGroup(std::mutex& mutex, const GroupFailure& fail
 // "p2p/<lo>-<hi>/" within the group's timeout. `board`: the group's call board (null where it has none).
 std::unique_ptr<P2pRunner> makeHostP2pRunner(c10::intrusive_ptr<c10d::Store> store, int rank, CallBoard* board);
 // Copy engines, for CUDA tensors of GPU `device` (copy_engine_p2p_runner.cpp; a build without CUDA has none and
-// throws). `options`: the group's direct path's (the peer wait).
+// throws). `options`: the group's direct path's (the peer wait). `cap`: the group's staging, whose size each pair's
+// captured staging takes.
 std::unique_ptr<P2pRunner> makeCopyEngineP2pRunner(c10::intrusive_ptr<c10d::Store> store, int rank, int device,
-                                                   CallBoard* board, const DirectPathOptions& options);
+                                                   CallBoard* board, const DirectPathOptions& options,
+                                                   const StagingGeometry& cap);
 
 }  // namespace sdma

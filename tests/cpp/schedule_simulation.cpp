@@ -38,6 +38,11 @@
 // (--wait-before-arrived, --copy-before-arrived, with --faults --pass-own-waits, --serials-in-call-order,
 // --signals-in-call-order, --connect-in-turn, --done-after-every-copy) or programs the schedule does not serve
 // (--interleaved-peers) it runs every case and prints "caught N of CASES cases: <kind> <count>; ..." and exits 1.
+//
+// schedule_simulation SEED CASES --captured-p2p [--listing-order] runs graphs of captured point-to-point batches mixed
+// with captured collectives (CapturedP2pCase below): it must print "ok <cases>"; with --listing-order (a batch's steps
+// in each rank's listing order, not the order every rank shares) it runs every case and prints "caught N of CASES
+// cases: hang <n>; rings of 3 or more ranks hang R of T;" and exits 1.
 #include <algorithm>
 #include <array>
 #include <cstdio>
@@ -1275,6 +1280,435 @@ int runCapturedExchanges(std::mt19937& rng, int cases, bool withoutArrived) {
   CaughtCases caught;
   caught.runEach(cases, [&](int c) { capturedExchangeCase(rng, c, withoutArrived); }, "flag was left", "flag left set");
   return caught.report(cases);
+}
+
+// Captured point-to-point (--captured-p2p): graphs of captured p2p batches mixed with captured collectives, as the
+// copy-engine runner captures them (csrc/runner/captured_p2p_pairs.cpp), recorded once per rank and replayed three
+// times with new inputs and re-poisoned outputs, each replay in a new random interleaving. A rank's batch (a lone send
+// or recv is a batch of one) becomes steps by the real step formation (pairStepOpsOf: with each peer, the k-th send
+// and the k-th recv form step k, the steps in the order every rank shares, (lower member, higher member, k)); each
+// step is a two-member exchange that the real captured exchange (scheduleCapturedExchange) records on the captured
+// transport of its pair alone, connected at the pair's first captured op; the group's collectives go through the
+// group's captured transport. Each call, and each step of a batch, runs on the rank's caller stream, its push lane
+// forked onto the captured push stream and joined back where it takes several chunks, as CapturedLanes lays it out.
+// Programs: rings by batch over 2-5 ranks in any order of ranks and any listing of each member's send and recv (a
+// ring of two is both directions with one peer), pipelines of lone sends and recvs along a chain of ranks (forward,
+// then backward), batches of random matched ops (several with one peer, both directions), and captured all-gathers
+// and exchanges of every kind over every rank. Checked after every replay: every received byte where it belongs and
+// the poison around it untouched, every collective's bytes, every flag of every transport back at 0, no hang. Not
+// modelled: the CPU side of capture (the pairs' connects and size checks, which post before they wait).
+//
+// With `listingOrder` a batch's steps run in each rank's listing order (of each step's first op) instead: a ring of 3
+// or more ranks, each listing its send to the next first, waits in a cycle, and must hang.
+class CapturedP2pCase {
+ public:
+  CapturedP2pCase(std::mt19937& rng, int caseNo, bool listingOrder) : rng_(rng), listingOrder_(listingOrder) {
+    g_ = randomGeometry(rng_);
+    g_.worldSize = W_ = pick(2, 5);
+    pairGeometry_ = randomGeometry(rng_);
+    pairGeometry_.worldSize = 2;
+    for (int r = 0; r < W_; ++r)
+      group_.ranks.push_back(std::make_unique<FakeTransport>(&group_, r, g_));
+    what_ = describe("captured p2p", caseNo, g_,
+                     "pair slots=" + std::to_string(pairGeometry_.slots) +
+                         " segment=" + std::to_string(pairGeometry_.chunkBytes) +
+                         " chunk=" + std::to_string(pairGeometry_.pipelineChunkBytes)) +
+            "; calls:";
+    queues_.assign(W_, {});
+    const int items = pick(1, 5);
+    for (int i = 0; i < items; ++i) {
+      switch (pick(0, 3)) {
+        case 0:
+          addRing();
+          break;
+        case 1:
+          addPipeline();
+          break;
+        case 2:
+          addRandomBatch();
+          break;
+        default:
+          addCollective();
+      }
+    }
+    for (int r = 0; r < W_; ++r)
+      for (int q = 0; q < 2; ++q)
+        recorded_[q].push_back(queues_[r][q].steps);
+  }
+
+  bool hasUsualRingOfThree() const {
+    return usualRingOfThree_;
+  }
+
+  // Fails (fail()) at the first property that does not hold.
+  void run() {
+    for (int replay = 0; replay < 3; ++replay) {
+      refill();
+      for (int r = 0; r < W_; ++r)
+        for (int q = 0; q < 2; ++q) {
+          queues_[r][q].steps = recorded_[q][r];
+          queues_[r][q].executed = 0;
+        }
+      const std::string where = what_ + " replay " + std::to_string(replay);
+      interleave(where);
+      check(where);
+    }
+  }
+
+ private:
+  // A rank's streams: the captured push stream (0) and the caller's stream (1), which the Drain lane runs on.
+  static constexpr int kPushStream = 0;
+  static constexpr int kCallerStream = 1;
+  struct Step {
+    bool fence = false;
+    int after = -1;  // fence: runs once stream `after` ran `count` steps
+    uint64_t count = 0;
+    World* world = nullptr;  // an operation of the rank's transport in `world`, its index there
+    int index = -1;
+    Op op{Op::Mark};
+  };
+  struct Queue {
+    std::deque<Step> steps;
+    uint64_t recorded = 0, executed = 0;
+  };
+  // One send and the recv that meets it: the sent bytes, and the receiver's arena, the tensor at kGuard.
+  static constexpr size_t kGuard = 8;
+  struct Transfer {
+    int from = 0, to = 0;
+    std::vector<char> sent;
+    std::vector<char> arena;
+  };
+  struct Op2p {
+    int peer = -1;
+    bool isSend = false;
+    int transfer = -1;
+  };
+  struct PairWorld {
+    World world;
+  };
+
+  int pick(int lo, int hi) {
+    return std::uniform_int_distribution<int>(lo, hi)(rng_);
+  }
+  std::vector<int> shuffledRanks() {
+    std::vector<int> ranks(W_);
+    std::iota(ranks.begin(), ranks.end(), 0);
+    std::shuffle(ranks.begin(), ranks.end(), rng_);
+    return ranks;
+  }
+  int newTransfer(int from, int to) {
+    Transfer t;
+    t.from = from;
+    t.to = to;
+    const size_t bytes = pick(0, 7) == 0 ? 0 : static_cast<size_t>(pick(1, 200));
+    t.sent.resize(bytes);
+    t.arena.resize(bytes + 2 * kGuard);
+    transfers_.push_back(std::move(t));
+    what_ += " " + std::to_string(from) + ">" + std::to_string(to) + " " + std::to_string(bytes) + "B";
+    return static_cast<int>(transfers_.size()) - 1;
+  }
+  World& pairWorld(int a, int b) {
+    auto& p = pairs_[{std::min(a, b), std::max(a, b)}];
+    if (!p) {  // connected at the pair's first captured op
+      p = std::make_unique<PairWorld>();
+      for (int i = 0; i < 2; ++i)
+        p->world.ranks.push_back(std::make_unique<FakeTransport>(&p->world, i, pairGeometry_));
+    }
+    return p->world;
+  }
+
+  void push(int r, int q, Step s) {
+    queues_[r][q].steps.push_back(s);
+    ++queues_[r][q].recorded;
+  }
+  void fence(int r, int q, int after) {
+    Step s;
+    s.fence = true;
+    s.after = after;
+    s.count = queues_[r][after].recorded;
+    push(r, q, s);
+  }
+  // Records `schedule` of rank r's transport `index` in `world` on the rank's streams as CapturedLanes::run lays it
+  // out: the push lane forked onto the push stream and joined back where `pipelined`, else on the caller's stream.
+  template <class Schedule>
+  void capture(int r, World& world, int index, bool pipelined, Schedule&& schedule) {
+    FakeTransport& t = *world.ranks[index];
+    if (pipelined)
+      fence(r, kPushStream, kCallerStream);
+    t.bound = [&, r, pipelined, index](int lane, const Op& op) {
+      Step s;
+      s.world = &world;
+      s.index = index;
+      s.op = op;
+      push(r, pipelined && lane == static_cast<int>(Lane::Push) ? kPushStream : kCallerStream, s);
+    };
+    t.boundJoin = [](int, int) { fail("a captured schedule joined its lanes"); };
+    schedule(t);
+    t.bound = nullptr;
+    t.boundJoin = nullptr;
+    if (pipelined)
+      fence(r, kCallerStream, kPushStream);
+  }
+
+  // One batch per rank of `batches` (its ops in its listing order), captured as the runner captures it.
+  void captureBatches(const std::map<int, std::vector<Op2p>>& batches) {
+    for (const auto& [r, ops] : batches) {
+      std::vector<PairStepOps> steps = pairStepOpsOf(ops, r);
+      if (listingOrder_) {
+        auto first = [](const PairStepOps& s) {
+          return s.send < 0 ? s.recv : s.recv < 0 ? s.send : std::min(s.send, s.recv);
+        };
+        std::stable_sort(steps.begin(), steps.end(),
+                         [&](const PairStepOps& a, const PairStepOps& b) { return first(a) < first(b); });
+      }
+      for (const PairStepOps& s : steps) {
+        const int me = r < s.peer ? 0 : 1;
+        ExchangePlan plan;
+        plan.sendTo.assign(2, ByteRange{});
+        plan.recvFrom.assign(2, ByteRange{});
+        if (s.send >= 0) {
+          Transfer& t = transfers_[ops[s.send].transfer];
+          plan.sendTo[1 - me] = {0, t.sent.size()};
+          plan.input = t.sent.data();
+          plan.inputBytes = t.sent.size();
+        }
+        if (s.recv >= 0) {
+          Transfer& t = transfers_[ops[s.recv].transfer];
+          plan.recvFrom[1 - me] = {0, t.sent.size()};
+          plan.output = t.arena.data() + kGuard;
+          plan.outputBytes = t.sent.size();
+        }
+        const bool pipelined = capturedExchangeRounds(plan, pairGeometry_, me) > 1;
+        capture(r, pairWorld(r, s.peer), me, pipelined, [&](FakeTransport& t) { scheduleCapturedExchange(t, plan); });
+      }
+    }
+  }
+
+  // A ring over 2..W ranks in random order, each member sending to the next and receiving from the previous, listing
+  // the two usually (send first) or in random order.
+  void addRing() {
+    const std::vector<int> all = shuffledRanks();
+    const int k = pick(2, W_);
+    const std::vector<int> ring(all.begin(), all.begin() + k);
+    const bool usual = pick(0, 1) == 0;
+    what_ += std::string(" ring") + (usual ? "" : " in any listing") + " [";
+    std::map<int, std::vector<Op2p>> batches;
+    std::vector<int> sends(k);
+    for (int i = 0; i < k; ++i)
+      sends[i] = newTransfer(ring[i], ring[(i + 1) % k]);
+    for (int i = 0; i < k; ++i) {
+      std::vector<Op2p> ops{{ring[(i + 1) % k], true, sends[i]},
+                            {ring[(i + k - 1) % k], false, sends[(i + k - 1) % k]}};
+      if (!usual && pick(0, 1))
+        std::swap(ops[0], ops[1]);
+      batches[ring[i]] = ops;
+    }
+    what_ += " ];";
+    usualRingOfThree_ |= usual && k >= 3;
+    captureBatches(batches);
+  }
+
+  // Lone sends and recvs along a chain of ranks, a few microbatches forward, then backward.
+  void addPipeline() {
+    const std::vector<int> all = shuffledRanks();
+    std::vector<int> chain(all.begin(), all.begin() + pick(2, W_));
+    const int micro = pick(1, 3);
+    what_ += " pipeline [";
+    for (int dir = 0; dir < 2; ++dir) {
+      for (int m = 0; m < micro; ++m)
+        for (size_t i = 0; i + 1 < chain.size(); ++i) {
+          const int t = newTransfer(chain[i], chain[i + 1]);
+          captureBatches({{chain[i], {{chain[i + 1], true, t}}}});
+          captureBatches({{chain[i + 1], {{chain[i], false, t}}}});
+        }
+      std::reverse(chain.begin(), chain.end());
+    }
+    what_ += " ];";
+  }
+
+  // Random transfers among 2..W ranks as one batch on each rank that takes part, each rank listing its ops in any
+  // order that keeps its sends to each peer, and its recvs from each, in the order they meet.
+  void addRandomBatch() {
+    const std::vector<int> all = shuffledRanks();
+    const std::vector<int> members(all.begin(), all.begin() + pick(2, W_));
+    what_ += " batch [";
+    std::map<int, std::vector<Op2p>> batches;
+    const int count = pick(1, 6);
+    for (int i = 0; i < count; ++i) {
+      const int a = members[pick(0, static_cast<int>(members.size()) - 1)];
+      int b = members[pick(0, static_cast<int>(members.size()) - 2)];
+      if (b == a)
+        b = members.back();
+      const int t = newTransfer(a, b);
+      batches[a].push_back({b, true, t});
+      batches[b].push_back({a, false, t});
+    }
+    what_ += " ];";
+    for (auto& [r, ops] : batches) {
+      // A random merge of the ops' per-peer, per-direction sequences.
+      std::map<std::pair<int, bool>, std::deque<Op2p>> lists;
+      for (const Op2p& op : ops)
+        lists[{op.peer, op.isSend}].push_back(op);
+      ops.clear();
+      while (!lists.empty()) {
+        auto it = std::next(lists.begin(), pick(0, static_cast<int>(lists.size()) - 1));
+        ops.push_back(it->second.front());
+        it->second.pop_front();
+        if (it->second.empty())
+          lists.erase(it);
+      }
+    }
+    captureBatches(batches);
+  }
+
+  void addCollective() {
+    auto call = std::make_unique<CapturedCall>();
+    if (pick(0, 2) == 0) {
+      call->form = static_cast<Form>(pick(0, 3));
+      call->gather = makeCollective(call->form, W_, pick(0, 5) == 0 ? 0 : static_cast<size_t>(pick(1, 300)), rng_);
+      what_ +=
+          std::string(" all_gather ") + formName(call->form) + " " + std::to_string(call->gather.bytesPerRank) + ";";
+    } else {
+      call->exchange =
+          std::make_unique<Exchange>(makeExchange(static_cast<ExchangeKind>(pick(0, kExchangeKinds - 1)), W_, rng_));
+      what_ += " " + call->exchange->description + ";";
+    }
+    for (int r = 0; r < W_; ++r) {
+      const bool pipelined = call->exchange ? capturedExchangeRounds(call->exchange->plans[r], g_, r) > 1
+                                            : chunkCount(call->gather.plans[r], g_) > 1;
+      CapturedCall& c = *call;
+      capture(r, group_, r, pipelined, [&](FakeTransport& t) {
+        if (c.exchange)
+          scheduleCapturedExchange(t, c.exchange->plans[r]);
+        else
+          scheduleCapturedAllgather(t, c.gather.plans[r]);
+      });
+    }
+    collectives_.push_back(std::move(call));
+  }
+
+  void refill() {
+    for (Transfer& t : transfers_) {
+      for (auto& c : t.sent)
+        c = static_cast<char>(rng_());
+      for (auto& c : t.arena)
+        c = static_cast<char>(rng_());
+      poison_.push_back(t.arena);
+    }
+    gatherOriginals_.clear();
+    for (auto& call : collectives_) {
+      if (call->exchange) {
+        refillExchange(*call->exchange, rng_);
+        gatherOriginals_.emplace_back();
+      } else {
+        gatherOriginals_.push_back(refillGather(call->gather, call->form, rng_));
+      }
+    }
+  }
+
+  void interleave(const std::string& where) {
+    while (true) {
+      std::vector<std::pair<int, int>> runnable;
+      bool anyLeft = false;
+      for (int r = 0; r < W_; ++r)
+        for (int q = 0; q < 2; ++q) {
+          const std::deque<Step>& steps = queues_[r][q].steps;
+          if (steps.empty())
+            continue;
+          anyLeft = true;
+          const Step& s = steps.front();
+          if (s.fence ? queues_[r][s.after].executed >= s.count : s.world->ready(s.index, s.op))
+            runnable.push_back({r, q});
+        }
+      if (!anyLeft)
+        return;
+      if (runnable.empty())
+        fail(where + ": every stream waits on a flag no stream will set (deadlock)");
+      auto [r, q] = runnable[std::uniform_int_distribution<size_t>(0, runnable.size() - 1)(rng_)];
+      const Step s = queues_[r][q].steps.front();
+      queues_[r][q].steps.pop_front();
+      ++queues_[r][q].executed;
+      if (!s.fence)
+        s.world->execute(s.index, s.op);
+    }
+  }
+
+  void check(const std::string& where) {
+    for (size_t i = 0; i < transfers_.size(); ++i) {
+      const Transfer& t = transfers_[i];
+      const std::vector<char>& before = poison_[i];
+      const size_t n = t.sent.size();
+      if ((n > 0 && memcmp(t.arena.data() + kGuard, t.sent.data(), n) != 0) ||
+          memcmp(t.arena.data(), before.data(), kGuard) != 0 ||
+          memcmp(t.arena.data() + kGuard + n, before.data() + kGuard + n, kGuard) != 0)
+        fail(where + ": wrong bytes in the recv of " + std::to_string(t.from) + ">" + std::to_string(t.to));
+    }
+    poison_.clear();
+    for (size_t c = 0; c < collectives_.size(); ++c) {
+      const std::string call = where + " collective " + std::to_string(c);
+      if (!collectives_[c]->exchange) {
+        checkOutputs(collectives_[c]->gather, gatherOriginals_[c], call);
+        continue;
+      }
+      for (int r = 0; r < W_; ++r) {
+        const std::string wrong = exchangeMismatch(*collectives_[c]->exchange, r);
+        if (!wrong.empty())
+          fail(call + ": wrong bytes: " + wrong);
+      }
+    }
+    auto flagsAtZero = [&](World& world, const StagingGeometry& g, const std::string& whose) {
+      for (size_t r = 0; r < world.ranks.size(); ++r)
+        for (int f = 0; f < kFlagKinds; ++f)
+          for (int q = 0; q < g.worldSize; ++q)
+            for (int s = 0; s < g.slots; ++s)
+              if (world.ranks[r]->flag(static_cast<Flag>(f), q, s) != 0)
+                fail(where + ": a flag was left set on " + whose + " member " + std::to_string(r));
+    };
+    flagsAtZero(group_, g_, "the group's transport,");
+    for (auto& [pair, p] : pairs_)
+      flagsAtZero(p->world, pairGeometry_,
+                  "the transport of pair " + std::to_string(pair.first) + "-" + std::to_string(pair.second) + ",");
+  }
+
+  std::mt19937& rng_;
+  const bool listingOrder_;
+  int W_ = 0;
+  StagingGeometry g_, pairGeometry_;
+  World group_;
+  std::map<std::pair<int, int>, std::unique_ptr<PairWorld>> pairs_;
+  std::vector<Transfer> transfers_;
+  std::vector<std::vector<char>> poison_;  // each transfer's arena as refill() left it
+  std::vector<std::unique_ptr<CapturedCall>> collectives_;
+  std::vector<std::vector<std::vector<char>>> gatherOriginals_;
+  std::vector<std::array<Queue, 2>> queues_;   // [rank][stream]
+  std::vector<std::deque<Step>> recorded_[2];  // [stream][rank]: the graph as captured
+  bool usualRingOfThree_ = false;
+  std::string what_;
+};
+
+// Prints "ok CASES" (exit 0) where every case passed. With `listingOrder` every case runs and it prints "caught N of
+// CASES cases: hang <n>; rings of 3 or more ranks hang R of T;" (exit 1): each such ring must hang.
+int runCapturedP2p(std::mt19937& rng, int cases, bool listingOrder) {
+  failureEndsCase = listingOrder;
+  CaughtCases caught;
+  int rings = 0, ringsHung = 0;
+  caught.runEach(
+      cases,
+      [&](int c) {
+        CapturedP2pCase model(rng, c, listingOrder);
+        rings += model.hasUsualRingOfThree();
+        try {
+          model.run();
+        } catch (const std::runtime_error& e) {
+          ringsHung += model.hasUsualRingOfThree() && std::string(e.what()).find("deadlock") != std::string::npos;
+          throw;
+        }
+      },
+      "flag was left", "flag left set");
+  if (!listingOrder)
+    return caught.report(cases);
+  return caught.report(
+      cases, " rings of 3 or more ranks hang " + std::to_string(ringsHung) + " of " + std::to_string(rings) + ";");
 }
 
 // What one call costs on the CPU: a one-chunk all-gather on two ranks issues one push, one local copy, one Ready
@@ -4078,12 +4512,13 @@ int main(int argc, char** argv) {
   const bool hardwareQueues = argc >= 4 && strcmp(argv[3], "--hardware-queues") == 0;
   const bool p2p = argc >= 4 && strcmp(argv[3], "--p2p") == 0;
   const bool capturedExchanges = argc >= 4 && strcmp(argv[3], "--captured-exchanges") == 0;
-  bool unordered = false, unforked = false, crossedOrders = false, withoutArrived = false;
+  const bool capturedP2p = argc >= 4 && strcmp(argv[3], "--captured-p2p") == 0;
+  bool unordered = false, unforked = false, crossedOrders = false, withoutArrived = false, listingOrder = false;
   FaultOptions faultOptions;
   P2POptions p2pOptions;
   auto mutation = FakeTransport::Mutation::None;
-  bool usage =
-      argc < 3 || (argc > 3 && !inFlight && !faults && !exchanges && !hardwareQueues && !p2p && !capturedExchanges);
+  bool usage = argc < 3 || (argc > 3 && !inFlight && !faults && !exchanges && !hardwareQueues && !p2p &&
+                            !capturedExchanges && !capturedP2p);
   for (int a = 4; a < argc; ++a) {
     if (p2p)
       usage |= !parseP2POption(argv[a], p2pOptions);
@@ -4103,6 +4538,8 @@ int main(int argc, char** argv) {
       mutation = FakeTransport::Mutation::ArrivedBeforePack;
     else if (capturedExchanges && strcmp(argv[a], "--without-arrived") == 0)
       withoutArrived = true;
+    else if (capturedP2p && strcmp(argv[a], "--listing-order") == 0)
+      listingOrder = true;
     else
       usage = true;
   }
@@ -4113,7 +4550,8 @@ int main(int argc, char** argv) {
         "[--crossed-orders] | --faults [--old-release] [--shared-queue-crossed] | --exchanges [--skip-done-wait | "
         "--arrived-before-pack] | --p2p [--faults] [--wait-before-arrived | --copy-before-arrived | --pass-own-waits | "
         "--serials-in-call-order | --signals-in-call-order | --connect-in-turn] [--unmatched-batches | "
-        "--interleaved-peers] [--done-after-every-copy] | --captured-exchanges [--without-arrived]]\n",
+        "--interleaved-peers] [--done-after-every-copy] | --captured-exchanges [--without-arrived] | --captured-p2p "
+        "[--listing-order]]\n",
         argv[0]);
     return 2;
   }
@@ -4123,6 +4561,8 @@ int main(int argc, char** argv) {
     return runP2P(rng, cases, p2pOptions);
   if (capturedExchanges)
     return runCapturedExchanges(rng, cases, withoutArrived);
+  if (capturedP2p)
+    return runCapturedP2p(rng, cases, listingOrder);
   if (exchanges && mutation == FakeTransport::Mutation::None) {
     for (int c = 0; c < cases; ++c)
       exchangeCase(rng, c, mutation);
