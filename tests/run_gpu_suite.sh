@@ -1,5 +1,5 @@
 #!/bin/bash
-# The GPU tests in fifteen groups, a few at a time (GPU_SUITE_JOBS) and then the direct group alone, each under its own
+# The GPU tests in groups, a few at a time (GPU_SUITE_JOBS) and then the direct group alone, each under its own
 # time limit and with its own log, so that one hang costs one group's limit and a killed pytest still leaves the groups
 # that finished.
 # Usage: tests/run_gpu_suite.sh LOG_DIR [python]. Exit status: 0 only if every group passed.
@@ -8,25 +8,30 @@ logs=${1:?log directory}
 py=${2:-python3}
 limit=${GPU_SUITE_GROUP_TIMEOUT_S:-300}
 mkdir -p "$logs"
-A=tests/test_allgather_cuda.py
-D=tests/test_delegation_cuda.py
-F=tests/test_frameworks_gpu.py
-C=tests/test_capture_cuda.py
-K=tests/test_conformance_cuda.py
-H=tests/test_hierarchical_cuda.py
-R=tests/test_direct_cuda.py
-M=tests/test_user_mistakes_cuda.py
-L=tests/test_fault_release_cuda.py
-X="tests/test_exit_in_flight_cuda.py tests/test_first_calls_from_threads_cuda.py"
-E=tests/test_exchange_cuda.py
-CE=tests/test_capture_exchange_cuda.py
-P=tests/test_p2p_cuda.py
-names=(allgather failure delegation split_mesh frameworks capture conformance hierarchical direct mistakes release exit_threads exchange
-  capture_exchange p2p)
-files=("$A" "$A" "$D" "$D" "$F" "$C" "$K" "$H" "$R" "$M" "$L" "$X" "$E" "$CE" "$P")
-# An empty -k expression selects every test of the file.
-exprs=("not peer_never_calls" "peer_never_calls" "every_collective" "split_group or default_backend" "" "" "" "" "" "" "" "" ""
-  "" "")
+# name|files|-k expression (empty: every test of the file). Longest first, so that the last groups to start are short.
+groups=(
+  "mistakes|tests/test_user_mistakes_cuda.py|"
+  "exit_threads|tests/test_exit_in_flight_cuda.py tests/test_first_calls_from_threads_cuda.py|"
+  "capture_exchange|tests/test_capture_exchange_cuda.py|"
+  "p2p|tests/test_p2p_cuda.py|"
+  "capture_p2p|tests/test_capture_p2p_cuda.py|"
+  "release|tests/test_fault_release_cuda.py|"
+  "capture|tests/test_capture_cuda.py|"
+  "exchange|tests/test_exchange_cuda.py|"
+  "allgather|tests/test_allgather_cuda.py|not peer_never_calls"
+  "failure|tests/test_allgather_cuda.py|peer_never_calls"
+  "conformance|tests/test_conformance_cuda.py|"
+  "delegation|tests/test_delegation_cuda.py|every_collective"
+  "split_mesh|tests/test_delegation_cuda.py|split_group or default_backend"
+  "frameworks|tests/test_frameworks_gpu.py|"
+  "hierarchical|tests/test_hierarchical_cuda.py|"
+  "direct|tests/test_direct_cuda.py|"
+)
+names=() files=() exprs=()
+for g in "${groups[@]}"; do
+  IFS='|' read -r n f e <<< "$g"
+  names+=("$n") files+=("$f") exprs+=("$e")
+done
 # The direct group checks that freed device memory comes back by reading the GPU's free memory, which every other
 # process on the GPU moves: it runs alone, after the rest.
 alone=${GPU_SUITE_ALONE-direct}  # GPU_SUITE_ALONE= runs every group at once
