@@ -324,14 +324,25 @@ def _behind_body(ctx):
     """Every all-gather with one rank behind the other (rank 1 for the first half of the calls, then rank 0) and no
     wait for it: the later rank of every pair moves both directions. The later rank calls only once the earlier one's
     call has returned (the pair settled without it), not after a sleep, which two ranks running at once under MPS
-    outran. Returns this rank's pair counts and calls."""
+    outran. A group's first call connects it, which every member makes together: each group's first call is made by
+    both ranks at once, and its counts are reset. Returns this rank's pair counts and calls."""
 
     import torch_sdma
 
     rank, dev, world = ctx.rank, ctx.device, ctx.world
-    g = dist.new_group()  # the knobs are read at group creation
-    groups = [g]
+    groups = []
     calls = []
+
+    def connected_group(name):
+        group = dist.new_group()  # the knobs are read at group creation
+        out = _gather(group, dev, rank, world, name, 1000, False, False)
+        torch.cuda.synchronize()
+        assert_bytes_equal(out, expected_concat(name, range(world), (1000,), torch.bfloat16), name)
+        torch_sdma.reset_stats(group)
+        groups.append(group)
+        return group
+
+    g = connected_group("connect0")
 
     def gather_behind(name, n, in_place, async_op, behind):
         if rank == behind:
@@ -352,8 +363,7 @@ def _behind_body(ctx):
                 torch.cuda.synchronize()
                 assert_bytes_equal(out, expected_concat(name, range(world), (n,), torch.bfloat16), name)
     # A fresh group, async calls of growing sizes in flight, the late rank alternating.
-    g = dist.new_group()
-    groups.append(g)
+    g = connected_group("connect1")
     works, outs = [], []
     for k, n in enumerate((1000, 600 << 10, 1200 << 10, 2400 << 10, 4800 << 10, 1000)):
         name = f"grow{k}"
