@@ -27,7 +27,7 @@ groups=(
   "hierarchical|tests/test_hierarchical_cuda.py|"
   "direct|tests/test_direct_cuda.py|"
 )
-names=() files=() exprs=()
+names=() files=() exprs=() skip=()
 for g in "${groups[@]}"; do
   IFS='|' read -r n f e <<< "$g"
   names+=("$n") files+=("$f") exprs+=("$e")
@@ -46,24 +46,31 @@ report() {
   grep -E '^(FAILED|ERROR) ' "$logs/gpu_${names[$1]}.log" || true
 }
 # At most GPU_SUITE_JOBS groups at once: every group is two or three processes on the GPU, and under MPS each is a
-# client with its own share of the server's connections and memory (with 15 groups at once under MPS, ranks failed
-# with "CUDA-capable device(s) is/are busy or unavailable" and out of memory; without MPS, groups ran past their limit).
-jobs_max=${GPU_SUITE_JOBS:-5}
+# client with its own share of the server's connections and memory (with 6 or 15 groups at once under MPS, ranks
+# failed at their first CUDA call with "CUDA-capable device(s) is/are busy or unavailable" or out of memory; without
+# MPS, 15 groups at once ran past their limit). So 2 at once where an MPS server runs, 5 otherwise.
+if pgrep -f nvidia-cuda-mps-control > /dev/null 2>&1; then jobs_default=2; else jobs_default=5; fi
+jobs_max=${GPU_SUITE_JOBS:-$jobs_default}
+# GPU_SUITE_ONLY="mistakes direct" runs only the groups it names.
+only=" ${GPU_SUITE_ONLY:-${names[*]}} "
 for i in "${!names[@]}"; do
-  [ "${names[$i]}" = "$alone" ] && continue
+  [[ "$only" == *" ${names[$i]} "* ]] || skip[$i]=1
+done
+for i in "${!names[@]}"; do
+  [ "${names[$i]}" = "$alone" ] || [ -n "${skip[$i]:-}" ] && continue
   while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n; done
   ( run_group "$i"; echo $? > "$logs/.rc_$i" ) &
 done
 wait
 status=0
 for i in "${!names[@]}"; do
-  [ "${names[$i]}" = "$alone" ] && continue
+  [ "${names[$i]}" = "$alone" ] || [ -n "${skip[$i]:-}" ] && continue
   rc=$(cat "$logs/.rc_$i" 2>/dev/null || echo 1); rm -f "$logs/.rc_$i"
   [ "$rc" -ne 0 ] && status=1
   report "$i" "$rc"
 done
 for i in "${!names[@]}"; do
-  [ "${names[$i]}" = "$alone" ] || continue
+  [ "${names[$i]}" = "$alone" ] && [ -z "${skip[$i]:-}" ] || continue
   run_group "$i"; rc=$?
   [ $rc -ne 0 ] && status=1
   report "$i" $rc
