@@ -5,7 +5,8 @@
 Modes: `in_flight` (every rank makes --calls async all-gathers and ends), `late_peer` (rank 1 starts its calls
 --late-s after rank 0 made its own, so that rank 0's are still waiting for it when rank 0 exits), `temporaries` (the
 outputs are temporaries: Python drops them at once, and the worker's drop is the last), `callbacks` (a Python
-callback on each call's future), `destroy` (destroy_process_group with the calls in flight, then the end). Exits
+callback on each call's future), `destroy` (destroy_process_group with the calls in flight, then the end). On CUDA
+the calls are held behind a spin on the stream. Exits
 with --status, as a script on gloo or NCCL does; the parent checks that it does, and that no signal ended it.
 """
 import argparse
@@ -28,6 +29,8 @@ p.add_argument("--status", type=int, default=0)
 p.add_argument("--calls", type=int, default=24)
 p.add_argument("--numel", type=int, default=1 << 18)
 p.add_argument("--late-s", type=float, default=1.5)
+p.add_argument("--hold-gpu-cycles", type=int, default=2_000_000_000,
+               help="CUDA: a spin of this many GPU cycles (about a second) on the stream before the calls")
 args = p.parse_args()
 
 if args.device == "cuda":
@@ -56,6 +59,10 @@ if args.mode == "late_peer" and args.rank == 1:
     store.wait(["ended/0"])  # rank 0 has made its calls and is about to exit with them in flight
     time.sleep(args.late_s)
 
+if dev.type == "cuda":
+    # The calls wait for the caller's stream, held here: they are still in flight when the script ends, whichever
+    # rank runs first (under MPS both run at once, and 24 calls of 1 MiB could all complete before the end).
+    torch.cuda._sleep(args.hold_gpu_cycles)
 outputs, works, callbacks_ran = [], [], []
 for i in range(args.calls):
     x = torch.full((n,), float(args.rank * 1000 + i), device=dev)
