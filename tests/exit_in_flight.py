@@ -87,5 +87,6 @@ if args.rank == 0:
 if args.mode == "destroy":
     dist.destroy_process_group()
 pending = sum(1 for w in works if not w.is_completed())
-print(f"rank {args.rank} ends with {len(works)} calls in flight, {pending} not completed", flush=True)
+failed = sum(1 for w in works if w.is_completed() and w.exception() is not None)
+print(f"rank {args.rank} ends with {len(works)} calls in flight, {pending} not completed, {failed} failed", flush=True)
 sys.exit(args.status)

@@ -46,10 +46,11 @@ report() {
   grep -E '^(FAILED|ERROR) ' "$logs/gpu_${names[$1]}.log" || true
 }
 # At most GPU_SUITE_JOBS groups at once: every group is two or three processes on the GPU, and under MPS each is a
-# client with its own share of the server's connections and memory (with 6 or 15 groups at once under MPS, ranks
-# failed at their first CUDA call with "CUDA-capable device(s) is/are busy or unavailable" or out of memory; without
-# MPS, 15 groups at once ran past their limit). So 2 at once where an MPS server runs, 5 otherwise.
-if pgrep -f nvidia-cuda-mps-control > /dev/null 2>&1; then jobs_default=2; else jobs_default=5; fi
+# client with its own share of the server's connections and memory (with 2, 6 or 15 groups at once under MPS, ranks
+# failed at their first CUDA call with "CUDA-capable device(s) is/are busy or unavailable" or out of memory, and the
+# same groups passed one at a time; without MPS, 15 groups at once ran past their limit). So one at a time where an
+# MPS server runs, 5 otherwise.
+if pgrep -f nvidia-cuda-mps-control > /dev/null 2>&1; then jobs_default=1; else jobs_default=5; fi
 jobs_max=${GPU_SUITE_JOBS:-$jobs_default}
 # GPU_SUITE_ONLY="mistakes direct" runs only the groups it names.
 only=" ${GPU_SUITE_ONLY:-${names[*]}} "

@@ -52,6 +52,7 @@ def run_script_pair(mode, device="cpu", status=7, world=2, env=None, extra_args=
 
 def check_runs(mode, runs, device="cpu", env=None):
     not_completed = 0  # calls some rank had not seen complete when it ended, over every run
+    ends = []  # every rank's last line, for the message below
     for run in range(runs):
         before = shm_entries()
         status = 7 if run % 2 == 0 else 0
@@ -66,13 +67,15 @@ def check_runs(mode, runs, device="cpu", env=None):
             m = re.search(r"calls in flight, (\d+) not completed", out)
             assert m, f"{mode}, run {run}: rank {rank} did not reach its end:\n{out[-4000:]}"
             not_completed += int(m.group(1))
+            ends.append(re.search(r"rank \d+ ends with [^\n]*", out).group(0))
         left = shm_entries_left(before)
         assert not left, f"{mode}, run {run}: left in /dev/shm: {sorted(left)}"
     # The runs tested what they are for: calls still running when an interpreter exited.
-    assert mode == "destroy" or not_completed > 0, f"{mode}: every call had completed before its rank ended"
+    assert mode == "destroy" or not_completed > 0, (f"{mode}: every call had completed before its rank ended: "
+                                                  f"{ends}")
 
 
-# The brief's two scenarios, ten runs each: every rank's calls in flight at its exit, and a peer so late that the
+# Two endings, ten runs each: every rank's calls in flight at its exit, and a peer so late that the
 # calls are still waiting for it when the other rank's interpreter finalizes.
 @pytest.mark.parametrize("mode", ["in_flight", "late_peer"])
 def test_script_ending_with_calls_in_flight_exits_with_its_status(mode):
