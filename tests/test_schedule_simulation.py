@@ -29,7 +29,8 @@ also run in the calls-in-flight and the fault models. And send, recv and batch_i
 formation (pair_steps.hpp) and batch schedule (direct_p2p_batch.cpp) on each pair's own transport and serials, over
 random programs valid under NCCL's rules among the group's collectives, with and without faults; wrong batches, a fault
 release that passes a failed rank's own waits on a live peer, and the rules the design needs beyond its words must be
-caught; programs it does not serve are shown hanging. And captured point-to-point (--captured-p2p): graphs of p2p
+caught; batches matched by lone calls that interleave among the batch's peers complete, each peer's steps on lanes of
+its own, and hang on lanes the peers share. And captured point-to-point (--captured-p2p): graphs of p2p
 batches on the pairs' captured transports mixed with captured collectives, replayed with new inputs; without the step
 order every rank shares, rings must be caught hanging."""
 import re
@@ -284,12 +285,19 @@ def test_p2p_batches_matched_by_lone_calls(simulation, seed):
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_p2p_batches_matched_by_interleaved_lone_calls_hang(simulation, seed):
-    """A known limitation of the real batch schedule: where those peers' lone calls with the batch's rank interleave
-    with lone calls among themselves (--interleaved-peers), about 3% of the cases hang, a copy of one step waiting for
-    a peer held by a third rank that waits for a later step's Done; nothing else fails."""
-    total, counts = _caught(_p2p(simulation, seed, 1000, "--interleaved-peers"), 1000)
-    assert counts.get("hang") == total > 0, counts
+def test_p2p_batches_matched_by_interleaved_lone_calls(simulation, seed):
+    """Those peers' lone calls with the batch's rank interleaved with lone calls among themselves (--interleaved-peers):
+    each peer's steps on lanes of that peer alone after the Arrived phase serve them, also under faults. On the batch's
+    two lanes shared by every peer (--shared-lanes) about 3% of the cases hang, a copy of one step waiting for a peer
+    held by a third rank that waits for a later step's Done; so do two peers on one pair of the pool's lanes
+    (--lane-pool=2, batches of up to 3 peers): the pool must give each peer of a batch lanes of its own."""
+    for flags in [("--interleaved-peers",), ("--faults", "--interleaved-peers")]:
+        p = _p2p(simulation, seed, 1000, *flags)
+        assert p.returncode == 0 and p.stdout.strip() == "ok 1000", p.stdout + p.stderr
+    total, counts = _caught(_p2p(simulation, seed, 1000, "--interleaved-peers", "--shared-lanes"), 1000)
+    assert counts.get("hang") == total >= 10, counts
+    total, counts = _caught(_p2p(simulation, seed, 1000, "--interleaved-peers", "--lane-pool=1"), 1000)
+    assert counts.get("hang") == total >= 10, counts
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

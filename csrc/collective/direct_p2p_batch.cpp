@@ -1,13 +1,17 @@
 #include "collective/direct_p2p_batch.hpp"
 
+#include <algorithm>
+
 namespace sdma {
 
-void scheduleDirectP2pBatch(const std::vector<DirectPairStep>& steps, const P2pStepStart& onStep) {
+void scheduleDirectP2pBatch(const std::vector<DirectPairStep>& steps, const P2pStepStart& onStep, P2pPeerLanes* lanes) {
   const auto start = [&](size_t i, P2pPhase phase) {
     if (onStep) {
       onStep(i, phase);
     }
   };
+  // The peers in the order their steps come; each gets its lanes at its first copy.
+  std::vector<const Transport*> peers;
   // Every step's buffers are open to its peer before this rank waits on anything of the batch.
   for (size_t i = 0; i < steps.size(); ++i) {
     start(i, P2pPhase::kArrive);
@@ -20,8 +24,14 @@ void scheduleDirectP2pBatch(const std::vector<DirectPairStep>& steps, const P2pS
     s.transport->direct()->signalPeer(Lane::Drain, 1 - s.transport->rank(), Flag::Arrived, 0, s.serial);
   }
   for (size_t i = 0; i < steps.size(); ++i) {
-    start(i, P2pPhase::kCopy);
     const DirectPairStep& s = steps[i];
+    if (std::find(peers.begin(), peers.end(), s.transport) == peers.end()) {
+      peers.push_back(s.transport);
+      if (lanes) {
+        lanes->fork(peers.size() - 1, i);
+      }
+    }
+    start(i, P2pPhase::kCopy);
     DirectTransport& d = *s.transport->direct();
     const int q = 1 - s.transport->rank();
     if (s.peer.buffers.pairing != Pairing::kPeerCameLate) {
@@ -49,6 +59,9 @@ void scheduleDirectP2pBatch(const std::vector<DirectPairStep>& steps, const P2pS
     if (s.posted.outputBase != s.plan.output && s.plan.outputBytes > 0) {
       s.transport->copyLocal(Lane::Drain, s.plan.output, s.posted.outputBase, s.plan.outputBytes);
     }
+  }
+  if (lanes && !peers.empty()) {
+    lanes->join();
   }
 }
 

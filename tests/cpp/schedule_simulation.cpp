@@ -3227,6 +3227,8 @@ struct P2POptions {
   };
   bool faults = false;
   Mutation mutation = Mutation::None;
+  bool sharedLanes = false;         // every peer's steps on the batch's two lanes, as one queue of steps
+  int lanePool = 3;                 // the runner's pairs of peer lanes: the k-th peer of a batch takes pair k mod this
   bool unmatchedBatches = false;    // batches that peers match by lone calls (addUnmatchedBatch)
   bool interleavedPeers = false;    // and those peers' lone calls among themselves in between
   bool doneAfterEveryCopy = false;  // each step's Done signalled after every step's copies, not after its own
@@ -3419,8 +3421,13 @@ class P2PCase : RankStreams<P2PStep> {
   }
 
  private:
-  // A rank's streams: the group's push (0) and drain (1) streams, the caller streams C1 (2) and C2 (3).
-  static constexpr int kQueuesPerRank = 4;
+  // A rank's streams: the group's push (0) and drain (1) streams, the caller streams C1 (2) and C2 (3), and the p2p
+  // runner's pool of peer lanes: pair k's push (4 + 2k) and drain (5 + 2k).
+  static constexpr int kMaxLanePool = 3;
+  static constexpr int kQueuesPerRank = 4 + 2 * kMaxLanePool;
+  static int peerPushQueue(int lanes) {
+    return 4 + 2 * lanes;
+  }
   enum class UnitKind { SendRecv, DirectAllgather, StagingAllgather, Exchange };
   // One exchange of bytes with its own serial: a p2p op (two ranks, on their pair's transport) or a collective.
   struct Unit {
@@ -3764,13 +3771,15 @@ class P2PCase : RankStreams<P2PStep> {
     }
   }
 
-  // Each rank's streams on hardware queues, as CallsInFlight draws them: all on one, or a random few.
+  // Each rank's streams on hardware queues, as CallsInFlight draws them: all on one, or a random few. With interleaved
+  // peers, the peer lanes each on a hardware queue of its own, as the runner's pool, created at once, sits on
+  // CUDA_DEVICE_MAX_CONNECTIONS queues taken in turn (sharing one, two peers' lanes are one queue of steps again).
   void drawHardwareQueues() {
     what_ += ", hardware queues";
     for (int r = 0; r < W_; ++r) {
       const int count = pick(0, 1) ? 1 : pick(1, kQueuesPerRank);
       for (int q = 0; q < kQueuesPerRank; ++q)
-        hardwareQueueOf_[r][q] = pick(0, count - 1);
+        hardwareQueueOf_[r][q] = o_.interleavedPeers && q >= peerPushQueue(0) ? count + q : pick(0, count - 1);
       what_ += " r" + std::to_string(r) + ":";
       for (int q = 0; q < kQueuesPerRank; ++q)
         what_ += std::to_string(hardwareQueueOf_[r][q]);
@@ -4061,10 +4070,13 @@ class P2PCase : RankStreams<P2PStep> {
   }
 
   // Rank r's p2p call (a lone send or recv is a batch of one) through the real batch schedule,
-  // scheduleDirectP2pBatch, on its pairs' transports, each step taking its pair's next serial. The wrong variants
-  // reorder what it records: --wait-before-arrived runs each step whole in turn, in call order (each step's phases
-  // before the next step's), --done-after-every-copy moves every step's Done after every step's copies,
-  // --copy-before-arrived leaves out the waits for the peer's Arrived before pushes.
+  // scheduleDirectP2pBatch, on its pairs' transports, each step taking its pair's next serial, each peer's steps after
+  // the Arrived phase on the pool's lanes as the copy-engine runner forks them (the k-th peer on pair k mod the pool,
+  // forked from the Drain lane, joined into it at the end). The wrong variants reorder what it records:
+  // --wait-before-arrived runs each step whole in turn, in call order (each step's phases before the next step's),
+  // --done-after-every-copy moves every step's Done after every step's copies, both on the batch's two lanes, as is
+  // --shared-lanes, which changes nothing else; --copy-before-arrived leaves out the waits for the peer's Arrived
+  // before pushes.
   void p2pBatch(int r, int it, const std::vector<BatchStep>& batch, const int laneQueue[2]) {
     std::vector<DirectPairStep> steps;
     std::vector<FakeTransport*> transports;
@@ -4114,34 +4126,69 @@ class P2PCase : RankStreams<P2PStep> {
     std::vector<DirectPairStep> ordered;
     for (size_t k : order)
       ordered.push_back(steps[k]);
-    // What the schedule records, with its step (in `order`) and phase.
+    // What the schedule records, with its step (in `order`), phase and the peer lanes it goes on (-1: the batch's
+    // own); or a fork of peer lanes from the Drain lane, or the join of every forked one into it.
     struct Recorded {
       size_t step;
       P2pPhase phase;
       RecordedOp op;
+      int lanes = -1;
+      enum { Operation, Fork, Join } kind = Operation;
     };
     std::vector<Recorded> recorded;
     size_t current = 0;
     P2pPhase phase = P2pPhase::kArrive;
+    std::map<const Transport*, int> lanesOf;  // each forked peer's pair of the pool
+    auto lanesNow = [&] {
+      auto found = lanesOf.find(ordered[current].transport);
+      return phase == P2pPhase::kArrive || found == lanesOf.end() ? -1 : found->second;
+    };
     for (FakeTransport* t : transports) {
       t->bound = [&](int lane, const Op& op) {
         RecordedOp o;
         o.lane = lane;
         o.op = op;
-        recorded.push_back({current, phase, o});
+        recorded.push_back({current, phase, o, lanesNow()});
       };
       t->boundJoin = [&](int into, int from) {
         RecordedOp o;
         o.join = true;
         o.lane = into;
         o.from = from;
-        recorded.push_back({current, phase, o});
+        recorded.push_back({current, phase, o, lanesNow()});
       };
     }
-    scheduleDirectP2pBatch(ordered, [&](size_t step, P2pPhase p) {
-      current = step;
-      phase = p;
-    });
+    struct PoolLanes : P2pPeerLanes {
+      std::function<void(size_t, size_t)> onFork;
+      std::function<void()> onJoin;
+      void fork(size_t peer, size_t firstStep) override {
+        onFork(peer, firstStep);
+      }
+      void join() override {
+        onJoin();
+      }
+    } pool;
+    pool.onFork = [&](size_t peer, size_t firstStep) {
+      const int lanes = static_cast<int>(peer) % o_.lanePool;
+      lanesOf[ordered[firstStep].transport] = lanes;
+      Recorded f{firstStep, P2pPhase::kCopy, RecordedOp{}, lanes};
+      f.kind = Recorded::Fork;
+      recorded.push_back(f);
+    };
+    pool.onJoin = [&] {
+      Recorded j{current, P2pPhase::kFinish, RecordedOp{}, -1};
+      j.kind = Recorded::Join;
+      recorded.push_back(j);
+    };
+    const bool ownLanes =
+        !o_.sharedLanes && !o_.doneAfterEveryCopy && o_.mutation != P2POptions::Mutation::WaitBeforeArrived;
+    scheduleDirectP2pBatch(
+        ordered,
+        [&](size_t step, P2pPhase p) {
+          current = step;
+          phase = p;
+        },
+        ownLanes ? &pool : nullptr);
     for (FakeTransport* t : transports) {
       t->bound = nullptr;
       t->boundJoin = nullptr;
@@ -4157,13 +4204,26 @@ class P2PCase : RankStreams<P2PStep> {
         auto place = [&](const Recorded& o) { return 2 * static_cast<int>(o.phase) + (isDoneSignal(o) ? 1 : 0); };
         return place(a) < place(b);
       });
+    std::vector<int> forked;
     for (const Recorded& o : recorded) {
+      if (o.kind == Recorded::Fork) {
+        for (int q : {peerPushQueue(o.lanes), peerPushQueue(o.lanes) + 1})
+          fenceOn(r, q, laneQueue[static_cast<int>(Lane::Drain)]);
+        forked.push_back(o.lanes);
+        continue;
+      }
+      if (o.kind == Recorded::Join) {
+        for (int lanes : forked)
+          fenceOn(r, laneQueue[static_cast<int>(Lane::Drain)], peerPushQueue(lanes) + 1);
+        continue;
+      }
       if (o_.mutation == P2POptions::Mutation::CopyBeforeArrived && !o.op.join && o.op.op.kind == Op::WaitOne &&
           o.op.op.flag == Flag::Arrived && o.op.lane == static_cast<int>(Lane::Push))
         continue;
       const BatchStep& b = batch[order[o.step]];
       const int other = b.units[0] >= 0 && b.units[1] >= 0 ? b.units[1] : -1;
-      emit(r, b.first(), it, o.op, laneQueue, other);
+      const int peerLanes[2] = {peerPushQueue(o.lanes), peerPushQueue(o.lanes) + 1};
+      emit(r, b.first(), it, o.op, o.lanes < 0 ? laneQueue : peerLanes, other);
     }
   }
 
@@ -4396,7 +4456,10 @@ class P2PCase : RankStreams<P2PStep> {
   // Where each stream with steps left stands, and each CPU with calls left (for a hang's report).
   std::string heads() const {
     static const char* const kFlagNames[] = {"Ready", "Credit", "Arrived", "Done"};
-    static const char* const kStreams[] = {"push", "drain", "C1", "C2"};
+    static const char* const kStreams[] = {"push",        "drain",        "C1",          "C2",
+                                           "peer 0 push", "peer 0 drain", "peer 1 push", "peer 1 drain",
+                                           "peer 2 push", "peer 2 drain"};
+    static_assert(sizeof(kStreams) / sizeof(kStreams[0]) == kQueuesPerRank);
     std::string out;
     for (int r = 0; r < W_; ++r) {
       if (gone_[r])
@@ -4479,14 +4542,18 @@ bool parseP2POption(const char* arg, P2POptions& o) {
     o.unmatchedBatches = o.interleavedPeers = true;
   else if (strcmp(arg, "--done-after-every-copy") == 0)
     o.doneAfterEveryCopy = true;
+  else if (strcmp(arg, "--shared-lanes") == 0)
+    o.sharedLanes = true;
+  else if (strncmp(arg, "--lane-pool=", 12) == 0 && atoi(arg + 12) >= 1 && atoi(arg + 12) <= 3)
+    o.lanePool = atoi(arg + 12);
   else
     return false;
   return true;
 }
 
 int runP2P(std::mt19937& rng, int cases, const P2POptions& options) {
-  const bool counts =
-      options.mutation != P2POptions::Mutation::None || options.unmatchedBatches || options.doneAfterEveryCopy;
+  const bool counts = options.mutation != P2POptions::Mutation::None || options.unmatchedBatches ||
+                      options.doneAfterEveryCopy || options.sharedLanes || options.lanePool < 3;
   CaughtCases caught;
   int rings = 0, ringsHung = 0;
   for (int c = 0; c < cases; ++c) {
