@@ -34,10 +34,11 @@
 //
 // schedule_simulation SEED CASES --p2p [--faults] [<wrong variant>] [--unmatched-batches | --interleaved-peers] runs
 // send, recv and batch_isend_irecv through the real step formation and batch schedule (P2PCase below) among the
-// group's collectives: it must print "ok <cases>", also with --unmatched-batches; with a wrong variant of the batch
-// (--wait-before-arrived, --copy-before-arrived, with --faults --pass-own-waits, --serials-in-call-order,
-// --signals-in-call-order, --connect-in-turn, --done-after-every-copy) or programs the schedule does not serve
-// (--interleaved-peers) it runs every case and prints "caught N of CASES cases: <kind> <count>; ..." and exits 1.
+// group's collectives: it must print "ok <cases>", also with --unmatched-batches or --interleaved-peers; with a wrong
+// variant of the batch (--wait-before-arrived, --copy-before-arrived, with --faults --pass-own-waits,
+// --serials-in-call-order, --signals-in-call-order, --connect-in-turn, --done-after-every-copy, --shared-lanes, or a
+// pool of peer lanes smaller than a batch's peers, --lane-pool=1 or 2) it runs every case and prints "caught N of
+// CASES cases: <kind> <count>; ..." and exits 1.
 //
 // schedule_simulation SEED CASES --captured-p2p [--listing-order] runs graphs of captured point-to-point batches mixed
 // with captured collectives (CapturedP2pCase below): it must print "ok <cases>"; with --listing-order (a batch's steps
@@ -3213,8 +3214,9 @@ class FaultCase {
 // real schedule serves them, its steps' Done each right after the step's copies; --done-after-every-copy (every Done
 // after every step's copies) hangs about a fifth of the cases: a Done waits for copies of a later step whose peer
 // signals Arrived only after its earlier call ended, which needs that Done. --interleaved-peers, the peers' lone calls
-// with that rank interleaved with lone calls among themselves, hangs the real schedule in a few cases: a copy of one
-// step waits for a peer held by a third rank that waits for a later step's Done.
+// with that rank interleaved with lone calls among themselves: the real schedule serves them, each peer's steps on
+// lanes of its own after the Arrived phase; on lanes the peers share (--shared-lanes, or a pool too small) a few cases
+// hang: a copy of one step waits for a peer held by a third rank that waits for a later step's Done.
 struct P2POptions {
   enum class Mutation {
     None,
@@ -4617,7 +4619,8 @@ int main(int argc, char** argv) {
         "[--crossed-orders] | --faults [--old-release] [--shared-queue-crossed] | --exchanges [--skip-done-wait | "
         "--arrived-before-pack] | --p2p [--faults] [--wait-before-arrived | --copy-before-arrived | --pass-own-waits | "
         "--serials-in-call-order | --signals-in-call-order | --connect-in-turn] [--unmatched-batches | "
-        "--interleaved-peers] [--done-after-every-copy] | --captured-exchanges [--without-arrived] | --captured-p2p "
+        "--interleaved-peers] [--done-after-every-copy] [--shared-lanes] [--lane-pool=N] | --captured-exchanges "
+        "[--without-arrived] | --captured-p2p "
         "[--listing-order]]\n",
         argv[0]);
     return 2;
