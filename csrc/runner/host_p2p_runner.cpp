@@ -1,12 +1,16 @@
 // The point-to-point runner of CPU tensors: one HostShmTransport per pair (two members, a mailbox with ranges, the
 // direct path's copies straight between the processes), and one worker thread that runs this rank's batches in call
-// order, each batch's operations across its pairs' transports in the schedule's one order.
+// order: each batch's Arrived phase across its pairs' transports in the schedule's one order, then each peer's steps
+// as a lane of that peer alone (docs/design.md, "Point-to-point"), the first peer's on the worker and every other
+// peer's on a thread of the batch, joined before the batch completes.
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <c10/util/Exception.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -106,23 +110,43 @@ class HostP2pRunner : public P2pRunner {
     job.failAt = nextCollective;
     HostShmTransport* recording = nullptr;
     int recordingPeer = -1;
+    std::vector<Segment>* lane = &job.arrive;
     const auto flush = [&] {
       if (recording) {
         auto ops = recording->takeRecorded();
         if (!ops.empty()) {
-          job.segments.push_back({recording, std::move(ops), recordingPeer});
+          lane->push_back({recording, std::move(ops), recordingPeer});
         }
       }
     };
-    scheduleDirectP2pBatch(direct, [&](size_t i, P2pPhase phase) {
-      flush();
-      recording = static_cast<HostShmTransport*>(direct[i].transport);
-      recordingPeer = steps[i].peer;
-      if (phase == P2pPhase::kCopy && direct[i].peer.buffers.pairing == Pairing::kPeerCameLate) {
-        recordPeerPostCheck(*recording, recordingPeer, direct[i].serial, directions[i],
-                            pairRangesOf(direct[i].plan)[1 - recording->rank()]);
+    // Each peer's segments after the Arrived phase go to that peer's lane.
+    std::map<const Transport*, size_t> laneOf;
+    struct Lanes : P2pPeerLanes {
+      std::function<void(size_t, size_t)> onFork;
+      void fork(size_t peer, size_t firstStep) override {
+        onFork(peer, firstStep);
       }
-    });
+      void join() override {}  // runJob joins the lanes' threads
+    } lanes;
+    lanes.onFork = [&](size_t peer, size_t firstStep) {
+      flush();
+      recording = nullptr;
+      laneOf[direct[firstStep].transport] = peer;
+      job.peers.emplace_back();
+    };
+    scheduleDirectP2pBatch(
+        direct,
+        [&](size_t i, P2pPhase phase) {
+          flush();
+          recording = static_cast<HostShmTransport*>(direct[i].transport);
+          recordingPeer = steps[i].peer;
+          lane = phase == P2pPhase::kArrive ? &job.arrive : &job.peers[laneOf.at(direct[i].transport)];
+          if (phase == P2pPhase::kCopy && direct[i].peer.buffers.pairing == Pairing::kPeerCameLate) {
+            recordPeerPostCheck(*recording, recordingPeer, direct[i].serial, directions[i],
+                                pairRangesOf(direct[i].plan)[1 - recording->rank()]);
+          }
+        },
+        &lanes);
     flush();
     job.work = c10::make_intrusive<HostWork>(info, std::move(outputs), std::move(keep));
     auto work = job.work;
@@ -147,7 +171,8 @@ class HostP2pRunner : public P2pRunner {
     int peer;
   };
   struct Job {
-    std::vector<Segment> segments;
+    std::vector<Segment> arrive;              // every step's Arrived, in the batch's order
+    std::vector<std::vector<Segment>> peers;  // then each peer's steps, a lane each
     c10::intrusive_ptr<HostWork> work;
     uint64_t failAt = 0;
   };
@@ -219,15 +244,43 @@ class HostP2pRunner : public P2pRunner {
                                                                             "group failed: " +
                                                                             broken));
     } else {
-      try {
-        for (const Segment& s : job.segments) {
-          s.transport->execute(s.ops, job.work->deadline(), job.work->description(),
-                               [this, peer = s.peer] { return peerStop(peer); });
+      error = runLane(job, job.arrive, nullptr);
+      if (!error && job.peers.size() == 1) {
+        error = runLane(job, job.peers[0], nullptr);
+      } else if (!error) {
+        // A peer's lane waiting for that peer must not hold another peer's copies and Done: a thread each.
+        std::mutex firstMutex;
+        std::exception_ptr first;
+        std::atomic<bool> stopped{false};
+        const auto runPeer = [&](size_t k) {
+          std::exception_ptr e = runLane(job, job.peers[k], &stopped);
+          if (e) {
+            std::lock_guard<std::mutex> lock(firstMutex);
+            if (!first) {
+              first = e;
+            }
+          }
+        };
+        std::vector<std::thread> threads;
+        try {
+          for (size_t k = 1; k < job.peers.size(); ++k) {
+            threads.emplace_back(runPeer, k);
+          }
+        } catch (const std::exception& e) {
+          // No thread for a peer: the lanes that did start stop at their next wait, and the batch fails.
+          const std::string reason = job.work->description() + " failed: starting a lane of the batch: " + messageOf(e);
+          failGroup(job.failAt, reason);
+          stopped.store(true);
+          std::lock_guard<std::mutex> lock(firstMutex);
+          first = std::make_exception_ptr(C10_BUILD_ERROR(DistBackendError, "torch_sdma: " + reason));
         }
-      } catch (const std::exception& e) {
-        error = std::current_exception();
-        const std::string why = messageOf(e);
-        failGroup(job.failAt, why.rfind("torch_sdma: ", 0) == 0 ? why.substr(12) : why);
+        if (!stopped.load()) {
+          runPeer(0);
+        }
+        for (std::thread& t : threads) {
+          t.join();
+        }
+        error = first;
       }
     }
     if (error) {
@@ -236,6 +289,33 @@ class HostP2pRunner : public P2pRunner {
       keepTensorsForLife(job.work->takeKeptTensors());
     }
     job.work->complete(error);
+  }
+
+  // Runs one lane's segments in order; on an error it fails the group at once, so that peers waiting on this rank
+  // give up, and stops the batch's other lanes at their next wait (`stopped`, where the batch has several), as a
+  // failed wait of one lane stops what follows it.
+  std::exception_ptr runLane(Job& job, const std::vector<Segment>& lane, std::atomic<bool>* stopped) {
+    try {
+      for (const Segment& s : lane) {
+        TORCH_CHECK_WITH(DistBackendError, !stopped || !stopped->load(), "torch_sdma: ", job.work->description(),
+                         " failed: an operation of this batch with another peer failed");
+        s.transport->execute(s.ops, job.work->deadline(), job.work->description(), [this, stopped, peer = s.peer] {
+          if (stopped && stopped->load()) {
+            return std::string("an operation of this batch with another peer failed");
+          }
+          return peerStop(peer);
+        });
+      }
+    } catch (const std::exception& e) {
+      // The group's failure first, so that it names this lane's reason rather than a lane this one stops.
+      const std::string why = messageOf(e);
+      failGroup(job.failAt, why.rfind("torch_sdma: ", 0) == 0 ? why.substr(12) : why);
+      if (stopped) {
+        stopped->store(true);
+      }
+      return std::current_exception();
+    }
+    return nullptr;
   }
 
   void workerLoop() {

@@ -149,7 +149,8 @@ def batch_cases(g, dev, rank):
 
 def interleaved_cases(g, dev, rank, world, rounds=4):
     """p2p between collectives on the same group, async and in flight together: all_gather_into_tensor,
-    all_to_all_single, a ring batch; everything waited on at the end and compared bit-exact."""
+    all_to_all_single, a ring batch; everything waited on at the end and compared bit-exact. With 3 ranks or more, a
+    batch whose peers match it with lone calls that interleave with a lone call between them."""
 
     def interleaved():
         nxt, prv = (rank + 1) % world, (rank - 1) % world
@@ -179,7 +180,31 @@ def interleaved_cases(g, dev, rank, world, rounds=4):
         for got, want, what in checks:
             assert_bytes_equal(got, want, what)
 
-    return [("interleaved", interleaved)]
+    def batch_among_lone_calls():
+        """Rank 2's batch sends to ranks 0 and 1, which receive as lone calls that interleave with a lone call between
+        them: rank 1 receives from 2, then from 0; rank 0 sends to 1, then receives from 2. Rank 0 reaches its recv
+        from 2 only once its send to 1 ended, which needs rank 1's recv from 2 to end, which needs rank 2's step with
+        rank 1 to go on while its step with rank 0 waits: each peer's steps on a lane of their own (NCCL serves it)."""
+        n = 4099
+        if rank == 2:
+            for w in dist.batch_isend_irecv([
+                    dist.P2POp(dist.isend, rand("amid:2>0", 2, n, torch.float32, device=dev), 0, g),
+                    dist.P2POp(dist.isend, rand("amid:2>1", 2, n + 5, torch.float32, device=dev), 1, g)]):
+                w.wait()
+        elif rank == 1:
+            from2, want2 = _recv_buffer("amid:2>1", 2, n + 5, torch.float32, dev)
+            from0, want0 = _recv_buffer("amid:0>1", 0, n + 7, torch.int32, dev)
+            dist.recv(from2, 2, group=g)
+            dist.recv(from0, 0, group=g)
+            assert_bytes_equal(from2, want2, "recv from 2")
+            assert_bytes_equal(from0, want0, "recv from 0")
+        elif rank == 0:
+            dist.send(rand("amid:0>1", 0, n + 7, torch.int32, device=dev), 1, group=g)
+            from2, want2 = _recv_buffer("amid:2>0", 2, n, torch.float32, dev)
+            dist.recv(from2, 2, group=g)
+            assert_bytes_equal(from2, want2, "recv from 2")
+
+    return [("interleaved", interleaved)] + ([("batch among lone calls", batch_among_lone_calls)] if world >= 3 else [])
 
 
 def path_cases(g, dev, rank, device_name, expected="dma:direct"):
