@@ -1,10 +1,11 @@
 // The point-to-point runner of CUDA tensors (docs/design.md, "Point-to-point"): per pair of ranks the direct path's
 // state of a two-member group (CopyEngineDirect: the Arrived and Done flags, the mailbox, the export of this rank's
-// buffers and the mappings of the peer's), connected at the pair's first operation; two streams of its own for the
-// lanes, which wait for the caller's stream; a watchdog that names a peer that never came within the timeout, fails
-// the group, and, once this runner's lanes ran out, releases the failed peers' waits on it (docs/design.md,
-// "Failures", applied to the pairs' flags). Inside CUDA graph capture a pair's ops take its captured staging instead
-// (captured_p2p_pairs.hpp), which the watchdog never sees.
+// buffers and the mappings of the peer's), connected at the pair's first operation; two streams of its own for a
+// batch's main lanes, which wait for the caller's stream, and a pool of stream pairs from which each peer of a batch
+// takes lanes of its own after the Arrived phase (docs/design.md, "Point-to-point"); a watchdog that names a peer that
+// never came within the timeout, fails the group, and, once this runner's lanes ran out, releases the failed peers'
+// waits on it (docs/design.md, "Failures", applied to the pairs' flags). Inside CUDA graph capture a pair's ops take
+// its captured staging instead (captured_p2p_pairs.hpp), which the watchdog never sees.
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <c10/cuda/CUDAGuard.h>
@@ -14,6 +15,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -44,6 +46,7 @@ class CopyEngineP2pRunner : public P2pRunner {
     push_ = gpu::createStream();
     drain_ = gpu::createStream();
     fork_ = gpu::createEvent();
+    joined_ = gpu::createEvent();
     captured_ = std::make_unique<CapturedP2pPairs>(rank_, device_, capturedGeometry);
     watchdog_ = GuardedThread(
         [this] {
@@ -73,8 +76,13 @@ class CopyEngineP2pRunner : public P2pRunner {
       return;
     }
     gpu::destroyEvent(fork_);
+    gpu::destroyEvent(joined_);
     gpu::destroyStream(push_);
     gpu::destroyStream(drain_);
+    for (const PeerLanes& lanes : peerLanes_) {
+      gpu::destroyStream(lanes.push);
+      gpu::destroyStream(lanes.drain);
+    }
   }
 
   CollectivePath connectPair(int peer) override {
@@ -181,19 +189,51 @@ class CopyEngineP2pRunner : public P2pRunner {
     for (auto& a : arrivals) {
       a.transport->bindLanes(push_, drain_);
     }
-    // The pairs' transports share the two streams: a transport's collected flag operations are issued before another
-    // one enqueues behind them.
+    // The pairs' transports share the main streams in the Arrived phase: a transport's collected flag operations are
+    // issued before another one enqueues behind them.
     CopyEngineTransport* recording = nullptr;
-    scheduleDirectP2pBatch(direct, [&](size_t i, P2pPhase) {
-      CopyEngineTransport* next = arrivals[i].transport.get();
-      if (recording && recording != next) {
+    const auto flushRecording = [&] {
+      if (recording) {
         recording->flush();
       }
-      recording = next;
-    });
-    if (recording) {
-      recording->flush();
-    }
+      recording = nullptr;
+    };
+    // Then each peer's steps on a pair of the pool's streams of its own, forked from the Drain stream once every
+    // Arrived is on it and joined into it before the end event. Two peers on one pair would be one queue of steps
+    // again, which a batch matched by interleaved lone calls can hang (the model's --lane-pool=1), so the pool grows
+    // to the batch's peers.
+    std::vector<size_t> forked;
+    ForkedLanes lanes;
+    lanes.onFork = [&](size_t peer, size_t firstStep) {
+      flushRecording();
+      if (forked.empty()) {
+        gpu::recordEvent(fork_, drain_);
+      }
+      const PeerLanes& pair = peerLanesFor(peer);
+      gpu::streamWaitEvent(pair.push, fork_);
+      gpu::streamWaitEvent(pair.drain, fork_);
+      arrivals[firstStep].transport->bindLanes(pair.push, pair.drain);
+      forked.push_back(peer);
+    };
+    lanes.onJoin = [&] {
+      flushRecording();
+      for (size_t peer : forked) {
+        // Each wait takes the event as last recorded, so one event serves every peer in turn.
+        gpu::recordEvent(joined_, peerLanes_[peer].drain);
+        gpu::streamWaitEvent(drain_, joined_);
+      }
+    };
+    scheduleDirectP2pBatch(
+        direct,
+        [&](size_t i, P2pPhase) {
+          CopyEngineTransport* next = arrivals[i].transport.get();
+          if (recording != next) {
+            flushRecording();
+          }
+          recording = next;
+        },
+        &lanes);
+    flushRecording();
     gpu::Event end = endEvents_->take();
     gpu::recordEvent(end, drain_);
     flight.completion = std::make_shared<GpuCompletion>(end, endEvents_, std::move(keep));
@@ -221,6 +261,20 @@ class CopyEngineP2pRunner : public P2pRunner {
     std::vector<MemberIdentity> members;       // the pair's, in group-rank order
     std::string whyNot;                        // the pair takes the inner backend: why
     bool released = false;
+  };
+  struct PeerLanes {
+    gpu::Stream push = nullptr;
+    gpu::Stream drain = nullptr;
+  };
+  struct ForkedLanes : P2pPeerLanes {
+    std::function<void(size_t, size_t)> onFork;
+    std::function<void()> onJoin;
+    void fork(size_t peer, size_t firstStep) override {
+      onFork(peer, firstStep);
+    }
+    void join() override {
+      onJoin();
+    }
   };
   struct InFlight {
     std::shared_ptr<GpuCompletion> completion;
@@ -327,6 +381,19 @@ class CopyEngineP2pRunner : public P2pRunner {
     }
   }
 
+  // The pool's pair of streams for a batch's `peer`-th peer, created at the first batch with that many peers and kept
+  // for the runner's life.
+  const PeerLanes& peerLanesFor(size_t peer) {
+    while (peerLanes_.size() <= peer) {
+      gpu::CaptureRelaxedScope relaxed;  // another thread may be capturing in global mode
+      PeerLanes lanes;
+      lanes.push = gpu::createStream();
+      lanes.drain = gpu::createStream();
+      peerLanes_.push_back(lanes);
+    }
+    return peerLanes_[peer];
+  }
+
   int pidOf(int peer) const {
     return pairs_.at(peer).members[rank_ < peer ? 1 : 0].pid;
   }
@@ -346,6 +413,8 @@ class CopyEngineP2pRunner : public P2pRunner {
   gpu::Stream push_ = nullptr;
   gpu::Stream drain_ = nullptr;
   gpu::Event fork_ = nullptr;
+  gpu::Event joined_ = nullptr;
+  std::vector<PeerLanes> peerLanes_;  // only the caller's thread touches it, under mutex_ as the streams above
   std::shared_ptr<EventPool> endEvents_ = std::make_shared<EventPool>();
   std::mutex mutex_;
   std::condition_variable wake_;
