@@ -1,13 +1,14 @@
 // The point-to-point runner of CPU tensors: one HostShmTransport per pair (two members, a mailbox with ranges, the
 // direct path's copies straight between the processes), and one worker thread that runs this rank's batches in call
 // order: each batch's Arrived phase across its pairs' transports in the schedule's one order, then each peer's steps
-// as a lane of that peer alone (docs/design.md, "Point-to-point"), the first peer's on the worker and every other
-// peer's on a thread of the batch, joined before the batch completes.
+// as a lane of that peer alone (docs/design.md, "Point-to-point"), the worker polling the lanes in turn, a wait that
+// cannot pass yet giving way to the next lane, until every lane ran out.
+#include <sched.h>
+
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <c10/util/Exception.h>
 
-#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -126,7 +127,7 @@ class HostP2pRunner : public P2pRunner {
       void fork(size_t peer, size_t firstStep) override {
         onFork(peer, firstStep);
       }
-      void join() override {}  // runJob joins the lanes' threads
+      void join() override {}  // the batch completes once the worker ran every lane out
     } lanes;
     lanes.onFork = [&](size_t peer, size_t firstStep) {
       flush();
@@ -198,28 +199,32 @@ class HostP2pRunner : public P2pRunner {
     ArrivalMailbox* mailbox = t.mailbox();
     const int pid = t.pidOf(q);
     const int rank = rank_;
-    t.recordTask([this, mailbox, q, pid, peer, rank, serial, myDirections, mine](
-                     std::chrono::steady_clock::time_point deadline, const std::string& description) {
-      const auto start = std::chrono::steady_clock::now();
+    auto start = std::make_shared<std::chrono::steady_clock::time_point>();
+    t.recordPollTask([this, mailbox, q, pid, peer, rank, serial, myDirections, mine, start](
+                         std::chrono::steady_clock::time_point deadline, const std::string& description) {
+      const auto now = std::chrono::steady_clock::now();
+      if (*start == std::chrono::steady_clock::time_point{}) {
+        *start = now;
+      }
       BufferPost post;
       PairRanges theirs;
-      while (!mailbox->readPeerPost(q, serial, &post, &theirs)) {
+      if (!mailbox->readPeerPost(q, serial, &post, &theirs)) {
         if (mailbox->peerReached(q, serial)) {
-          return;  // read and gone: the peer compared them when it arrived
+          return true;  // read and gone: the peer compared them when it arrived
         }
         const std::string stop = peerStop(peer);
         TORCH_CHECK_WITH(DistBackendError, stop.empty(), "torch_sdma: ", description, " failed: ", stop);
         TORCH_CHECK_WITH(DistBackendError, processAlive(pid), "torch_sdma: ", description, " failed: group rank ", peer,
                          " (pid ", pid, ") exited while this rank was waiting for it");
-        const auto now = std::chrono::steady_clock::now();
         TORCH_CHECK_WITH(DistBackendError, now < deadline, "torch_sdma: ", description, " timed out after ",
-                         std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count(),
+                         std::chrono::duration_cast<std::chrono::milliseconds>(now - *start).count(),
                          " ms waiting for group ranks [", peer, "], which never posted its operation number ", serial,
                          " with this rank");
-        std::this_thread::sleep_for(std::chrono::microseconds(now - start < std::chrono::milliseconds(2) ? 5 : 100));
+        return false;
       }
       const std::string differs = pairStepDisagreement(rank, peer, serial, myDirections, mine, post.bytes, theirs);
       TORCH_CHECK_WITH(DistBackendError, differs.empty(), "torch_sdma: ", description, " failed: ", differs);
+      return true;
     });
   }
 
@@ -244,44 +249,7 @@ class HostP2pRunner : public P2pRunner {
                                                                             "group failed: " +
                                                                             broken));
     } else {
-      error = runLane(job, job.arrive, nullptr);
-      if (!error && job.peers.size() == 1) {
-        error = runLane(job, job.peers[0], nullptr);
-      } else if (!error) {
-        // A peer's lane waiting for that peer must not hold another peer's copies and Done: a thread each.
-        std::mutex firstMutex;
-        std::exception_ptr first;
-        std::atomic<bool> stopped{false};
-        const auto runPeer = [&](size_t k) {
-          std::exception_ptr e = runLane(job, job.peers[k], &stopped);
-          if (e) {
-            std::lock_guard<std::mutex> lock(firstMutex);
-            if (!first) {
-              first = e;
-            }
-          }
-        };
-        std::vector<std::thread> threads;
-        try {
-          for (size_t k = 1; k < job.peers.size(); ++k) {
-            threads.emplace_back(runPeer, k);
-          }
-        } catch (const std::exception& e) {
-          // No thread for a peer: the lanes that did start stop at their next wait, and the batch fails.
-          const std::string reason = job.work->description() + " failed: starting a lane of the batch: " + messageOf(e);
-          failGroup(job.failAt, reason);
-          stopped.store(true);
-          std::lock_guard<std::mutex> lock(firstMutex);
-          first = std::make_exception_ptr(C10_BUILD_ERROR(DistBackendError, "torch_sdma: " + reason));
-        }
-        if (!stopped.load()) {
-          runPeer(0);
-        }
-        for (std::thread& t : threads) {
-          t.join();
-        }
-        error = first;
-      }
+      error = runLanes(job);
     }
     if (error) {
       // A peer may still read and write these buffers by the addresses this rank posted (docs/design.md,
@@ -291,28 +259,65 @@ class HostP2pRunner : public P2pRunner {
     job.work->complete(error);
   }
 
-  // Runs one lane's segments in order; on an error it fails the group at once, so that peers waiting on this rank
-  // give up, and stops the batch's other lanes at their next wait (`stopped`, where the batch has several), as a
-  // failed wait of one lane stops what follows it.
-  std::exception_ptr runLane(Job& job, const std::vector<Segment>& lane, std::atomic<bool>* stopped) {
+  // Runs the batch's Arrived phase, then every peer's lane, polled in turn, so that a lane waiting for its peer never
+  // holds another's copies and Done. The first error stops every lane, as a failed wait on one worker stops what
+  // follows it, and fails the group.
+  std::exception_ptr runLanes(Job& job) {
+    struct Lane {
+      const std::vector<Segment>* segments;
+      size_t segment = 0;
+      HostShmTransport::Progress progress;
+    };
+    std::vector<Lane> lanes;
+    for (const auto& peer : job.peers) {
+      lanes.push_back({&peer});
+    }
+    const auto deadline = job.work->deadline();
+    const std::string& description = job.work->description();
     try {
-      for (const Segment& s : lane) {
-        TORCH_CHECK_WITH(DistBackendError, !stopped || !stopped->load(), "torch_sdma: ", job.work->description(),
-                         " failed: an operation of this batch with another peer failed");
-        s.transport->execute(s.ops, job.work->deadline(), job.work->description(), [this, stopped, peer = s.peer] {
-          if (stopped && stopped->load()) {
-            return std::string("an operation of this batch with another peer failed");
+      // One lane alone (the Arrived phase, which never waits, or a batch of one peer) runs straight through.
+      for (const Segment& s : job.arrive) {
+        s.transport->execute(s.ops, deadline, description, [this, peer = s.peer] { return peerStop(peer); });
+      }
+      if (job.peers.size() == 1) {
+        for (const Segment& s : job.peers[0]) {
+          s.transport->execute(s.ops, deadline, description, [this, peer = s.peer] { return peerStop(peer); });
+        }
+        return nullptr;
+      }
+      auto idleSince = std::chrono::steady_clock::now();
+      for (bool left = true; left;) {
+        bool moved = false;
+        left = false;
+        for (Lane& lane : lanes) {
+          while (lane.segment < lane.segments->size()) {
+            const Segment& s = (*lane.segments)[lane.segment];
+            const size_t before = lane.progress.next;
+            const bool done = s.transport->poll(s.ops, lane.progress, deadline, description,
+                                                [this, peer = s.peer] { return peerStop(peer); });
+            moved |= lane.progress.next != before || done;
+            if (!done) {
+              break;
+            }
+            ++lane.segment;
+            lane.progress = {};
           }
-          return peerStop(peer);
-        });
+          left |= lane.segment < lane.segments->size();
+        }
+        const auto now = std::chrono::steady_clock::now();
+        if (moved) {
+          idleSince = now;
+        } else if (now - idleSince < std::chrono::milliseconds(2)) {
+          // Yield first (peers are usually a few microseconds away), then sleep so that idle lanes leave the cores
+          // to the processes that have work.
+          sched_yield();
+        } else {
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
+        }
       }
     } catch (const std::exception& e) {
-      // The group's failure first, so that it names this lane's reason rather than a lane this one stops.
       const std::string why = messageOf(e);
       failGroup(job.failAt, why.rfind("torch_sdma: ", 0) == 0 ? why.substr(12) : why);
-      if (stopped) {
-        stopped->store(true);
-      }
       return std::current_exception();
     }
     return nullptr;

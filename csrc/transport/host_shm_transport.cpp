@@ -227,6 +227,12 @@ void HostShmTransport::recordTask(Task task) {
                        std::make_shared<const Task>(std::move(task))});
 }
 
+void HostShmTransport::recordPollTask(PollTask task) {
+  Op op{Op::Kind::Poll, nullptr, nullptr, 0, Flag::Ready, 0, 0};
+  op.poll = std::make_shared<const PollTask>(std::move(task));
+  recorded_.push_back(std::move(op));
+}
+
 void HostShmTransport::recordSizeCheck(size_t bytesPerRank, c10::ScalarType dtype) {
   // The op carries the serial in `value` and the dtype in `slot`.
   recorded_.push_back(
@@ -300,43 +306,135 @@ std::vector<HostShmTransport::Op> HostShmTransport::takeRecorded() {
   return out;
 }
 
+void HostShmTransport::runNonWaiting(const Op& op, std::chrono::steady_clock::time_point deadline,
+                                     const std::string& description, const StopCheck& stop) {
+  switch (op.kind) {
+    case Op::Kind::Copy:
+      memcpy(op.dst, op.src, op.bytes);
+      break;
+    case Op::Kind::Signal:
+      // Release: the peer that sees the new value also sees every byte copied before it.
+      for (int k = 1; k < size_; ++k) {
+        const int peer = (rank_ + k) % size_;
+        if (op.peer < 0 || op.peer == peer) {
+          __atomic_store_n(flagWord(peer, op.flag, rank_, op.slot), op.value, __ATOMIC_RELEASE);
+        }
+      }
+      break;
+    case Op::Kind::Reset:
+      for (int q = 0; q < size_; ++q) {
+        if (q != rank_) {
+          __atomic_store_n(flagWord(rank_, op.flag, q, op.slot), 0u, __ATOMIC_RELEASE);
+        }
+      }
+      break;
+    case Op::Kind::CopyToPeer:
+    case Op::Kind::CopyFromPeer:
+      copyWithPeer(op, description);
+      break;
+    case Op::Kind::RunTask:
+      (*op.task)(deadline, description);
+      break;
+    case Op::Kind::CompareSizes:
+      compareSizes(op, deadline, description, stop);
+      break;
+    case Op::Kind::Wait:
+    case Op::Kind::Poll:
+      break;
+  }
+}
+
 void HostShmTransport::execute(const std::vector<Op>& ops, std::chrono::steady_clock::time_point deadline,
                                const std::string& description, const StopCheck& stop) {
   for (const Op& op : ops) {
-    switch (op.kind) {
-      case Op::Kind::Copy:
-        memcpy(op.dst, op.src, op.bytes);
-        break;
-      case Op::Kind::Signal:
-        // Release: the peer that sees the new value also sees every byte copied before it.
-        for (int k = 1; k < size_; ++k) {
-          const int peer = (rank_ + k) % size_;
-          if (op.peer < 0 || op.peer == peer) {
-            __atomic_store_n(flagWord(peer, op.flag, rank_, op.slot), op.value, __ATOMIC_RELEASE);
-          }
+    if (op.kind == Op::Kind::Wait) {
+      waitFor(op, deadline, description, stop);
+    } else if (op.kind == Op::Kind::Poll) {
+      const auto start = std::chrono::steady_clock::now();
+      while (!(*op.poll)(deadline, description)) {
+        if (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(2)) {
+          sched_yield();
+        } else {
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
         }
-        break;
-      case Op::Kind::Reset:
-        for (int q = 0; q < size_; ++q) {
-          if (q != rank_) {
-            __atomic_store_n(flagWord(rank_, op.flag, q, op.slot), 0u, __ATOMIC_RELEASE);
-          }
-        }
-        break;
-      case Op::Kind::CopyToPeer:
-      case Op::Kind::CopyFromPeer:
-        copyWithPeer(op, description);
-        break;
-      case Op::Kind::Wait:
-        waitFor(op, deadline, description, stop);
-        break;
-      case Op::Kind::RunTask:
-        (*op.task)(deadline, description);
-        break;
-      case Op::Kind::CompareSizes:
-        compareSizes(op, deadline, description, stop);
-        break;
+      }
+    } else {
+      runNonWaiting(op, deadline, description, stop);
     }
+  }
+}
+
+bool HostShmTransport::poll(const std::vector<Op>& ops, Progress& progress,
+                            std::chrono::steady_clock::time_point deadline, const std::string& description,
+                            const StopCheck& stop) {
+  for (; progress.next < ops.size(); ++progress.next) {
+    const Op& op = ops[progress.next];
+    if (op.kind == Op::Kind::Poll) {
+      if (!(*op.poll)(deadline, description)) {
+        return false;
+      }
+    } else if (op.kind == Op::Kind::Wait) {
+      const std::vector<int> pending = pendingOf(op);
+      if (!pending.empty()) {
+        const auto now = std::chrono::steady_clock::now();
+        if (progress.waitingSince == std::chrono::steady_clock::time_point{}) {
+          progress.waitingSince = now;
+          progress.nextCheck = now + std::chrono::milliseconds(10);
+        } else if (now >= progress.nextCheck) {
+          progress.nextCheck = now + std::chrono::milliseconds(10);
+          checkWaiting(pending, progress.waitingSince, now, deadline, description, stop);
+        }
+        return false;
+      }
+    } else {
+      runNonWaiting(op, deadline, description, stop);
+    }
+    progress.waitingSince = {};
+  }
+  return true;
+}
+
+std::vector<int> HostShmTransport::pendingOf(const Op& op) const {
+  std::vector<int> pending;
+  for (int q = 0; q < size_; ++q) {
+    if (q != rank_ && (op.peer < 0 || op.peer == q) &&
+        !flagReached(__atomic_load_n(flagWord(rank_, op.flag, q, op.slot), __ATOMIC_ACQUIRE), op.value)) {
+      pending.push_back(q);
+    }
+  }
+  return pending;
+}
+
+void HostShmTransport::checkWaiting(const std::vector<int>& pending, std::chrono::steady_clock::time_point start,
+                                    std::chrono::steady_clock::time_point now,
+                                    std::chrono::steady_clock::time_point deadline, const std::string& description,
+                                    const StopCheck& stop) {
+  stopIf(stop, description);
+  // Only for the messages below, which name the group ranks still pending.
+  auto pendingRanks = [&] {
+    std::vector<int> ranks;
+    for (int q : pending) {
+      ranks.push_back(groupRankOf_[q]);
+    }
+    return rankList(ranks);
+  };
+  // The whole group's exits first: a peer that failed because another rank died exits soon after, and naming
+  // only that peer would hide the rank that died first.
+  if (!group_.empty()) {
+    const std::string exited = exitedMembersOnThisHost(group_, groupRank_);
+    TORCH_CHECK_WITH(DistBackendError, exited.empty(), "torch_sdma: ", description, " failed: ", exited,
+                     " exited while this rank was waiting for group ranks ", pendingRanks(), " of its node");
+  }
+  for (int q : pending) {
+    if (!processAlive(pids_[q])) {
+      TORCH_CHECK_WITH(DistBackendError, false, "torch_sdma: ", description, " failed: group rank ", groupRankOf_[q],
+                       " (pid ", pids_[q], ") exited while this rank was waiting for it");
+    }
+  }
+  if (now >= deadline) {
+    TORCH_CHECK_WITH(DistBackendError, false, "torch_sdma: ", description, " timed out after ",
+                     std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count(),
+                     " ms waiting for group ranks ", pendingRanks(), ", which never reached it");
   }
 }
 
@@ -345,13 +443,7 @@ void HostShmTransport::waitFor(const Op& op, std::chrono::steady_clock::time_poi
   const auto start = std::chrono::steady_clock::now();
   auto nextLivenessCheck = start + std::chrono::milliseconds(10);
   for (uint64_t spin = 0;; ++spin) {
-    std::vector<int> pending;
-    for (int q = 0; q < size_; ++q) {
-      if (q != rank_ && (op.peer < 0 || op.peer == q) &&
-          !flagReached(__atomic_load_n(flagWord(rank_, op.flag, q, op.slot), __ATOMIC_ACQUIRE), op.value)) {
-        pending.push_back(q);
-      }
-    }
+    const std::vector<int> pending = pendingOf(op);
     if (pending.empty()) {
       return;
     }
@@ -361,33 +453,7 @@ void HostShmTransport::waitFor(const Op& op, std::chrono::steady_clock::time_poi
     const auto now = std::chrono::steady_clock::now();
     if (now >= nextLivenessCheck) {
       nextLivenessCheck = now + std::chrono::milliseconds(10);
-      stopIf(stop, description);
-      // Only for the messages below, which name the group ranks still pending.
-      auto pendingRanks = [&] {
-        std::vector<int> ranks;
-        for (int q : pending) {
-          ranks.push_back(groupRankOf_[q]);
-        }
-        return rankList(ranks);
-      };
-      // The whole group's exits first: a peer that failed because another rank died exits soon after, and naming
-      // only that peer would hide the rank that died first.
-      if (!group_.empty()) {
-        const std::string exited = exitedMembersOnThisHost(group_, groupRank_);
-        TORCH_CHECK_WITH(DistBackendError, exited.empty(), "torch_sdma: ", description, " failed: ", exited,
-                         " exited while this rank was waiting for group ranks ", pendingRanks(), " of its node");
-      }
-      for (int q : pending) {
-        if (!processAlive(pids_[q])) {
-          TORCH_CHECK_WITH(DistBackendError, false, "torch_sdma: ", description, " failed: group rank ",
-                           groupRankOf_[q], " (pid ", pids_[q], ") exited while this rank was waiting for it");
-        }
-      }
-      if (now >= deadline) {
-        TORCH_CHECK_WITH(DistBackendError, false, "torch_sdma: ", description, " timed out after ",
-                         std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count(),
-                         " ms waiting for group ranks ", pendingRanks(), ", which never reached it");
-      }
+      checkWaiting(pending, start, now, deadline, description, stop);
     }
     // Yield first (peers are usually a few microseconds away), then sleep so idle waiters leave the cores to
     // the processes that have work.

@@ -32,9 +32,12 @@ class HostShmTransport : public Transport, public DirectTransport {
   // Work of another kind that runs in its place among the transport's operations, on the worker (the hierarchical
   // schedule's gathers between nodes). It throws to fail the collective.
   using Task = std::function<void(std::chrono::steady_clock::time_point deadline, const std::string& description)>;
+  // Work that waits, in its place among the operations, as a wait does: it returns false while it cannot finish yet
+  // (it runs again later) and true once done, and throws to fail the collective.
+  using PollTask = std::function<bool(std::chrono::steady_clock::time_point deadline, const std::string& description)>;
 
   struct Op {
-    enum class Kind { Copy, Signal, Wait, Reset, CopyToPeer, CopyFromPeer, RunTask, CompareSizes } kind;
+    enum class Kind { Copy, Signal, Wait, Reset, CopyToPeer, CopyFromPeer, RunTask, CompareSizes, Poll } kind;
     char* dst;
     const char* src;
     size_t bytes;
@@ -43,7 +46,8 @@ class HostShmTransport : public Transport, public DirectTransport {
     uint32_t value;
     int peer = -1;        // Signal/Wait of one peer, or the peer whose memory a CopyTo/FromPeer touches
     uint64_t remote = 0;  // CopyToPeer/CopyFromPeer: the address in that peer's process
-    std::shared_ptr<const Task> task = nullptr;  // RunTask
+    std::shared_ptr<const Task> task = nullptr;      // RunTask
+    std::shared_ptr<const PollTask> poll = nullptr;  // Poll
   };
 
   // Collective: "" when all members run on this host, else why not (the same answer on every member).
@@ -97,6 +101,8 @@ class HostShmTransport : public Transport, public DirectTransport {
   }
   // Records `task` to run in its place among the operations.
   void recordTask(Task task);
+  // Records `task` to be polled in its place among the operations until it is done.
+  void recordPollTask(PollTask task);
   // Records, as the collective's first operation, a comparison of what every member passed: this rank's bytes per
   // rank and dtype go to every peer, and the collective fails on every member, naming each one's size, unless all
   // are equal. Nothing has been copied when it fails, so no member returns wrong bytes.
@@ -115,6 +121,17 @@ class HostShmTransport : public Transport, public DirectTransport {
   // reason, once `stop` gives one (a peer posted another call on the group's call board).
   void execute(const std::vector<Op>& ops, std::chrono::steady_clock::time_point deadline,
                const std::string& description, const StopCheck& stop = {});
+  // Where a sequence of operations stands between polls.
+  struct Progress {
+    size_t next = 0;                                       // the first operation not run yet
+    std::chrono::steady_clock::time_point waitingSince{};  // since when the operation at `next` waits
+    std::chrono::steady_clock::time_point nextCheck{};     // when that wait next checks its peers and the deadline
+  };
+  // Runs operations from `progress.next` on, in order, on the calling thread, until one has to wait: returns false
+  // there (the next call goes on from it) and true once every operation ran. A wait gives up as execute's does, the
+  // checks made every few milliseconds across calls; so one thread can run several sequences, none holding another.
+  bool poll(const std::vector<Op>& ops, Progress& progress, std::chrono::steady_clock::time_point deadline,
+            const std::string& description, const StopCheck& stop = {});
 
  private:
   HostShmTransport(int rank, int size, const StagingGeometry& geometry, bool direct);
@@ -133,6 +150,15 @@ class HostShmTransport : public Transport, public DirectTransport {
   uint32_t* flagWord(int owner, Flag flag, int src, int slot) const;
   void waitFor(const Op& op, std::chrono::steady_clock::time_point deadline, const std::string& description,
                const StopCheck& stop);
+  // The members a Wait still waits for.
+  std::vector<int> pendingOf(const Op& op) const;
+  // Throws where a wait that began at `start` must give up (`stop`, a member's exit, the deadline).
+  void checkWaiting(const std::vector<int>& pending, std::chrono::steady_clock::time_point start,
+                    std::chrono::steady_clock::time_point now, std::chrono::steady_clock::time_point deadline,
+                    const std::string& description, const StopCheck& stop);
+  // Runs one operation that never waits.
+  void runNonWaiting(const Op& op, std::chrono::steady_clock::time_point deadline, const std::string& description,
+                     const StopCheck& stop);
   static void stopIf(const StopCheck& stop, const std::string& description);
 
   const int rank_;
