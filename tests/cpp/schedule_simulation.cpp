@@ -37,8 +37,8 @@
 // group's collectives: it must print "ok <cases>", also with --unmatched-batches or --interleaved-peers; with a wrong
 // variant of the batch (--wait-before-arrived, --copy-before-arrived, with --faults --pass-own-waits,
 // --serials-in-call-order, --signals-in-call-order, --connect-in-turn, --done-after-every-copy, --shared-lanes, or a
-// pool of peer lanes smaller than a batch's peers, --lane-pool=1 or 2) it runs every case and prints "caught N of
-// CASES cases: <kind> <count>; ..." and exits 1.
+// pool of peer lanes smaller than a batch's peers, --lane-pool=1 or 2) or with the peer lanes on shared hardware queues
+// (--peer-lanes-share-queues) it runs every case and prints "caught N of CASES cases: <kind> <count>; ..." and exits 1.
 //
 // schedule_simulation SEED CASES --captured-p2p [--listing-order] runs graphs of captured point-to-point batches mixed
 // with captured collectives (CapturedP2pCase below): it must print "ok <cases>"; with --listing-order (a batch's steps
@@ -3216,7 +3216,8 @@ class FaultCase {
 // signals Arrived only after its earlier call ended, which needs that Done. --interleaved-peers, the peers' lone calls
 // with that rank interleaved with lone calls among themselves: the real schedule serves them, each peer's steps on
 // lanes of its own after the Arrived phase; on lanes the peers share (--shared-lanes, or a pool too small) a few cases
-// hang: a copy of one step waits for a peer held by a third rank that waits for a later step's Done.
+// hang: a copy of one step waits for a peer held by a third rank that waits for a later step's Done. So do peer lanes
+// on shared hardware queues (--peer-lanes-share-queues), a known limitation on GPUs.
 struct P2POptions {
   enum class Mutation {
     None,
@@ -3229,7 +3230,8 @@ struct P2POptions {
   };
   bool faults = false;
   Mutation mutation = Mutation::None;
-  bool sharedLanes = false;         // every peer's steps on the batch's two lanes, as one queue of steps
+  bool sharedLanes = false;           // every peer's steps on the batch's two lanes, as one queue of steps
+  bool peerLanesShareQueues = false;  // with interleaved peers, the peer lanes on hardware queues drawn as the others
   int lanePool = 3;                 // the runner's pairs of peer lanes: the k-th peer of a batch takes pair k mod this
   bool unmatchedBatches = false;    // batches that peers match by lone calls (addUnmatchedBatch)
   bool interleavedPeers = false;    // and those peers' lone calls among themselves in between
@@ -3781,7 +3783,8 @@ class P2PCase : RankStreams<P2PStep> {
     for (int r = 0; r < W_; ++r) {
       const int count = pick(0, 1) ? 1 : pick(1, kQueuesPerRank);
       for (int q = 0; q < kQueuesPerRank; ++q)
-        hardwareQueueOf_[r][q] = o_.interleavedPeers && q >= peerPushQueue(0) ? count + q : pick(0, count - 1);
+        hardwareQueueOf_[r][q] =
+            o_.interleavedPeers && !o_.peerLanesShareQueues && q >= peerPushQueue(0) ? count + q : pick(0, count - 1);
       what_ += " r" + std::to_string(r) + ":";
       for (int q = 0; q < kQueuesPerRank; ++q)
         what_ += std::to_string(hardwareQueueOf_[r][q]);
@@ -4546,6 +4549,8 @@ bool parseP2POption(const char* arg, P2POptions& o) {
     o.doneAfterEveryCopy = true;
   else if (strcmp(arg, "--shared-lanes") == 0)
     o.sharedLanes = true;
+  else if (strcmp(arg, "--peer-lanes-share-queues") == 0)
+    o.peerLanesShareQueues = true;
   else if (strncmp(arg, "--lane-pool=", 12) == 0 && atoi(arg + 12) >= 1 && atoi(arg + 12) <= 3)
     o.lanePool = atoi(arg + 12);
   else
@@ -4555,7 +4560,8 @@ bool parseP2POption(const char* arg, P2POptions& o) {
 
 int runP2P(std::mt19937& rng, int cases, const P2POptions& options) {
   const bool counts = options.mutation != P2POptions::Mutation::None || options.unmatchedBatches ||
-                      options.doneAfterEveryCopy || options.sharedLanes || options.lanePool < 3;
+                      options.doneAfterEveryCopy || options.sharedLanes || options.lanePool < 3 ||
+                      options.peerLanesShareQueues;
   CaughtCases caught;
   int rings = 0, ringsHung = 0;
   for (int c = 0; c < cases; ++c) {
@@ -4619,7 +4625,8 @@ int main(int argc, char** argv) {
         "[--crossed-orders] | --faults [--old-release] [--shared-queue-crossed] | --exchanges [--skip-done-wait | "
         "--arrived-before-pack] | --p2p [--faults] [--wait-before-arrived | --copy-before-arrived | --pass-own-waits | "
         "--serials-in-call-order | --signals-in-call-order | --connect-in-turn] [--unmatched-batches | "
-        "--interleaved-peers] [--done-after-every-copy] [--shared-lanes] [--lane-pool=N] | --captured-exchanges "
+        "--interleaved-peers] [--done-after-every-copy] [--shared-lanes] [--lane-pool=N] [--peer-lanes-share-queues] | "
+        "--captured-exchanges "
         "[--without-arrived] | --captured-p2p "
         "[--listing-order]]\n",
         argv[0]);
