@@ -2,7 +2,8 @@
 on CUDA tensors, beside copy-engine all-gathers and all-to-alls on the same group, on both routes:
 - the default: the copy-engine point-to-point runner (docs/design.md, "Point-to-point"), every dtype, on
   "dma:direct", and the mistakes of test_p2p_cpu.py (sizes that differ raising on both ranks before a byte moves,
-  naming both; a recv whose send never comes named within the timeout; the failed group's next all-gather refused);
+  naming both; a recv whose send never comes named within the timeout; the failed group's next all-gather refused),
+  and on 3 ranks a batch whose peers match it with lone calls interleaved among themselves;
 - TORCH_SDMA_DELEGATE=send: the inner backend (NCCL), bit-exact on the dtypes NCCL sends, counted as delegated;
   skipped where NCCL cannot run (two ranks on one GPU).
 Expected bytes are rebuilt locally from every rank's seed."""
@@ -43,6 +44,18 @@ def test_cuda_p2p_on_nccl_matches_local_bytes(init):
 def test_cuda_p2p_on_copy_engines_matches_local_bytes(init):
     run_group(cuda_p2p_body, W, init, kwargs={"dtypes": EVERY_DTYPE, "expected": "dma:direct"}, env=ENV,
               cuda=True, timeout=540, pg_timeout_s=60).check()
+
+
+def cuda_interleaved_body(ctx):
+    return ctx.run_cases(p2p.interleaved_cases(dist.group.WORLD, ctx.device, ctx.rank, ctx.world))
+
+
+def test_cuda_p2p_batch_among_interleaved_lone_calls_on_3_ranks():
+    """3 ranks (several on one GPU where there are fewer GPUs): rank 2's batch to ranks 0 and 1 among their
+    interleaved lone calls, each peer of the batch on streams of its own (without them it hangs until the timeout);
+    and rings of two peers per batch among async all-gathers and all-to-alls."""
+    run_group(cuda_interleaved_body, 3, "cpu:gloo,cuda:sdma", env=ENV, cuda=True, timeout=300,
+              pg_timeout_s=60).check()
 
 
 def cuda_mistakes_body(ctx):
