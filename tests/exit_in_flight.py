@@ -64,6 +64,7 @@ if dev.type == "cuda":
     # rank runs first (under MPS both run at once, and 24 calls of 1 MiB could all complete before the end).
     torch.cuda._sleep(args.hold_gpu_cycles)
 outputs, works, callbacks_ran = [], [], []
+t_calls = time.monotonic()
 for i in range(args.calls):
     x = torch.full((n,), float(args.rank * 1000 + i), device=dev)
     if args.mode == "temporaries":
@@ -86,7 +87,16 @@ if args.rank == 0:
     store.set("ended/0", "1")
 if args.mode == "destroy":
     dist.destroy_process_group()
+elapsed = time.monotonic() - t_calls
 pending = sum(1 for w in works if not w.is_completed())
-failed = sum(1 for w in works if w.is_completed() and w.exception() is not None)
-print(f"rank {args.rank} ends with {len(works)} calls in flight, {pending} not completed, {failed} failed", flush=True)
+# A completed call's wait() does not block: it raises if the call failed (Work.exception() has no Python binding).
+errors = []
+for w in works:
+    if w.is_completed():
+        try:
+            w.wait()
+        except RuntimeError as e:
+            errors.append(str(e).splitlines()[0][:200])
+print(f"rank {args.rank} ends with {len(works)} calls in flight, {pending} not completed, {len(errors)} failed "
+      f"{errors[:1]}, {elapsed:.2f} s after its first call", flush=True)
 sys.exit(args.status)
