@@ -68,6 +68,7 @@ def check_runs(mode, runs, device="cpu", env=None):
             assert m, f"{mode}, run {run}: rank {rank} did not reach its end:\n{out[-4000:]}"
             not_completed += int(m.group(1))
             ends.append(re.search(r"rank \d+ ends with [^\n]*", out).group(0))
+            print(f"{mode}, run {run}: {ends[-1]}")  # shown by pytest -rA: how far each run's calls had come
         left = shm_entries_left(before)
         assert not left, f"{mode}, run {run}: left in /dev/shm: {sorted(left)}"
     # The runs tested what they are for: calls still running when an interpreter exited.
