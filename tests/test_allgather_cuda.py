@@ -1,7 +1,7 @@
 """GPU (2 GPUs; skipped elsewhere): the copy-engine all-gather, bit-exact against NCCL on random data
 with poisoned outputs (every case of the protocol suite, bf16/fp8/complex, > staging, in-place, coalesced mixed
 dtypes, 100 in flight on a side stream, two groups over the same GPUs at once), stream semantics (async_op=False
-orders on the caller's stream, wait() does not block the CPU, get_future(), allocator safety), the zero-kernel
+orders on the caller's stream, wait() and get_future() do not block the CPU, allocator safety), the zero-kernel
 check with torch.profiler, a peer that never calls, and bad input with NCCL's exact errors."""
 import re
 import threading
@@ -113,6 +113,29 @@ def cuda_stream_body(ctx):
     ag = AG(g, ref, dev, "st")
     out_info = {}
     cases = []
+
+    def get_future_does_not_block_cpu():
+        # The body's first case, before any case made torch's stream pool: making it waits for the work queued on the
+        # GPU, so a get_future() that took a pool stream held the CPU behind the spin below.
+        n = 1 << 20
+        name = "gfnb"
+        x = ag.x(name, (n,), torch.float32)
+        exp = ag.local_expected(name, (n,), torch.float32)
+        out = poison_(torch.empty(W * n, device=dev), exp)
+        dist.all_gather_into_tensor(torch.empty_like(out), x, group=g)  # connected first
+        torch.cuda.synchronize()
+        ctx.barrier_store(name)
+        torch.cuda._sleep(1_000_000_000)  # about half a second on the caller's stream
+        w = dist.all_gather_into_tensor(out, x, group=g, async_op=True)
+        t0 = time.perf_counter()
+        fut = w.get_future()
+        t_future = time.perf_counter() - t0
+        assert t_future < 0.1, f"get_future() held the CPU {t_future:.3f} s behind the caller's stream"
+        fut.wait()
+        torch.cuda.synchronize()
+        assert_bytes_equal(out, exp, "after the future's wait()")
+
+    cases.append(("get_future_does_not_block_cpu", get_future_does_not_block_cpu))
 
     def ordering(stream_kind, form):
         def fn():

@@ -3,6 +3,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <map>
 #include <thread>
 
 namespace sdma {
@@ -49,14 +50,38 @@ void GpuWork::blockCurrentStream() {
   synchronize();
 }
 
+namespace {
+
+// The CUDA-aware future records its event on the current stream at markCompleted: a stream of this file's own per
+// device, which waits for the copies first, so DDP comm hooks and then() callbacks are ordered after them without
+// blocking the CPU. Not torch's stream pool: the pool is made at its first use, and making it waits for the work
+// queued on the GPU (a second's spin ahead held a first getFuture() for that second), where making one stream does
+// not. The lock keeps a future's wait and its event together: another future's wait between them would delay it.
+struct FutureStreams {
+  std::mutex mutex;
+  std::map<c10::DeviceIndex, gpu::Stream> byDevice;  // made once, kept for the process's life
+};
+
+FutureStreams& futureStreams() {
+  static auto* streams = new FutureStreams();  // never destroyed: a future may complete during interpreter exit
+  return *streams;
+}
+
+}  // namespace
+
 c10::intrusive_ptr<c10::ivalue::Future> GpuWork::getFuture() {
   std::lock_guard<std::mutex> lock(futureMutex_);
   if (!future_) {
-    // The CUDA-aware future records its event on the current stream at markCompleted: use a stream that waits
-    // for the copies, so DDP comm hooks and then() callbacks are ordered after them without blocking the CPU.
-    auto stream = c10::cuda::getStreamFromPool(false, device_.index());
-    gpu::streamWaitEvent(stream.stream(), completion_->endEvent());
-    c10::cuda::CUDAStreamGuard guard(stream);
+    auto& streams = futureStreams();
+    std::lock_guard<std::mutex> streamsLock(streams.mutex);
+    c10::cuda::CUDAGuard deviceGuard(device_);
+    auto [it, made] = streams.byDevice.try_emplace(device_.index(), nullptr);
+    if (made) {
+      it->second = gpu::createStream();
+    }
+    gpu::streamWaitEvent(it->second, completion_->endEvent());
+    c10::cuda::CUDAStreamGuard guard(
+        c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(it->second), device_.index()));
     future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
                                                        std::vector<c10::Device>{device_});
     future_->markCompleted(c10::IValue(outputs_));
