@@ -62,8 +62,8 @@ if args.mode == "late_peer" and args.rank == 1:
 if dev.type == "cuda":
     # The calls wait for the caller's stream, held here: they are still in flight when the script ends, whichever
     # rank runs first (under MPS both run at once, and 24 calls of 1 MiB could all complete before the end).
-    # torch's stream pool is made at its first use, and under MPS making it waits for the GPU's work: the callbacks'
-    # streams come from it, so it is made before the spin, as any script has by then.
+    # torch's stream pool is made at its first use, and making it waits for the work queued on the GPU: a then()
+    # callback takes streams of it, so it is made before the spin, as any script's has been by then.
     torch.cuda.Stream()
     torch.cuda._sleep(args.hold_gpu_cycles)
 outputs, works, callbacks_ran = [], [], []
