@@ -3,8 +3,6 @@
 // order: each batch's Arrived phase across its pairs' transports in the schedule's one order, then each peer's steps
 // as a lane of that peer alone (docs/design.md, "Point-to-point"), the worker polling the lanes in turn, a wait that
 // cannot pass yet giving way to the next lane, until every lane ran out.
-#include <sched.h>
-
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <c10/util/Exception.h>
@@ -22,6 +20,7 @@
 #include "runner/kept_for_life.hpp"
 #include "runner/p2p_runner.hpp"
 #include "transport/host_shm_transport.hpp"
+#include "transport/idle_backoff.hpp"
 #include "work/host_work.hpp"
 #include "work/interpreter_exit.hpp"
 
@@ -307,12 +306,8 @@ class HostP2pRunner : public P2pRunner {
         const auto now = std::chrono::steady_clock::now();
         if (moved) {
           idleSince = now;
-        } else if (now - idleSince < std::chrono::milliseconds(2)) {
-          // Yield first (peers are usually a few microseconds away), then sleep so that idle lanes leave the cores
-          // to the processes that have work.
-          sched_yield();
         } else {
-          std::this_thread::sleep_for(std::chrono::microseconds(50));
+          idleBackoff(now - idleSince);
         }
       }
     } catch (const std::exception& e) {

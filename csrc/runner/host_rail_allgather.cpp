@@ -1,11 +1,11 @@
 #include "runner/host_rail_allgather.hpp"
 
-#include <sched.h>
-
 #include <c10/util/Exception.h>
 
 #include <cstring>
 #include <thread>
+
+#include "transport/idle_backoff.hpp"
 
 namespace sdma {
 
@@ -76,11 +76,7 @@ void HostRailAllgather::gatherNow(int slot, const std::vector<ByteSpan>& mine, s
                std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count()) + " ms");
       }
     }
-    if (now - start < std::chrono::milliseconds(2)) {
-      sched_yield();
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
+    idleBackoff(now - start);
   }
   try {
     work->wait();  // rethrows the inner backend's error

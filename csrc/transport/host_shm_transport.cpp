@@ -1,6 +1,5 @@
 #include "transport/host_shm_transport.hpp"
 
-#include <sched.h>
 #include <sys/mman.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -13,6 +12,7 @@
 
 #include "collective/rank_list.hpp"
 #include "transport/host_shared_memory.hpp"
+#include "transport/idle_backoff.hpp"
 
 namespace sdma {
 namespace {
@@ -352,11 +352,7 @@ void HostShmTransport::execute(const std::vector<Op>& ops, std::chrono::steady_c
     } else if (op.kind == Op::Kind::Poll) {
       const auto start = std::chrono::steady_clock::now();
       while (!(*op.poll)(deadline, description)) {
-        if (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(2)) {
-          sched_yield();
-        } else {
-          std::this_thread::sleep_for(std::chrono::microseconds(50));
-        }
+        idleBackoff(std::chrono::steady_clock::now() - start);
       }
     } else {
       runNonWaiting(op, deadline, description, stop);
@@ -455,13 +451,7 @@ void HostShmTransport::waitFor(const Op& op, std::chrono::steady_clock::time_poi
       nextLivenessCheck = now + std::chrono::milliseconds(10);
       checkWaiting(pending, start, now, deadline, description, stop);
     }
-    // Yield first (peers are usually a few microseconds away), then sleep so idle waiters leave the cores to
-    // the processes that have work.
-    if (now - start < std::chrono::milliseconds(2)) {
-      sched_yield();
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
+    idleBackoff(now - start);
   }
 }
 
