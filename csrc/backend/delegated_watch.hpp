@@ -9,6 +9,7 @@
 // board's words at once, also where the inner wait would block the CPU (gloo), and isCompleted() says true.
 #pragma once
 
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <chrono>
@@ -91,6 +92,10 @@ class DelegatedWatch {
     uint64_t seq = 0;
     CallPost post;
     c10::intrusive_ptr<DelegatedWork> work;  // null where the inner backend returned none (a synchronous NCCL call)
+    // The inner backend that runs the call, aborted where it differs. Not read from the post's route: a call posted
+    // for the copy engines goes to the inner backend where the runner's path says so after connecting (an exchange
+    // with TORCH_SDMA_DIRECT=0).
+    c10::intrusive_ptr<c10d::Backend> inner;
     std::chrono::steady_clock::time_point deadline;
   };
   // Called on the watcher's thread when `call` differs across ranks, with the board's words.

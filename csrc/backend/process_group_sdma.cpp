@@ -219,6 +219,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::watchDelegated(const Collective
   call.seq = info.seq;
   call.post = info.post;
   call.deadline = std::chrono::steady_clock::now() + info.timeout;
+  call.inner = inner;
   // Inside a coalescing block the inner backend's works are its own business (endCoalescing returns them).
   if (work && !coalescing_) {
     call.work = c10::make_intrusive<DelegatedWork>(std::move(work), /*blocksCpu=*/inner == innerCpu_, *board_, info.seq,
@@ -244,10 +245,9 @@ void ProcessGroupSDMA::onDelegatedDiffering(const DelegatedWatch::Call& call, co
     call.work->fail(std::make_exception_ptr(C10_BUILD_ERROR(DistBackendError, "torch_sdma: " + reason)));
   }
   // Its streams and threads would wait for the peer until the inner backend's own timeout.
-  const auto& inner = call.post.route == CallPost::kInnerCuda ? innerCuda_ : innerCpu_;
-  if (inner) {
+  if (call.inner) {
     try {
-      inner->abort();
+      call.inner->abort();
     } catch (const std::exception& e) {
       LOG(WARNING) << "torch_sdma: aborting the inner backend failed: " << e.what();
     }
