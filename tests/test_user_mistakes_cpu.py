@@ -93,7 +93,9 @@ def sizes_differ_body(ctx, form, async_op):
 def calls_differ_body(ctx, case, warm, late):
     """Rank 1 makes another call than rank 0 at the same point of the group's sequence (rank 0 always an
     all_gather_into_tensor of 1024 floats): `case` "all_reduce" or "broadcast" (a delegated collective), "zero" (the
-    same call with 0 elements), "list" (the list form). Each rank returns its error and how long the call took to
+    same call with 0 elements), "list" (the list form); "all_reduce_on_0": rank 0 makes the all_reduce and rank 1 the
+    all-gather (unwarmed, rank 0's all_reduce is the first call of the inner backend, whose rank 0 starts its
+    connect). Each rank returns its error and how long the call took to
     raise, counted from a barrier just before it; `warm`: an agreeing all-gather and all-reduce ran first; `late`: the
     rank that makes its call 0.3 s after the other (which then cannot see it when it posts: the late one refuses, and
     the early one's watcher must find it), or None."""
@@ -105,9 +107,9 @@ def calls_differ_body(ctx, case, warm, late):
         dist.all_reduce(torch.ones(8, device=dev if not SHARE_GPU else "cpu"))
     x = rand("differ", rank, (n,), torch.float32, device=dev)
     out = poison_(torch.empty(W * n, device=dev))
-    if rank == 0:
+    if rank != (0 if case == "all_reduce_on_0" else 1):
         call = lambda: dist.all_gather_into_tensor(out, x)  # noqa: E731
-    elif case == "all_reduce":
+    elif case in ("all_reduce", "all_reduce_on_0"):
         call = lambda: dist.all_reduce(x)  # noqa: E731
     elif case == "broadcast":
         call = lambda: dist.broadcast(x, src=0)  # noqa: E731
@@ -356,6 +358,7 @@ def test_list_element_of_the_wrong_size_is_named_in_our_words():
 # watcher of delegated calls for gloo's) finds the same post and fails its call in the same words.
 CALLS_DIFFER_WORDS = {
     "all_reduce": "the ranks called different collectives: all_gather_into_tensor on rank 0 vs all_reduce on rank 1",
+    "all_reduce_on_0": "the ranks called different collectives: all_reduce on rank 0 vs all_gather_into_tensor on rank 1",
     "broadcast": "the ranks called different collectives: all_gather_into_tensor on rank 0 vs broadcast on rank 1",
     "zero": ("the ranks passed inputs of different sizes to all_gather_into_tensor (bytes per rank: group rank 0 "
              "4096 bytes of Float, group rank 1 0 bytes of Float)"),
@@ -367,6 +370,7 @@ CALLS_DIFFER_WORDS = {
     ("all_reduce", True, 0),  # rank 1 is inside gloo's all_reduce: the watcher of delegated calls fails it
     ("all_reduce", True, 1),  # rank 0's all-gather is on the worker: its waits fail it
     ("all_reduce", False, None),  # the group's first all-gather, which connects the transport
+    ("all_reduce_on_0", False, None),
     ("broadcast", True, 0),
     ("zero", True, 1),
     ("zero", False, 0),
