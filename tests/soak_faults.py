@@ -14,6 +14,9 @@ call, rank), into outputs poisoned first. The faults (FAULTS; the seed picks one
     stream_held     (GPU) the rank's stream is held beyond the timeout by a spin kernel (torch.cuda._sleep)
     zero_size       the rank passes a zero-size input and output to the call
     other_form      the rank calls the list form (all_gather) where the peer calls all_gather_into_tensor
+    other_call      the rank calls broadcast (src 0, its input as the buffer) where the peer all-gathers: by the
+                    copy engines or shared memory on the direct path, else by the inner backend (on one GPU shared by
+                    two ranks always the direct path: NCCL refuses two ranks on one GPU)
     two_threads     every rank's first calls come from two threads at once, each on a group of its own (on GPUs,
                     each on a stream of its own)
     exit_in_flight  the rank issues an async call and exits (os._exit) with it in flight
@@ -52,7 +55,7 @@ from mp_harness import run_group  # noqa: E402
 warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
 warnings.filterwarnings("ignore", category=UserWarning, module="torch.distributed")
 
-CPU_FAULTS = ("late_cpu", "zero_size", "other_form", "two_threads", "exit_in_flight", "sigkill")
+CPU_FAULTS = ("late_cpu", "zero_size", "other_form", "two_threads", "exit_in_flight", "sigkill", "other_call")
 GPU_FAULTS = CPU_FAULTS + ("stream_held", "graph_destroy")
 # Faults after which the faulted rank's process is gone on purpose.
 LEAVING = ("exit_in_flight", "sigkill")
@@ -82,6 +85,14 @@ def pick_episode(seed, episode, faults, calls):
     rng = random.Random(f"fault/{seed}/{episode}")
     return {"kind": faults[episode % len(faults)] if episode < len(faults) else rng.choice(faults),
             "rank": rng.randint(0, 1), "at": rng.randint(1, calls - 1), "direct": rng.random() < 0.5}
+
+
+def fit_to_device(fault, device):
+    """The fault as it can run on `device`: off the direct path a CUDA broadcast goes to NCCL, which refuses two
+    ranks on one GPU."""
+    if fault["kind"] == "other_call" and device == "cuda" and os.environ.get("SDMA_TEST_SHARE_GPU") == "1":
+        return dict(fault, direct=True)
+    return fault
 
 
 def _sync(device):
@@ -228,6 +239,18 @@ def episode_body(ctx, seed, episode, fault, calls, timeout_s, device_kind):
                 out = torch.empty(0, dtype=torch.uint8, device=device)
             elif kind == "other_form":
                 list_form = not list_form
+            elif kind == "other_call":
+                # Its buffer's bytes are not checked: a call that differs across ranks must raise, on this rank or
+                # (a GPU stream having run on) with a later call of the group, which the fault's test asks for.
+                try:
+                    work = dist.broadcast(_data(seed, episode, c, me, n, device), src=0, async_op=async_op)
+                    if work is not None:
+                        work.wait()
+                    _sync(device)
+                    outcomes.append("ok (a broadcast where the peer all-gathers)")
+                except Exception as e:  # noqa: BLE001
+                    outcomes.append(_first_line(e))
+                continue
             elif kind in LEAVING:
                 x = _data(seed, episode, c, me, n, device)
                 y = torch.full((2 * n,), POISON, dtype=torch.uint8, device=device)
@@ -369,7 +392,7 @@ def main(argv=None):
     failed = 0
     t0 = time.monotonic()
     for i in range(args.faults):
-        fault = pick_episode(args.seed, i, faults, args.calls)
+        fault = fit_to_device(pick_episode(args.seed, i, faults, args.calls), args.device)
         t = time.monotonic()
         problems, outcomes, landed = run_episode(args.seed, i, fault, args.calls, args.timeout, args.device)
         status = "FAIL" if problems else "ok"

@@ -21,6 +21,8 @@ FAULTS = [
     # the peer's into-tensor call goes direct.
     _fault("zero_size", 1, 3, True),
     _fault("other_form", 0, 2, True),
+    _fault("other_call", 1, 3, True),
+    _fault("other_call", 0, 2, False),
     _fault("two_threads", 0, 3, False),
     _fault("two_threads", 0, 3, True),
     _fault("exit_in_flight", 1, 3, True),
@@ -33,6 +35,6 @@ def test_fault_keeps_the_rules(fault):
     problems, outcomes, _ = run_episode(SEED, fault["at"], fault, calls=8, timeout_s=TIMEOUT_S)
     assert not problems, f"{describe(fault)}:\n" + "\n".join(problems)
     for rank, seen in outcomes.items():
-        if fault["kind"] in ("late_cpu", "zero_size", "exit_in_flight", "sigkill"):
+        if fault["kind"] in ("late_cpu", "zero_size", "exit_in_flight", "sigkill", "other_call"):
             # The fault must have been seen: some call raised on every survivor.
             assert any(not o.startswith("ok") for o in seen), f"rank {rank} saw no error: {seen}"
