@@ -358,7 +358,8 @@ def test_list_element_of_the_wrong_size_is_named_in_our_words():
 # watcher of delegated calls for gloo's) finds the same post and fails its call in the same words.
 CALLS_DIFFER_WORDS = {
     "all_reduce": "the ranks called different collectives: all_gather_into_tensor on rank 0 vs all_reduce on rank 1",
-    "all_reduce_on_0": "the ranks called different collectives: all_reduce on rank 0 vs all_gather_into_tensor on rank 1",
+    "all_reduce_on_0": ("the ranks called different collectives: all_reduce on rank 0 vs all_gather_into_tensor on "
+                        "rank 1"),
     "broadcast": "the ranks called different collectives: all_gather_into_tensor on rank 0 vs broadcast on rank 1",
     "zero": ("the ranks passed inputs of different sizes to all_gather_into_tensor (bytes per rank: group rank 0 "
              "4096 bytes of Float, group rank 1 0 bytes of Float)"),
