@@ -129,8 +129,8 @@ soak: build
 soak-faults: build
 	$(PY) tests/soak_faults.py $(SOAK_ARGS)
 
-# On a GPU machine, in two steps; logs go to $(LOGS). On 2x H200 the tests took about 11 minutes (direct last, alone);
-# GPU_SUITE_ONLY runs a part of them (tests/README.md).
+# On a GPU machine, in two steps; logs go to $(LOGS). On 2x H200 the groups but direct took 440 s five at once (two of
+# them cut at 260 s), direct 165 s alone after them; GPU_SUITE_ONLY runs a part of them (tests/README.md).
 LOGS ?= results
 gpu-tests: build
 	mkdir -p $(LOGS)
