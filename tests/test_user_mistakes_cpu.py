@@ -381,7 +381,19 @@ CALLS_DIFFER_WORDS = {
 def test_calls_that_differ_are_named_on_every_rank(case, warm, late, direct):
     values = run_mistake(calls_differ_body, "sdma", kwargs={"case": case, "warm": warm, "late": late},
                          env={"TORCH_SDMA_DIRECT": direct})
-    seq = 3 if warm else 1
+    assert_named_on_every_rank(values, case, 3 if warm else 1, late)
+
+
+# Below TORCH_SDMA_MIN_BYTES the all-gathers go to the inner backend too: the one that a peer's other call meets must
+# fail in the board's words as fast, also where it posted first (late 1) and is then inside gloo's all-gather.
+@pytest.mark.parametrize("late", [1, 0])
+def test_inner_allgather_that_differs_is_named_on_every_rank(late):
+    values = run_mistake(calls_differ_body, "sdma", kwargs={"case": "all_reduce", "warm": True, "late": late},
+                         env={"TORCH_SDMA_MIN_BYTES": "1M"})
+    assert_named_on_every_rank(values, "all_reduce", 3, late)
+
+
+def assert_named_on_every_rank(values, case, seq, late):
     words = f"{CALLS_DIFFER_WORDS[case]}, sequence number {seq} of group '0'"
     for rank, v in enumerate(values):
         err = v["error"]

@@ -6,6 +6,7 @@ from test_user_mistakes_cpu import (
     CALLS_DIFFER_WORDS,
     PG_TIMEOUT_S,
     SLACK_S,
+    assert_named_on_every_rank,
     calls_differ_body,
     destroyed_body,
     first_call_missing_body,
@@ -114,3 +115,15 @@ def test_calls_that_differ_are_named_on_every_rank(case, warm, late, env):
         assert v["elapsed"] < PG_TIMEOUT_S + SLACK_S, (rank, v)
         assert v["after"] is not None and "an earlier collective on this group failed" in v["after"], (rank, v)
     assert min(v["elapsed"] for v in values) < 1.0, values
+
+
+# Below TORCH_SDMA_MIN_BYTES the all-gathers go to NCCL: the one a peer's other call meets fails in the board's words,
+# its communicator aborted, also where it posted first (late 1) and is inside NCCL's all-gather.
+@pytest.mark.parametrize("late", [1, 0])
+def test_inner_allgather_that_differs_is_named_on_every_rank(late):
+    if SHARE_GPU:
+        pytest.skip("NCCL refuses two ranks on one GPU")
+    values = run_mistake(calls_differ_body, "cpu:gloo,cuda:sdma",
+                         kwargs={"case": "all_reduce", "warm": True, "late": late},
+                         env={"TORCH_SDMA_MIN_BYTES": "1M"}, cuda=True)
+    assert_named_on_every_rank(values, "all_reduce", 3, late)

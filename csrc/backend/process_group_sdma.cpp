@@ -606,8 +606,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allgatherCollective(const Colle
   }
   auto& inner = innerFor(planned.device, names.stats);
   recordPath(path.key(), bytes);
-  return runTraced(traceGroup_, getGroupDesc(), info.seq, traced,
-                   [&] { return innerCall(*inner, InnerOperands(planned.innerGathersBytes)); });
+  // Watched like every delegated collective: a peer that made another call fails it in the board's words, where
+  // the inner backend would wait for that peer until its own timeout (NCCL's watchdog then ends the process).
+  return runTraced(traceGroup_, getGroupDesc(), info.seq, traced, [&] {
+    return watchDelegated(info, inner, innerCall(*inner, InnerOperands(planned.innerGathersBytes)));
+  });
 }
 
 namespace {
