@@ -15,8 +15,9 @@ call, rank), into outputs poisoned first. The faults (FAULTS; the seed picks one
     zero_size       the rank passes a zero-size input and output to the call
     other_form      the rank calls the list form (all_gather) where the peer calls all_gather_into_tensor
     other_call      the rank calls broadcast (src 0, its input as the buffer) where the peer all-gathers: by the
-                    copy engines or shared memory on the direct path, else by the inner backend (on one GPU shared by
-                    two ranks always the direct path: NCCL refuses two ranks on one GPU)
+                    copy engines or shared memory on the direct path, else by the inner backend; in half the
+                    episodes the all-gathers below 1 MiB go to the inner backend (on one GPU shared by two ranks
+                    always the direct path and no inner all-gather: NCCL refuses two ranks on one GPU)
     two_threads     every rank's first calls come from two threads at once, each on a group of its own (on GPUs,
                     each on a stream of its own)
     exit_in_flight  the rank issues an async call and exits (os._exit) with it in flight
@@ -83,15 +84,18 @@ def _plan(seed, episode, calls):
 
 def pick_episode(seed, episode, faults, calls):
     rng = random.Random(f"fault/{seed}/{episode}")
-    return {"kind": faults[episode % len(faults)] if episode < len(faults) else rng.choice(faults),
-            "rank": rng.randint(0, 1), "at": rng.randint(1, calls - 1), "direct": rng.random() < 0.5}
+    kind = faults[episode % len(faults)] if episode < len(faults) else rng.choice(faults)
+    fault = {"kind": kind, "rank": rng.randint(0, 1), "at": rng.randint(1, calls - 1), "direct": rng.random() < 0.5}
+    # A broadcast may meet an all-gather that the inner backend runs (below TORCH_SDMA_MIN_BYTES) as well.
+    fault["inner_allgathers"] = kind == "other_call" and rng.random() < 0.5
+    return fault
 
 
 def fit_to_device(fault, device):
     """The fault as it can run on `device`: off the direct path a CUDA broadcast goes to NCCL, which refuses two
     ranks on one GPU."""
     if fault["kind"] == "other_call" and device == "cuda" and os.environ.get("SDMA_TEST_SHARE_GPU") == "1":
-        return dict(fault, direct=True)
+        return dict(fault, direct=True, inner_allgathers=False)
     return fault
 
 
@@ -338,7 +342,8 @@ def _graph_destroy(seed, episode, me, device):
 def run_episode(seed, episode, fault, calls=8, timeout_s=2.5, device="cpu", env=None):
     """One episode in two fresh processes. Returns (problems, per-rank outcomes, [canaries, of them on memory a
     failed call's output gave back])."""
-    e = {"TORCH_SDMA_MIN_BYTES": "0", "TORCH_SDMA_DISABLE": None, "TORCH_SDMA_TEST_FAULT": None,
+    e = {"TORCH_SDMA_MIN_BYTES": "1M" if fault.get("inner_allgathers") else "0", "TORCH_SDMA_DISABLE": None,
+         "TORCH_SDMA_TEST_FAULT": None,
          "TORCH_SDMA_DIRECT": "1" if fault["direct"] else "0"}
     e.update(env or {})
     limit = 60 + 6 * timeout_s
@@ -370,7 +375,8 @@ def run_episode(seed, episode, fault, calls=8, timeout_s=2.5, device="cpu", env=
 
 def describe(fault):
     return (f"{fault['kind']} on rank {fault['rank']} at call {fault['at']} "
-            f"({'direct' if fault['direct'] else 'staging'})")
+            f"({'direct' if fault['direct'] else 'staging'}"
+            f"{', all-gathers below 1 MiB on the inner backend' if fault.get('inner_allgathers') else ''})")
 
 
 def main(argv=None):

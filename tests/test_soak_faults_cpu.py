@@ -10,8 +10,8 @@ SEED = 20261125
 TIMEOUT_S = 2.0
 
 
-def _fault(kind, rank, at, direct):
-    return {"kind": kind, "rank": rank, "at": at, "direct": direct}
+def _fault(kind, rank, at, direct, inner_allgathers=False):
+    return {"kind": kind, "rank": rank, "at": at, "direct": direct, "inner_allgathers": inner_allgathers}
 
 
 FAULTS = [
@@ -23,6 +23,7 @@ FAULTS = [
     _fault("other_form", 0, 2, True),
     _fault("other_call", 1, 3, True),
     _fault("other_call", 0, 2, False),
+    _fault("other_call", 1, 2, True, inner_allgathers=True),
     _fault("two_threads", 0, 3, False),
     _fault("two_threads", 0, 3, True),
     _fault("exit_in_flight", 1, 3, True),
@@ -30,7 +31,8 @@ FAULTS = [
 ]
 
 
-@pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f"{f['kind']}-{'direct' if f['direct'] else 'staging'}")
+@pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f"{f['kind']}-{'direct' if f['direct'] else 'staging'}"
+                         f"{'-inner' if f['inner_allgathers'] else ''}")
 def test_fault_keeps_the_rules(fault):
     problems, outcomes, _ = run_episode(SEED, fault["at"], fault, calls=8, timeout_s=TIMEOUT_S)
     assert not problems, f"{describe(fault)}:\n" + "\n".join(problems)
@@ -38,3 +40,7 @@ def test_fault_keeps_the_rules(fault):
         if fault["kind"] in ("late_cpu", "zero_size", "exit_in_flight", "sigkill", "other_call"):
             # The fault must have been seen: some call raised on every survivor.
             assert any(not o.startswith("ok") for o in seen), f"rank {rank} saw no error: {seen}"
+        if fault["kind"] == "other_call":
+            # In the board's words on both ranks, whichever path each call took (an inner all-gather too).
+            first = next(o for o in seen if not o.startswith("ok"))
+            assert "the ranks called different collectives" in first, f"rank {rank}: {first}"
