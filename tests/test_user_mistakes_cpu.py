@@ -95,10 +95,10 @@ def calls_differ_body(ctx, case, warm, late):
     all_gather_into_tensor of 1024 floats): `case` "all_reduce" or "broadcast" (a delegated collective), "zero" (the
     same call with 0 elements), "list" (the list form); "all_reduce_on_0": rank 0 makes the all_reduce and rank 1 the
     all-gather (unwarmed, rank 0's all_reduce is the first call of the inner backend, whose rank 0 starts its
-    connect). Each rank returns its error and how long the call took to
-    raise, counted from a barrier just before it; `warm`: an agreeing all-gather and all-reduce ran first; `late`: the
-    rank that makes its call 0.3 s after the other (which then cannot see it when it posts: the late one refuses, and
-    the early one's watcher must find it), or None."""
+    connect). Each rank returns its error and how long the call took to raise, counted from a barrier just before it;
+    `warm`: an agreeing all-gather and all-reduce ran first; `late`: the rank that makes its call 0.3 s after the other
+    (which then cannot see it when it posts: the late one refuses, and the early one's watcher must find it), or
+    None."""
     W, rank, dev = ctx.world, ctx.rank, ctx.device
     n = 1024
     if warm:

@@ -3,7 +3,6 @@ skipped elsewhere): the same mistakes on CUDA tensors give the same errors on ev
 bytes, nothing left in /dev/shm."""
 import pytest
 from test_user_mistakes_cpu import (
-    CALLS_DIFFER_WORDS,
     PG_TIMEOUT_S,
     SLACK_S,
     assert_named_on_every_rank,
@@ -106,15 +105,7 @@ def test_calls_that_differ_are_named_on_every_rank(case, warm, late, env):
         pytest.skip("NCCL refuses two ranks on one GPU")
     values = run_mistake(calls_differ_body, "cpu:gloo,cuda:sdma", kwargs={"case": case, "warm": warm, "late": late},
                          env=env, cuda=True)
-    seq = 3 if warm and not SHARE_GPU else 2 if warm else 1
-    words = f"{CALLS_DIFFER_WORDS[case]}, sequence number {seq} of group '0'"
-    for rank, v in enumerate(values):
-        err = v["error"]
-        assert err is not None and words in err, f"rank {rank}: {v}"
-        one_paragraph(err)
-        assert v["elapsed"] < PG_TIMEOUT_S + SLACK_S, (rank, v)
-        assert v["after"] is not None and "an earlier collective on this group failed" in v["after"], (rank, v)
-    assert min(v["elapsed"] for v in values) < 1.0, values
+    assert_named_on_every_rank(values, case, 3 if warm and not SHARE_GPU else 2 if warm else 1, late=None)
 
 
 # Below TORCH_SDMA_MIN_BYTES the all-gathers go to NCCL: the one a peer's other call meets fails in the board's words,
