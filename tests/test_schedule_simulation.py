@@ -21,7 +21,9 @@ the ranks post apart (the second poster refusing): under the protocol's release 
 wrong byte, no copy touches a buffer after its call ended, and no lane hangs once every rank failed; under the old
 release (every failed rank passing its own waits) the model must catch both a wrong byte and a write after end; with two
 groups in crossed orders on one hardware queue (--shared-queue-crossed) the protocol must be caught hanging, a known
-limitation. And the exchange schedule (--exchanges): all-to-all (uneven splits with zeros, even, lists), broadcast,
+limitation; with every stream of a rank on one hardware queue (--one-hardware-queue, the service stream that writes the
+releases included) a rank whose peer's process ended must be caught hanging behind its own wait, a known defect. And
+the exchange schedule (--exchanges): all-to-all (uneven splits with zeros, even, lists), broadcast,
 gather and scatter from any root, over 2-5 ranks, regions posted as they are or bounced, every pairing, one queue or two
 lanes, several calls in a row near the wrap: at each call's end every rank's buffers hold exactly the bytes sent to it
 and nothing else changed, and no copy touches them afterwards; wrong variants of the schedule must be caught. Exchanges
@@ -190,6 +192,21 @@ def test_fault_protocol_hangs_on_a_shared_hardware_queue_in_crossed_orders(simul
     assert m and int(m.group(1)) == int(m.group(2)) >= 600, p.stdout + p.stderr
     assert "after every rank failed" in p.stderr and "on their hardware queue" in p.stderr, p.stderr
 
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_gone_peer_release_hangs_behind_its_own_wait_on_one_hardware_queue(simulation, seed):
+    """A known defect: with every stream of a rank on one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1, or by chance
+    with more), a rank whose peer's process ended passes its own waits on that peer with a copy on the transport's
+    service stream, which sits behind the lane's wait it would satisfy: the lanes never run out and the caller's
+    stream stays held. About 6% of the cases hang, each behind such a release, and nothing else fails (a release into a
+    failed live peer, made once this rank's lanes ran out, leaves the queue)."""
+    p = subprocess.run([str(simulation), str(seed), "3000", "--faults", "--one-hardware-queue"], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 1, p.stdout + p.stderr
+    m = re.match(r"caught (\d+) of 3000 cases: hang (\d+);$", p.stdout.strip())
+    assert m and int(m.group(1)) == int(m.group(2)) >= 100, p.stdout + p.stderr
+    assert "its release of its own waits on rank" in p.stderr and "process ends" in p.stderr, p.stderr
 
 def _p2p(simulation, seed, cases, *flags):
     return subprocess.run([str(simulation), str(seed), str(cases), "--p2p", *flags], capture_output=True, text=True,

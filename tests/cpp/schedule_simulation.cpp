@@ -2598,6 +2598,13 @@ class CallsInFlight : RankStreams<CallInFlightStep> {
 // checked there. Under the protocol this hangs: once both ranks failed both groups, each rank's lanes wait, directly
 // or behind the other group's wait on their hardware queue, for a step of the peer's that sits behind the peer's own
 // wait, so no rank's lanes of a group run out and no release (rule 3) is ever written.
+//
+// One hardware queue (--one-hardware-queue): every stream of a rank on one hardware queue, as with
+// CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron's setting), the transports' service stream included: the releases (rule 3,
+// and a rank's own waits on a gone peer) are copies the watchdog makes on that stream, so they too leave the queue
+// only behind every step submitted before them. A rank whose peer's process is gone passes its own waits on it with a
+// copy that sits behind the very wait it would satisfy: its lanes never run out. Caught as a hang in the cases where
+// a process ends with a wait on it enqueued.
 enum class ReleaseRule { New, Old };
 
 // What a FaultCase runs: the release rule, and the scenario (one group on a rank's own streams, or two groups whose
@@ -2605,6 +2612,7 @@ enum class ReleaseRule { New, Old };
 struct FaultOptions {
   ReleaseRule rule = ReleaseRule::New;
   bool sharedQueueCrossed = false;
+  bool oneHardwareQueue = false;  // every stream of a rank, the service stream's releases included, on one queue
 };
 
 class FaultCase {
@@ -2677,13 +2685,16 @@ class FaultCase {
       }
     }
     what_ += ")";
-    // Every stream of a rank on one hardware queue in the shared scenario, else each on its own.
+    // Every stream of a rank on one hardware queue in the shared scenarios, else each on its own. The service
+    // stream (queue 2 * groups) carries the releases where they are queued (--one-hardware-queue).
     for (int r = 0; r < kW; ++r) {
-      queues_[r].resize(2 * groups);
-      hardwareQueueOf_[r].resize(2 * groups);
-      for (int q = 0; q < 2 * groups; ++q)
-        hardwareQueueOf_[r][q] = o_.sharedQueueCrossed ? 0 : q;
+      queues_[r].resize(2 * groups + 1);
+      hardwareQueueOf_[r].resize(2 * groups + 1);
+      for (int q = 0; q <= 2 * groups; ++q)
+        hardwareQueueOf_[r][q] = o_.sharedQueueCrossed || o_.oneHardwareQueue ? 0 : q;
     }
+    if (o_.oneHardwareQueue)
+      what_ += ", one hardware queue a rank";
   }
 
   // "" when every property held, else the failure.
@@ -2704,7 +2715,7 @@ class FaultCase {
       for (int r = 0; r < kW; ++r) {
         if (gone_[r])
           continue;
-        for (int q = 0; q < 2 * groups; ++q)
+        for (int q = 0; q <= 2 * groups; ++q)
           if (!queues_[r][q].steps.empty() && ready(r, queues_[r][q].steps.front()) &&
               earlierOnHardwareQueue(queues_[r], hardwareQueueOf_[r], q) < 0)
             moves.push_back([this, r, q] { runHead(r, q); });
@@ -2717,13 +2728,23 @@ class FaultCase {
           if (o_.rule == ReleaseRule::New && mayPassOwnWaits(gr.failed[r], gone_[1 - r]) && !gr.passedOwn[r])
             moves.push_back([this, r, g] {
               group(g).passedOwn[r] = true;
-              passOwnWaits(r, g, 1 - r);
+              if (o_.oneHardwareQueue)
+                queueRelease(r, g, 1 - r, /*own=*/true);
+              else
+                passOwnWaits(r, g, 1 - r);
             });
           const bool peerFailed = gr.failed[1 - r];
           if (o_.rule == ReleaseRule::New && failsForPeer(gr.failed[r], peerFailed))
             moves.push_back([this, r, g] { fail(r, g, "its watchdog saw the peer's \"failed\""); });
           if (o_.rule == ReleaseRule::New && mayReleaseInto(gr.failed[r], quiesced(r, g), peerFailed, gr.released[r]))
-            moves.push_back([this, r, g] { release(r, g, 1 - r); });
+            moves.push_back([this, r, g] {
+              if (o_.oneHardwareQueue) {
+                group(g).released[r] = true;
+                queueRelease(r, g, 1 - r, /*own=*/false);
+              } else {
+                release(r, g, 1 - r);
+              }
+            });
         }
       }
       if (!moves.empty()) {
@@ -2755,11 +2776,15 @@ class FaultCase {
     }
     if (!failure_.empty())
       return failure_;
-    for (int r = 0; r < kW; ++r)
+    for (int r = 0; r < kW; ++r) {
       for (int g = 0; g < groups; ++g)
         if (!quiesced(r, g))
           return "hang: rank " + std::to_string(r) + "'s lanes never run out after every rank failed (" + heads() +
                  "; " + what_ + ")";
+      if (!queues_[r][2 * groups].steps.empty())
+        return "hang: rank " + std::to_string(r) + "'s release never leaves its hardware queue (" + heads() + "; " +
+               what_ + ")";
+    }
     if (faultFree_ && !o_.sharedQueueCrossed) {
       for (int r = 0; r < kW; ++r)
         if (failedAnyGroup(r) || next_[r] != total_)
@@ -2796,9 +2821,11 @@ class FaultCase {
     std::string why[kW];
   };
   struct Step {
-    enum Kind { Operation, Fence, End } kind = Operation;
+    enum Kind { Operation, Fence, End, Release } kind = Operation;
     Op op{Op::Copy};
     int group = 0;
+    int peer = 0;      // Release: the peer whose words it writes (own: this rank's words from that peer)
+    bool own = false;  // Release: a rank's own waits on a gone peer, else the words a failed peer waits on
     bool direct = false;
     int after = 0;  // Fence: runs once queue `after` ran `count` steps
     uint64_t count = 0;
@@ -2955,6 +2982,16 @@ class FaultCase {
     }
   }
 
+  // The watchdog's release as the service stream's copy: it runs once it leaves the rank's hardware queue.
+  void queueRelease(int r, int g, int peer, bool own) {
+    Step s;
+    s.kind = Step::Release;
+    s.group = g;
+    s.peer = peer;
+    s.own = own;
+    add(r, static_cast<int>(groups_.size()) * 2, s);
+  }
+
   void release(int r, int g, int peer) {
     Group& gr = group(g);
     gr.released[r] = true;
@@ -3068,7 +3105,7 @@ class FaultCase {
   bool ready(int r, const Step& s) {
     if (s.kind == Step::Fence)
       return queues_[r][s.after].executed >= s.count;
-    if (s.kind == Step::End)
+    if (s.kind == Step::End || s.kind == Step::Release)
       return true;
     Group& gr = group(s.group);
     return (s.direct ? gr.direct : gr.staging).ready(r, s.op);
@@ -3094,6 +3131,13 @@ class FaultCase {
                     (gr.endedWithError[owner][c] ? "with an error" : "without error") + ")");
       }
       (s.direct ? gr.direct : gr.staging).execute(r, s.op);
+      return;
+    }
+    if (s.kind == Step::Release) {
+      if (s.own)
+        passOwnWaits(r, s.group, s.peer);
+      else if (!gone_[s.peer])
+        release(r, s.group, s.peer);
       return;
     }
     if (s.kind != Step::End)
@@ -3123,6 +3167,12 @@ class FaultCase {
     }
   }
 
+  std::string streamName(size_t q) const {
+    if (q == 2 * groups_.size())
+      return "service stream";
+    return "g" + std::to_string(q / 2) + (q % 2 ? " drain" : " push");
+  }
+
   // Where each stream with steps left stands (for a hang's report).
   std::string heads() {
     static const char* const kFlagNames[] = {"Ready", "Credit", "Arrived", "Done"};
@@ -3133,17 +3183,17 @@ class FaultCase {
           continue;
         const Step& s = queues_[r][q].steps.front();
         std::string at = s.kind == Step::Fence ? "a fence"
+                         : s.kind == Step::Release
+                             ? std::string(s.own ? "its release of its own waits on rank " : "its release of rank ") +
+                                   std::to_string(s.peer)
                          : s.kind == Step::End ? "call " + std::to_string(s.call) + "'s end"
                          : s.op.kind == Op::Wait || s.op.kind == Op::WaitOne
                              ? std::string("a wait for ") + kFlagNames[static_cast<int>(s.op.flag)] +
                                    (ready(r, s) ? "" : " not reached")
                              : "an operation";
         const int ahead = earlierOnHardwareQueue(queues_[r], hardwareQueueOf_[r], static_cast<int>(q));
-        out += (out.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " g" + std::to_string(q / 2) +
-               (q % 2 ? " drain" : " push") + " at " + at +
-               (ahead < 0 ? ""
-                          : ", behind g" + std::to_string(ahead / 2) + (ahead % 2 ? " drain" : " push") +
-                                " on their hardware queue");
+        out += (out.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " " + streamName(q) + " at " +
+               at + (ahead < 0 ? "" : ", behind " + streamName(ahead) + " on their hardware queue");
       }
     }
     return out;
@@ -4607,6 +4657,8 @@ int main(int argc, char** argv) {
       faultOptions.rule = ReleaseRule::Old;
     else if (faults && strcmp(argv[a], "--shared-queue-crossed") == 0)
       faultOptions.sharedQueueCrossed = true;
+    else if (faults && strcmp(argv[a], "--one-hardware-queue") == 0)
+      faultOptions.oneHardwareQueue = true;
     else if (exchanges && mutation == FakeTransport::Mutation::None && strcmp(argv[a], "--skip-done-wait") == 0)
       mutation = FakeTransport::Mutation::SkipDoneWait;
     else if (exchanges && mutation == FakeTransport::Mutation::None && strcmp(argv[a], "--arrived-before-pack") == 0)
@@ -4622,7 +4674,8 @@ int main(int argc, char** argv) {
     fprintf(
         stderr,
         "usage: %s SEED CASES [--calls-in-flight [--unordered] [--unforked] | --hardware-queues "
-        "[--crossed-orders] | --faults [--old-release] [--shared-queue-crossed] | --exchanges [--skip-done-wait | "
+        "[--crossed-orders] | --faults [--old-release] [--shared-queue-crossed | --one-hardware-queue] | --exchanges "
+        "[--skip-done-wait | "
         "--arrived-before-pack] | --p2p [--faults] [--wait-before-arrived | --copy-before-arrived | --pass-own-waits | "
         "--serials-in-call-order | --signals-in-call-order | --connect-in-turn] [--unmatched-batches | "
         "--interleaved-peers] [--done-after-every-copy] [--shared-lanes] [--lane-pool=N] [--peer-lanes-share-queues] | "
@@ -4654,9 +4707,10 @@ int main(int argc, char** argv) {
     return caught.report(cases);
   }
   if (faults) {
-    // The protocol on its own streams stops at its first failure. The old rule and the shared hardware queue run every
-    // case and count what they are caught at.
-    const bool counts = faultOptions.rule == ReleaseRule::Old || faultOptions.sharedQueueCrossed;
+    // The protocol on its own streams stops at its first failure. The old rule and the shared hardware queues run
+    // every case and count what they are caught at.
+    const bool counts =
+        faultOptions.rule == ReleaseRule::Old || faultOptions.sharedQueueCrossed || faultOptions.oneHardwareQueue;
     CaughtCases caught;
     for (int c = 0; c < cases; ++c)
       caught.addResult(FaultCase(rng, c, faultOptions).run(), counts);
