@@ -3,7 +3,7 @@ rank checks what the fault rules promise (docs/errors.md): a call returns bit-ex
 writes into memory after the call that owned it ended, no process dies by a signal, and the group's failure stays
 in that group.
 
-    python tests/soak_faults.py --faults 20 --seed 7 [--device cpu|cuda] [--only late_cpu,sigkill]
+    python tests/soak_faults.py --faults 20 --seed 7 [--device cpu|cuda] [--only late_cpu,sigkill] [--hardware-queues 1]
     SDMA_TEST_SHARE_GPU=1 make soak-faults SOAK_ARGS="--faults 40 --seed 7"     (two ranks on the one GPU)
 
 Each fault is one episode: two fresh processes, a faulted group (the default one, its timeout --timeout seconds, so
@@ -387,6 +387,8 @@ def main(argv=None):
     p.add_argument("--calls", type=int, default=8, help="all-gathers on the faulted group per episode")
     p.add_argument("--timeout", type=float, default=2.5, help="the faulted group's timeout, seconds")
     p.add_argument("--only", default="", help="comma-separated fault kinds to draw from (default: all)")
+    p.add_argument("--hardware-queues", type=int, default=0,
+                   help="GPU: CUDA_DEVICE_MAX_CONNECTIONS in the ranks (1: Megatron's setting; default: torch_sdma's)")
     args = p.parse_args(argv)
     if args.device == "auto":
         import torch
@@ -400,7 +402,8 @@ def main(argv=None):
     for i in range(args.faults):
         fault = fit_to_device(pick_episode(args.seed, i, faults, args.calls), args.device)
         t = time.monotonic()
-        problems, outcomes, landed = run_episode(args.seed, i, fault, args.calls, args.timeout, args.device)
+        env = {"CUDA_DEVICE_MAX_CONNECTIONS": str(args.hardware_queues)} if args.hardware_queues else None
+        problems, outcomes, landed = run_episode(args.seed, i, fault, args.calls, args.timeout, args.device, env)
         status = "FAIL" if problems else "ok"
         failed += bool(problems)
         raised = {r: sum(not o.startswith("ok") for o in v) for r, v in outcomes.items()}
