@@ -22,19 +22,19 @@ wrong byte, no copy touches a buffer after its call ended, and no lane hangs onc
 release (every failed rank passing its own waits) the model must catch both a wrong byte and a write after end; with two
 groups in crossed orders on one hardware queue (--shared-queue-crossed) the protocol must be caught hanging, a known
 limitation; with every stream of a rank on one hardware queue (--one-hardware-queue, the service stream that writes the
-releases included) a rank whose peer's process ended must be caught hanging behind its own wait, a known defect. And
-the exchange schedule (--exchanges): all-to-all (uneven splits with zeros, even, lists), broadcast,
-gather and scatter from any root, over 2-5 ranks, regions posted as they are or bounced, every pairing, one queue or two
-lanes, several calls in a row near the wrap: at each call's end every rank's buffers hold exactly the bytes sent to it
-and nothing else changed, and no copy touches them afterwards; wrong variants of the schedule must be caught. Exchanges
-also run in the calls-in-flight and the fault models. And send, recv and batch_isend_irecv (--p2p): the real step
-formation (pair_steps.hpp) and batch schedule (direct_p2p_batch.cpp) on each pair's own transport and serials, over
-random programs valid under NCCL's rules among the group's collectives, with and without faults; wrong batches, a fault
-release that passes a failed rank's own waits on a live peer, and the rules the design needs beyond its words must be
-caught; batches matched by lone calls that interleave among the batch's peers complete, each peer's steps on lanes of
-its own, and hang on lanes the peers share. And captured point-to-point (--captured-p2p): graphs of p2p
-batches on the pairs' captured transports mixed with captured collectives, replayed with new inputs; without the step
-order every rank shares, rings must be caught hanging."""
+releases included) a rank whose peer's process ended must be caught hanging behind its own wait, a known defect, and
+must pass with that one release off the queue (--own-release-off-queue). And the exchange schedule (--exchanges):
+all-to-all (uneven splits with zeros, even, lists), broadcast, gather and scatter from any root, over 2-5 ranks, regions
+posted as they are or bounced, every pairing, one queue or two lanes, several calls in a row near the wrap: at each
+call's end every rank's buffers hold exactly the bytes sent to it and nothing else changed, and no copy touches them
+afterwards; wrong variants of the schedule must be caught. Exchanges also run in the calls-in-flight and the fault
+models. And send, recv and batch_isend_irecv (--p2p): the real step formation (pair_steps.hpp) and batch schedule
+(direct_p2p_batch.cpp) on each pair's own transport and serials, over random programs valid under NCCL's rules among the
+group's collectives, with and without faults; wrong batches, a fault release that passes a failed rank's own waits on a
+live peer, and the rules the design needs beyond its words must be caught; batches matched by lone calls that interleave
+among the batch's peers complete, each peer's steps on lanes of its own, and hang on lanes the peers share. And captured
+point-to-point (--captured-p2p): graphs of p2p batches on the pairs' captured transports mixed with captured
+collectives, replayed with new inputs; without the step order every rank shares, rings must be caught hanging."""
 import re
 import subprocess
 
@@ -207,6 +207,15 @@ def test_gone_peer_release_hangs_behind_its_own_wait_on_one_hardware_queue(simul
     m = re.match(r"caught (\d+) of 3000 cases: hang (\d+);$", p.stdout.strip())
     assert m and int(m.group(1)) == int(m.group(2)) >= 100, p.stdout + p.stderr
     assert "its release of its own waits on rank" in p.stderr and "process ends" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_gone_peer_release_off_the_queue_never_hangs(simulation, seed):
+    """The same cases with only that release made by a write no queued work holds (what the fix must give): every
+    case passes, the releases into failed live peers still on the one hardware queue."""
+    p = subprocess.run([str(simulation), str(seed), "3000", "--faults", "--one-hardware-queue",
+                        "--own-release-off-queue"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "ok 3000", p.stdout + p.stderr
 
 def _p2p(simulation, seed, cases, *flags):
     return subprocess.run([str(simulation), str(seed), str(cases), "--p2p", *flags], capture_output=True, text=True,

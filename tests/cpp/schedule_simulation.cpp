@@ -2604,7 +2604,8 @@ class CallsInFlight : RankStreams<CallInFlightStep> {
 // and a rank's own waits on a gone peer) are copies the watchdog makes on that stream, so they too leave the queue
 // only behind every step submitted before them. A rank whose peer's process is gone passes its own waits on it with a
 // copy that sits behind the very wait it would satisfy: its lanes never run out. Caught as a hang in the cases where
-// a process ends with a wait on it enqueued.
+// a process ends with a wait on it enqueued. With --own-release-off-queue that one release is a write no queued work
+// holds (the releases into failed peers stay on the queue): no case may fail.
 enum class ReleaseRule { New, Old };
 
 // What a FaultCase runs: the release rule, and the scenario (one group on a rank's own streams, or two groups whose
@@ -2612,7 +2613,8 @@ enum class ReleaseRule { New, Old };
 struct FaultOptions {
   ReleaseRule rule = ReleaseRule::New;
   bool sharedQueueCrossed = false;
-  bool oneHardwareQueue = false;  // every stream of a rank, the service stream's releases included, on one queue
+  bool oneHardwareQueue = false;    // every stream of a rank, the service stream's releases included, on one queue
+  bool ownReleaseOffQueue = false;  // a rank's own waits on a gone peer passed by a write no queued work holds
 };
 
 class FaultCase {
@@ -2728,7 +2730,7 @@ class FaultCase {
           if (o_.rule == ReleaseRule::New && mayPassOwnWaits(gr.failed[r], gone_[1 - r]) && !gr.passedOwn[r])
             moves.push_back([this, r, g] {
               group(g).passedOwn[r] = true;
-              if (o_.oneHardwareQueue)
+              if (o_.oneHardwareQueue && !o_.ownReleaseOffQueue)
                 queueRelease(r, g, 1 - r, /*own=*/true);
               else
                 passOwnWaits(r, g, 1 - r);
@@ -4659,6 +4661,8 @@ int main(int argc, char** argv) {
       faultOptions.sharedQueueCrossed = true;
     else if (faults && strcmp(argv[a], "--one-hardware-queue") == 0)
       faultOptions.oneHardwareQueue = true;
+    else if (faults && strcmp(argv[a], "--own-release-off-queue") == 0)
+      faultOptions.ownReleaseOffQueue = true;
     else if (exchanges && mutation == FakeTransport::Mutation::None && strcmp(argv[a], "--skip-done-wait") == 0)
       mutation = FakeTransport::Mutation::SkipDoneWait;
     else if (exchanges && mutation == FakeTransport::Mutation::None && strcmp(argv[a], "--arrived-before-pack") == 0)
@@ -4674,7 +4678,8 @@ int main(int argc, char** argv) {
     fprintf(
         stderr,
         "usage: %s SEED CASES [--calls-in-flight [--unordered] [--unforked] | --hardware-queues "
-        "[--crossed-orders] | --faults [--old-release] [--shared-queue-crossed | --one-hardware-queue] | --exchanges "
+        "[--crossed-orders] | --faults [--old-release] [--shared-queue-crossed | --one-hardware-queue "
+        "[--own-release-off-queue]] | --exchanges "
         "[--skip-done-wait | "
         "--arrived-before-pack] | --p2p [--faults] [--wait-before-arrived | --copy-before-arrived | --pass-own-waits | "
         "--serials-in-call-order | --signals-in-call-order | --connect-in-turn] [--unmatched-batches | "
@@ -4709,8 +4714,8 @@ int main(int argc, char** argv) {
   if (faults) {
     // The protocol on its own streams stops at its first failure. The old rule and the shared hardware queues run
     // every case and count what they are caught at.
-    const bool counts =
-        faultOptions.rule == ReleaseRule::Old || faultOptions.sharedQueueCrossed || faultOptions.oneHardwareQueue;
+    const bool counts = faultOptions.rule == ReleaseRule::Old || faultOptions.sharedQueueCrossed ||
+                        (faultOptions.oneHardwareQueue && !faultOptions.ownReleaseOffQueue);
     CaughtCases caught;
     for (int c = 0; c < cases; ++c)
       caught.addResult(FaultCase(rng, c, faultOptions).run(), counts);
