@@ -185,13 +185,8 @@ def test_fault_protocol_hangs_on_a_shared_hardware_queue_in_crossed_orders(simul
     hardware queue. Their waits deadlock, the watchdogs fail both groups on both ranks, and still no rank's lanes of a
     group run out (each waits, directly or behind the other group's wait, on a step of the peer's stuck behind the
     peer's own wait), so the protocol's release never comes: about 40% of the cases hang, and nothing else fails."""
-    p = subprocess.run([str(simulation), str(seed), "3000", "--faults", "--shared-queue-crossed"], capture_output=True,
-                       text=True, timeout=120)
-    assert p.returncode == 1, p.stdout + p.stderr
-    m = re.match(r"caught (\d+) of 3000 cases: hang (\d+);$", p.stdout.strip())
-    assert m and int(m.group(1)) == int(m.group(2)) >= 600, p.stdout + p.stderr
-    assert "after every rank failed" in p.stderr and "on their hardware queue" in p.stderr, p.stderr
-
+    first = _fault_cases_hang(simulation, seed, "--shared-queue-crossed", at_least=600)
+    assert "after every rank failed" in first and "on their hardware queue" in first, first
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -201,12 +196,8 @@ def test_gone_peer_release_hangs_behind_its_own_wait_on_one_hardware_queue(simul
     service stream, which sits behind the lane's wait it would satisfy: the lanes never run out and the caller's
     stream stays held. About 6% of the cases hang, each behind such a release, and nothing else fails (a release into a
     failed live peer, made once this rank's lanes ran out, leaves the queue)."""
-    p = subprocess.run([str(simulation), str(seed), "3000", "--faults", "--one-hardware-queue"], capture_output=True,
-                       text=True, timeout=120)
-    assert p.returncode == 1, p.stdout + p.stderr
-    m = re.match(r"caught (\d+) of 3000 cases: hang (\d+);$", p.stdout.strip())
-    assert m and int(m.group(1)) == int(m.group(2)) >= 100, p.stdout + p.stderr
-    assert "its release of its own waits on rank" in p.stderr and "process ends" in p.stderr, p.stderr
+    first = _fault_cases_hang(simulation, seed, "--one-hardware-queue", at_least=100)
+    assert "its release of its own waits on rank" in first and "process ends" in first, first
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -216,6 +207,18 @@ def test_gone_peer_release_off_the_queue_never_hangs(simulation, seed):
     p = subprocess.run([str(simulation), str(seed), "3000", "--faults", "--one-hardware-queue",
                         "--own-release-off-queue"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.strip() == "ok 3000", p.stdout + p.stderr
+
+
+def _fault_cases_hang(simulation, seed, flag, at_least):
+    """Runs 3,000 fault cases with `flag`; asserts that at least `at_least` hang and nothing else fails. Returns the
+    first hang's report."""
+    p = subprocess.run([str(simulation), str(seed), "3000", "--faults", flag], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 1, p.stdout + p.stderr
+    m = re.match(r"caught (\d+) of 3000 cases: hang (\d+);$", p.stdout.strip())
+    assert m and int(m.group(1)) == int(m.group(2)) >= at_least, p.stdout + p.stderr
+    return p.stderr
+
 
 def _p2p(simulation, seed, cases, *flags):
     return subprocess.run([str(simulation), str(seed), str(cases), "--p2p", *flags], capture_output=True, text=True,
