@@ -397,12 +397,12 @@ def main(argv=None):
     faults = GPU_FAULTS if args.device == "cuda" else CPU_FAULTS
     if args.only:
         faults = tuple(k for k in args.only.split(",") if k)
+    env = {"CUDA_DEVICE_MAX_CONNECTIONS": str(args.hardware_queues)} if args.hardware_queues else None
     failed = 0
     t0 = time.monotonic()
     for i in range(args.faults):
         fault = fit_to_device(pick_episode(args.seed, i, faults, args.calls), args.device)
         t = time.monotonic()
-        env = {"CUDA_DEVICE_MAX_CONNECTIONS": str(args.hardware_queues)} if args.hardware_queues else None
         problems, outcomes, landed = run_episode(args.seed, i, fault, args.calls, args.timeout, args.device, env)
         status = "FAIL" if problems else "ok"
         failed += bool(problems)
