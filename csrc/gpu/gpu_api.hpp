@@ -105,6 +105,15 @@ class CaptureRelaxedScope {
 };
 void destroyStream(Stream stream);
 void syncStream(Stream stream);
+// Copies host bytes into `device`'s memory from a context of the device's own, beside the primary one that every
+// stream of the process (torch's too) belongs to. The primary context's streams share its hardware queues (all of
+// them with CUDA_DEVICE_MAX_CONNECTIONS=1, two of them by chance with more), so a copy on any of its streams may sit
+// for good behind a stream memory wait, even a wait for the very word it writes; this context's queues are its own.
+// Reaches VMM memory (allocateShareable, importShareable): a copy into cudaMalloc memory is still served behind the
+// primary context's queues. Synchronous; the thread's current context is as it was. The context is created at the
+// first call (tens of milliseconds, and device memory) and kept for the life of the process: destroying it would wait
+// for the primary context's work, which is what may be held. For failure paths.
+void copyFromHostBesideStreams(int device, void* dst, const void* src, size_t bytes);
 // Every stream of `device`: before memory that work on any of them may still touch is unmapped.
 void syncDevice(int device);
 

@@ -27,6 +27,13 @@ void checkDriver(CUresult res, const char* what) {
 }
 
 using BatchMemOpFn = CUresult (*)(CUstream, unsigned int, CUstreamBatchMemOpParams*, unsigned int);
+// Context entry points by their ABI, which the headers' names follow to newer versions (cuCtxCreate is _v4 in 13).
+using CtxCreateFn = CUresult (*)(CUcontext*, unsigned int, CUdevice);
+using CtxPushFn = CUresult (*)(CUcontext);
+using CtxPopFn = CUresult (*)(CUcontext*);
+using CtxSynchronizeFn = CUresult (*)();
+using DeviceGetFn = CUresult (*)(CUdevice*, int);
+using MemcpyHtoDFn = CUresult (*)(CUdeviceptr, const void*, size_t);
 struct DriverEntryPoints {
   BatchMemOpFn batchMemOp = nullptr;
   decltype(&cuMemCreate) memCreate = nullptr;
@@ -43,10 +50,10 @@ struct DriverEntryPoints {
 };
 
 template <typename Fn>
-void resolve(const char* name, Fn* fn) {
+void resolve(const char* name, Fn* fn, unsigned int version = 12000) {
   cudaDriverEntryPointQueryResult q;
   void* p = nullptr;
-  check(cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &q), name);
+  check(cudaGetDriverEntryPointByVersion(name, &p, version, cudaEnableDefault, &q), name);
   TORCH_CHECK(q == cudaDriverEntryPointSuccess && p, "torch_sdma: the driver lacks ", name);
   *fn = reinterpret_cast<Fn>(p);
 }
@@ -69,6 +76,30 @@ const DriverEntryPoints& driver() {
     resolve("cuMemAddressFree", &entry.memAddressFree);
     resolve("cuMemRelease", &entry.memRelease);
     resolve("cuPointerGetAttributes", &entry.pointerGetAttributes);
+  });
+  return entry;
+}
+
+// Resolved apart, at their first use: only a failure path needs them.
+struct ContextEntryPoints {
+  CtxCreateFn ctxCreate = nullptr;
+  CtxPushFn ctxPush = nullptr;
+  CtxPopFn ctxPop = nullptr;
+  CtxSynchronizeFn ctxSynchronize = nullptr;
+  DeviceGetFn deviceGet = nullptr;
+  MemcpyHtoDFn memcpyHtoD = nullptr;
+};
+
+const ContextEntryPoints& contextDriver() {
+  static ContextEntryPoints entry;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    resolve("cuCtxCreate", &entry.ctxCreate, 3020);  // (context, flags, device): later versions take more
+    resolve("cuCtxPushCurrent", &entry.ctxPush);
+    resolve("cuCtxPopCurrent", &entry.ctxPop);
+    resolve("cuCtxSynchronize", &entry.ctxSynchronize);
+    resolve("cuDeviceGet", &entry.deviceGet);
+    resolve("cuMemcpyHtoD", &entry.memcpyHtoD);
   });
   return entry;
 }
@@ -396,6 +427,37 @@ void syncDevice(int device) {
 
 void syncStream(Stream stream) {
   check(cudaStreamSynchronize(raw(stream)), "cudaStreamSynchronize");
+}
+
+void copyFromHostBesideStreams(int device, void* dst, const void* src, size_t bytes) {
+  const auto& d = contextDriver();
+  static std::mutex mutex;
+  static std::vector<CUcontext> contexts;  // by device; never destroyed (see the header)
+  CUcontext ctx = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (contexts.size() <= static_cast<size_t>(device)) {
+      contexts.resize(device + 1, nullptr);
+    }
+    if (!contexts[device]) {
+      CUdevice dev = 0;
+      checkDriver(d.deviceGet(&dev, device), "cuDeviceGet");
+      checkDriver(d.ctxCreate(&contexts[device], 0, dev), "cuCtxCreate of a context beside the primary one");
+      // Created current on this thread: the thread's own context comes back.
+      CUcontext created = nullptr;
+      checkDriver(d.ctxPop(&created), "cuCtxPopCurrent");
+    }
+    ctx = contexts[device];
+  }
+  checkDriver(d.ctxPush(ctx), "cuCtxPushCurrent");
+  // From pageable memory the copy may return before its DMA is done: the context's synchronize waits for that.
+  CUresult r = d.memcpyHtoD(reinterpret_cast<CUdeviceptr>(dst), src, bytes);
+  if (r == CUDA_SUCCESS) {
+    r = d.ctxSynchronize();
+  }
+  CUcontext popped = nullptr;
+  (void)d.ctxPop(&popped);
+  checkDriver(r, "a copy from a context beside the primary one");
 }
 
 Event createEvent() {

@@ -11,6 +11,8 @@
 #include <c10/util/Exception.h>
 
 #include <cstring>
+#include <mutex>
+#include <vector>
 
 #include <unistd.h>
 
@@ -409,6 +411,35 @@ void syncDevice(int device) {
 
 void syncStream(Stream stream) {
   check(hipStreamSynchronize(raw(stream)), "hipStreamSynchronize");
+}
+
+// ROCm keeps one context per device: the copies go on a stream of their own at the highest priority instead, a
+// hardware queue of its own while the process has no more streams than GPU_MAX_HW_QUEUES.
+void copyFromHostBesideStreams(int device, void* dst, const void* src, size_t bytes) {
+  static std::mutex mutex;
+  static std::vector<hipStream_t> streams;  // by device; kept for the life of the process, as the CUDA layer's contexts
+  hipStream_t s = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (streams.size() <= static_cast<size_t>(device)) {
+      streams.resize(device + 1, nullptr);
+    }
+    if (!streams[device]) {
+      int current = 0;
+      check(hipGetDevice(&current), "hipGetDevice");
+      check(hipSetDevice(device), "hipSetDevice");
+      int least = 0, greatest = 0;
+      hipError_t err = hipDeviceGetStreamPriorityRange(&least, &greatest);
+      if (err == hipSuccess) {
+        err = hipStreamCreateWithPriority(&streams[device], hipStreamNonBlocking, greatest);
+      }
+      (void)hipSetDevice(current);
+      check(err, "hipStreamCreateWithPriority");
+    }
+    s = streams[device];
+  }
+  check(hipMemcpyAsync(dst, src, bytes, hipMemcpyHostToDevice, s), "hipMemcpyAsync");
+  check(hipStreamSynchronize(s), "hipStreamSynchronize");
 }
 
 Event createEvent() {

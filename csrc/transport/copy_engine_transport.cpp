@@ -289,6 +289,24 @@ void CopyEngineTransport::releasePeer(int peer, uint32_t value) {
 }
 
 void CopyEngineTransport::releaseWaitsOnGonePeer(int peer, uint32_t value) {
+  // This rank's lanes may wait on these very words, and the service stream may share their hardware queue: then a
+  // copy on it runs only after the wait it should satisfy. A copy from beside the primary context lands regardless,
+  // where the flags are VMM memory; into cudaMalloc memory (legacy IPC) only the service stream's can.
+  if (vmm_) {
+    try {
+      const std::vector<uint32_t> values(geometry_.slots, value);
+      for (int kind = 0; kind < kFlagKinds; ++kind) {
+        gpu::copyFromHostBesideStreams(device_, base_ + flagIndex(static_cast<Flag>(kind), peer, 0) * sizeof(uint32_t),
+                                       values.data(), values.size() * sizeof(uint32_t));
+      }
+      return;
+    } catch (const c10::Error& e) {
+      LOG(WARNING) << "torch_sdma: passing the waits on gone rank " << peer
+                   << " from beside the primary context failed; passing them on the service stream, which may share "
+                      "a hardware queue with them: "
+                   << e.what_without_backtrace();
+    }
+  }
   writeFlagsFrom(base_, peer, value);
 }
 

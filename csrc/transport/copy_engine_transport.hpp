@@ -72,7 +72,8 @@ class CopyEngineTransport : public Transport, public DirectTransport {
   // `peer` waits on from this rank, in the peer's memory, to `value`: only once both have failed and this rank's
   // lanes have run out.
   void releasePeer(int peer, uint32_t value);
-  // Sets every flag word this rank waits on from `peer` to `value`: only for a peer whose process is gone.
+  // Sets every flag word this rank waits on from `peer` to `value`: only for a peer whose process is gone. Synchronous,
+  // through a context of its own where the flags are VMM memory, so that it lands while the lanes wait on those words.
   void releaseWaitsOnGonePeer(int peer, uint32_t value);
 
  private:
