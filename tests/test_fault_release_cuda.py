@@ -2,13 +2,15 @@
 SDMA_TEST_SHARE_GPU=1): a peer later than the group's timeout, on its CPU or on its GPU, gets its calls' right bytes
 or an error, never another call's bytes; no copy lands in memory allocated after the failure; the group's streams run
 out (a device synchronize returns); the rank's other groups keep gathering bit-exact; a group destroyed while a graph
-replays its all-gathers, or its captured all-to-alls, does not fault the GPU."""
+replays its all-gathers, or its captured all-to-alls, does not fault the GPU; a peer whose process ends leaves the
+survivor's streams free even when they all share one hardware queue."""
 import datetime
 import time
 
 import pytest
 import torch
 import torch.distributed as dist
+from soak_faults import describe, run_episode
 from test_user_mistakes_cpu import run_mistake
 
 from checks.data import expected_concat, poison_, rand, raw
@@ -110,6 +112,26 @@ def test_a_late_peer_gets_right_bytes_or_an_error(form, late):
         assert v["canaries_intact"], f"rank {rank}: memory allocated after the failure was written: {v}"
         assert v["other_group_exact"], f"rank {rank}: the other group stopped gathering right: {v}"
     assert any(r.startswith("error") for r in values[0]["results"]), f"the early rank did not time out: {values}"
+
+
+# Episodes of the fault soak (seed 41, 200 calls) in which the survivor's streams stayed held: the peer's process ends
+# with the survivor's direct-path calls waiting on it, and the staging transport connected too.
+GONE_PEER_EPISODES = [("exit_in_flight", 155, 3), ("sigkill", 26, 4)]
+
+
+@pytest.mark.parametrize("queues", ["1", "default"])
+@pytest.mark.parametrize("kind,at,episode", GONE_PEER_EPISODES, ids=[k for k, _, _ in GONE_PEER_EPISODES])
+def test_a_gone_peer_leaves_the_survivors_streams_free(kind, at, episode, queues):
+    """The survivor passes its own waits on a peer whose process ended (docs/design.md, "Failures", rule 4) with a
+    write that no work of its own holds: with CUDA_DEVICE_MAX_CONNECTIONS=1 every stream of the process, the
+    transports' service stream included, shares one hardware queue with the lanes that wait, and whatever the queues,
+    nothing the watchdog does for it may wait for the primary context's work. The survivor's calls raise or return
+    bit-exact bytes, memory allocated after the failure stays unwritten, and its streams synchronize."""
+    fault = {"kind": kind, "rank": 1, "at": at, "direct": True, "inner_allgathers": False}
+    env = {"CUDA_DEVICE_MAX_CONNECTIONS": queues} if queues != "default" else None
+    problems, outcomes, _ = run_episode(41, episode, fault, calls=200, timeout_s=2.5, device="cuda", env=env)
+    assert not problems, f"{describe(fault)}:\n" + "\n".join(problems)
+    assert any(not o.startswith("ok") for o in outcomes[0]), f"the survivor saw no error: {outcomes[0]}"
 
 
 def replay_then_destroy_body(ctx, op="all_gather"):
