@@ -3,7 +3,7 @@ rank checks what the fault rules promise (docs/errors.md): a call returns bit-ex
 writes into memory after the call that owned it ended, no process dies by a signal, and the group's failure stays
 in that group.
 
-    python tests/soak_faults.py --faults 20 --seed 7 [--device cpu|cuda] [--only late_cpu,sigkill] [--hardware-queues 1]
+    python tests/soak_faults.py --faults 20 --seed 7 [--device cpu|cuda] [--only late_cpu,sigkill] [--hardware-queues N]
     SDMA_TEST_SHARE_GPU=1 make soak-faults SOAK_ARGS="--faults 40 --seed 7"     (two ranks on the one GPU)
 
 Each fault is one episode: two fresh processes, a faulted group (the default one, its timeout --timeout seconds, so
@@ -387,8 +387,11 @@ def main(argv=None):
     p.add_argument("--calls", type=int, default=8, help="all-gathers on the faulted group per episode")
     p.add_argument("--timeout", type=float, default=2.5, help="the faulted group's timeout, seconds")
     p.add_argument("--only", default="", help="comma-separated fault kinds to draw from (default: all)")
-    p.add_argument("--hardware-queues", type=int, default=0,
-                   help="GPU: CUDA_DEVICE_MAX_CONNECTIONS in the ranks (1: Megatron's setting; default: torch_sdma's)")
+    p.add_argument("--hardware-queues", type=int, default=32,
+                   help="GPU: CUDA_DEVICE_MAX_CONNECTIONS in the ranks (default 32, what torch_sdma asks for: the "
+                        "ranks start CUDA before they load it, too late for it to set it; 1: Megatron's setting, "
+                        "under which two_threads hangs, its groups' calls crossing on one hardware queue, "
+                        "docs/errors.md)")
     args = p.parse_args(argv)
     if args.device == "auto":
         import torch
@@ -397,7 +400,7 @@ def main(argv=None):
     faults = GPU_FAULTS if args.device == "cuda" else CPU_FAULTS
     if args.only:
         faults = tuple(k for k in args.only.split(",") if k)
-    env = {"CUDA_DEVICE_MAX_CONNECTIONS": str(args.hardware_queues)} if args.hardware_queues else None
+    env = {"CUDA_DEVICE_MAX_CONNECTIONS": str(args.hardware_queues)} if args.device == "cuda" else None
     failed = 0
     t0 = time.monotonic()
     for i in range(args.faults):
