@@ -22,8 +22,9 @@ wrong byte, no copy touches a buffer after its call ended, and no lane hangs onc
 release (every failed rank passing its own waits) the model must catch both a wrong byte and a write after end; with two
 groups in crossed orders on one hardware queue (--shared-queue-crossed) the protocol must be caught hanging, a known
 limitation; with every stream of a rank on one hardware queue (--one-hardware-queue, the service stream that writes the
-releases included) a rank whose peer's process ended must be caught hanging behind its own wait, a known defect, and
-must pass with that one release off the queue (--own-release-off-queue). And the exchange schedule (--exchanges):
+releases into failed peers included) every case must pass, a rank whose peer's process ended passing its own waits from
+a context of its own, and must be caught hanging behind its own wait when that release too is a copy on the service
+stream (--own-release-on-queue, the legacy-IPC fallback's). And the exchange schedule (--exchanges):
 all-to-all (uneven splits with zeros, even, lists), broadcast, gather and scatter from any root, over 2-5 ranks, regions
 posted as they are or bounced, every pairing, one queue or two lanes, several calls in a row near the wrap: at each
 call's end every rank's buffers hold exactly the bytes sent to it and nothing else changed, and no copy touches them
@@ -190,29 +191,29 @@ def test_fault_protocol_hangs_on_a_shared_hardware_queue_in_crossed_orders(simul
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_gone_peer_release_hangs_behind_its_own_wait_on_one_hardware_queue(simulation, seed):
-    """A known defect: with every stream of a rank on one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1, or by chance
-    with more), a rank whose peer's process ended passes its own waits on that peer with a copy on the transport's
-    service stream, which sits behind the lane's wait it would satisfy: the lanes never run out and the caller's
-    stream stays held. About 6% of the cases hang, each behind such a release, and nothing else fails (a release into a
-    failed live peer, made once this rank's lanes ran out, leaves the queue)."""
-    first = _fault_cases_hang(simulation, seed, "--one-hardware-queue", at_least=100)
-    assert "its release of its own waits on rank" in first and "process ends" in first, first
-
-
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_gone_peer_release_off_the_queue_never_hangs(simulation, seed):
-    """The same cases with only that release made by a write no queued work holds (what the fix must give): every
-    case passes, the releases into failed live peers still on the one hardware queue."""
-    p = subprocess.run([str(simulation), str(seed), "3000", "--faults", "--one-hardware-queue",
-                        "--own-release-off-queue"], capture_output=True, text=True, timeout=120)
+def test_one_hardware_queue_never_hangs(simulation, seed):
+    """Every stream of a rank on one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1, or by chance with more), the
+    service stream that writes the releases into failed peers included: a rank whose peer's process ended passes its
+    own waits on that peer from a context of its own, which no queued work holds, and every case passes (a release
+    into a failed live peer, made once this rank's lanes ran out, leaves the queue)."""
+    p = subprocess.run([str(simulation), str(seed), "3000", "--faults", "--one-hardware-queue"], capture_output=True,
+                       text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.strip() == "ok 3000", p.stdout + p.stderr
 
 
-def _fault_cases_hang(simulation, seed, flag, at_least):
-    """Runs 3,000 fault cases with `flag`; asserts that at least `at_least` hang and nothing else fails. Returns the
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_gone_peer_release_on_the_service_stream_hangs_behind_its_own_wait(simulation, seed):
+    """The same cases with that release made by a copy on the service stream, as the legacy-IPC fallback makes it: the
+    copy sits behind the lane's wait it would satisfy, the lanes never run out and the caller's stream stays held.
+    About 6% of the cases hang, each behind such a release, and nothing else fails."""
+    first = _fault_cases_hang(simulation, seed, "--one-hardware-queue", "--own-release-on-queue", at_least=100)
+    assert "its release of its own waits on rank" in first and "process ends" in first, first
+
+
+def _fault_cases_hang(simulation, seed, *flags, at_least):
+    """Runs 3,000 fault cases with `flags`; asserts that at least `at_least` hang and nothing else fails. Returns the
     first hang's report."""
-    p = subprocess.run([str(simulation), str(seed), "3000", "--faults", flag], capture_output=True, text=True,
+    p = subprocess.run([str(simulation), str(seed), "3000", "--faults", *flags], capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 1, p.stdout + p.stderr
     m = re.match(r"caught (\d+) of 3000 cases: hang (\d+);$", p.stdout.strip())

@@ -2600,12 +2600,12 @@ class CallsInFlight : RankStreams<CallInFlightStep> {
 // wait, so no rank's lanes of a group run out and no release (rule 3) is ever written.
 //
 // One hardware queue (--one-hardware-queue): every stream of a rank on one hardware queue, as with
-// CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron's setting), the transports' service stream included: the releases (rule 3,
-// and a rank's own waits on a gone peer) are copies the watchdog makes on that stream, so they too leave the queue
-// only behind every step submitted before them. A rank whose peer's process is gone passes its own waits on it with a
-// copy that sits behind the very wait it would satisfy: its lanes never run out. Caught as a hang in the cases where
-// a process ends with a wait on it enqueued. With --own-release-off-queue that one release is a write no queued work
-// holds (the releases into failed peers stay on the queue): no case may fail.
+// CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron's setting), the transports' service stream included: the releases into
+// failed peers (rule 3) are copies the watchdog makes on that stream, so they leave the queue only behind every step
+// submitted before them. A rank whose peer's process is gone passes its own waits on it with a write from a context of
+// its own (rule 4), which no queued work holds: no case may fail. With --own-release-on-queue that release too is a
+// copy on the service stream (the legacy-IPC fallback's): it sits behind the very wait it would satisfy, the lanes
+// never run out, and the cases where a process ends with a wait on it enqueued must be caught hanging.
 enum class ReleaseRule { New, Old };
 
 // What a FaultCase runs: the release rule, and the scenario (one group on a rank's own streams, or two groups whose
@@ -2614,7 +2614,7 @@ struct FaultOptions {
   ReleaseRule rule = ReleaseRule::New;
   bool sharedQueueCrossed = false;
   bool oneHardwareQueue = false;    // every stream of a rank, the service stream's releases included, on one queue
-  bool ownReleaseOffQueue = false;  // a rank's own waits on a gone peer passed by a write no queued work holds
+  bool ownReleaseOnQueue = false;   // a rank's own waits on a gone peer passed by a copy on the service stream
 };
 
 class FaultCase {
@@ -2730,7 +2730,7 @@ class FaultCase {
           if (o_.rule == ReleaseRule::New && mayPassOwnWaits(gr.failed[r], gone_[1 - r]) && !gr.passedOwn[r])
             moves.push_back([this, r, g] {
               group(g).passedOwn[r] = true;
-              if (o_.oneHardwareQueue && !o_.ownReleaseOffQueue)
+              if (o_.oneHardwareQueue && o_.ownReleaseOnQueue)
                 queueRelease(r, g, 1 - r, /*own=*/true);
               else
                 passOwnWaits(r, g, 1 - r);
@@ -4661,8 +4661,8 @@ int main(int argc, char** argv) {
       faultOptions.sharedQueueCrossed = true;
     else if (faults && strcmp(argv[a], "--one-hardware-queue") == 0)
       faultOptions.oneHardwareQueue = true;
-    else if (faults && strcmp(argv[a], "--own-release-off-queue") == 0)
-      faultOptions.ownReleaseOffQueue = true;
+    else if (faults && strcmp(argv[a], "--own-release-on-queue") == 0)
+      faultOptions.ownReleaseOnQueue = true;
     else if (exchanges && mutation == FakeTransport::Mutation::None && strcmp(argv[a], "--skip-done-wait") == 0)
       mutation = FakeTransport::Mutation::SkipDoneWait;
     else if (exchanges && mutation == FakeTransport::Mutation::None && strcmp(argv[a], "--arrived-before-pack") == 0)
@@ -4679,7 +4679,7 @@ int main(int argc, char** argv) {
         stderr,
         "usage: %s SEED CASES [--calls-in-flight [--unordered] [--unforked] | --hardware-queues "
         "[--crossed-orders] | --faults [--old-release] [--shared-queue-crossed | --one-hardware-queue "
-        "[--own-release-off-queue]] | --exchanges "
+        "[--own-release-on-queue]] | --exchanges "
         "[--skip-done-wait | "
         "--arrived-before-pack] | --p2p [--faults] [--wait-before-arrived | --copy-before-arrived | --pass-own-waits | "
         "--serials-in-call-order | --signals-in-call-order | --connect-in-turn] [--unmatched-batches | "
@@ -4715,7 +4715,7 @@ int main(int argc, char** argv) {
     // The protocol on its own streams stops at its first failure. The old rule and the shared hardware queues run
     // every case and count what they are caught at.
     const bool counts = faultOptions.rule == ReleaseRule::Old || faultOptions.sharedQueueCrossed ||
-                        (faultOptions.oneHardwareQueue && !faultOptions.ownReleaseOffQueue);
+                        (faultOptions.oneHardwareQueue && faultOptions.ownReleaseOnQueue);
     CaughtCases caught;
     for (int c = 0; c < cases; ++c)
       caught.addResult(FaultCase(rng, c, faultOptions).run(), counts);
