@@ -2613,8 +2613,8 @@ enum class ReleaseRule { New, Old };
 struct FaultOptions {
   ReleaseRule rule = ReleaseRule::New;
   bool sharedQueueCrossed = false;
-  bool oneHardwareQueue = false;    // every stream of a rank, the service stream's releases included, on one queue
-  bool ownReleaseOnQueue = false;   // a rank's own waits on a gone peer passed by a copy on the service stream
+  bool oneHardwareQueue = false;   // every stream of a rank, the service stream's releases included, on one queue
+  bool ownReleaseOnQueue = false;  // a rank's own waits on a gone peer passed by a copy on the service stream
 };
 
 class FaultCase {
