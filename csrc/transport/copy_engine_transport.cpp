@@ -274,18 +274,25 @@ std::vector<uint32_t> CopyEngineTransport::readFlags(Flag flag) {
   return out;
 }
 
-void CopyEngineTransport::writeFlagsFrom(char* flags, int src, uint32_t value) {
+void CopyEngineTransport::writeFlagsFrom(char* flags, int src, uint32_t value, bool besideStreams) {
   // A flag kind's words for one source are its slots, side by side.
   const std::vector<uint32_t> values(geometry_.slots, value);
+  const size_t bytes = values.size() * sizeof(uint32_t);
   for (int kind = 0; kind < kFlagKinds; ++kind) {
-    gpu::copyFromHostAsync(flags + flagIndex(static_cast<Flag>(kind), src, 0) * sizeof(uint32_t), values.data(),
-                           values.size() * sizeof(uint32_t), service_);
+    char* words = flags + flagIndex(static_cast<Flag>(kind), src, 0) * sizeof(uint32_t);
+    if (besideStreams) {
+      gpu::copyFromHostBesideStreams(device_, words, values.data(), bytes);
+    } else {
+      gpu::copyFromHostAsync(words, values.data(), bytes, service_);
+    }
   }
-  gpu::syncStream(service_);
+  if (!besideStreams) {
+    gpu::syncStream(service_);
+  }
 }
 
 void CopyEngineTransport::releasePeer(int peer, uint32_t value) {
-  writeFlagsFrom(peerBase_[peer], rank_, value);
+  writeFlagsFrom(peerBase_[peer], rank_, value, /*besideStreams=*/false);
 }
 
 void CopyEngineTransport::releaseWaitsOnGonePeer(int peer, uint32_t value) {
@@ -294,11 +301,7 @@ void CopyEngineTransport::releaseWaitsOnGonePeer(int peer, uint32_t value) {
   // where the flags are VMM memory; into cudaMalloc memory (legacy IPC) only the service stream's can.
   if (vmm_) {
     try {
-      const std::vector<uint32_t> values(geometry_.slots, value);
-      for (int kind = 0; kind < kFlagKinds; ++kind) {
-        gpu::copyFromHostBesideStreams(device_, base_ + flagIndex(static_cast<Flag>(kind), peer, 0) * sizeof(uint32_t),
-                                       values.data(), values.size() * sizeof(uint32_t));
-      }
+      writeFlagsFrom(base_, peer, value, /*besideStreams=*/true);
       return;
     } catch (const c10::Error& e) {
       LOG(WARNING) << "torch_sdma: passing the waits on gone rank " << peer
@@ -307,7 +310,7 @@ void CopyEngineTransport::releaseWaitsOnGonePeer(int peer, uint32_t value) {
                    << e.what_without_backtrace();
     }
   }
-  writeFlagsFrom(base_, peer, value);
+  writeFlagsFrom(base_, peer, value, /*besideStreams=*/false);
 }
 
 }  // namespace sdma

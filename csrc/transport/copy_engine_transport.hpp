@@ -85,8 +85,9 @@ class CopyEngineTransport : public Transport, public DirectTransport {
   // Zeroes every flag word of this rank's, before the peers know the memory.
   void initFlags(char* flags);
   size_t flagIndex(Flag flag, int src, int slot) const;
-  // Every flag word from `src` in the flags at `flags` (this rank's or a peer's) set to `value`.
-  void writeFlagsFrom(char* flags, int src, uint32_t value);
+  // Every flag word from `src` in the flags at `flags` (this rank's or a peer's) set to `value`, synchronously: on the
+  // service stream, or from beside the primary context (gpu::copyFromHostBesideStreams; this rank's VMM flags only).
+  void writeFlagsFrom(char* flags, int src, uint32_t value, bool besideStreams);
   std::vector<gpu::FlagOp>& pendingFor(Lane lane);
 
   const int rank_;
