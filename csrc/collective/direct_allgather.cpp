@@ -1,6 +1,7 @@
 #include "collective/direct_allgather.hpp"
 
 #include "collective/byte_spans.hpp"
+#include "collective/peer_order.hpp"
 
 namespace sdma {
 
@@ -20,19 +21,16 @@ void scheduleDirectAllgather(Transport& t, const AllgatherPlan& plan, uint32_t s
     copyPieces(t, Lane::Drain, {ByteSpan{postedInput, n}}, plan.input);
     d.joinLane(Lane::Push, Lane::Drain);  // our pushes below read the bounce area
   }
-  for (int q = 0; q < size; ++q) {
-    if (q != me) {
-      d.signalPeer(Lane::Drain, q, Flag::Arrived, 0, serial);
-    }
-  }
+  forEachPeerFrom(me, size, [&](int q) { d.signalPeer(Lane::Drain, q, Flag::Arrived, 0, serial); });
   copyPieces(t, Lane::Drain, plan.outputByRank[me], plan.input);  // nothing when in place
 
-  // Our bytes into each peer's output once its stream is there; where we came late, the peer's bytes too, pulled
-  // from its input (the read over the link on the other lane than the write).
-  for (int q = 0; q < size; ++q) {
+  // Our bytes into each peer's output once its stream is there, each peer on the Push lane of its own (the
+  // transport may run them at once, on several engines); where we came late, the peer's bytes too, pulled from its
+  // input (the read over the link on the other lane than the write).
+  forEachPeerFrom(me, size, [&](int q) {
     const PeerBuffers& peer = peerPosts[q];
-    if (q == me || peer.pairing == Pairing::kPeerCameLate) {
-      continue;
+    if (peer.pairing == Pairing::kPeerCameLate) {
+      return;
     }
     d.waitPeer(Lane::Push, q, Flag::Arrived, 0, serial);
     d.copyToPeer(Lane::Push, q, peer.outputBase + static_cast<uint64_t>(me) * n, posted.input, n);
@@ -40,26 +38,16 @@ void scheduleDirectAllgather(Transport& t, const AllgatherPlan& plan, uint32_t s
       d.waitPeer(Lane::Drain, q, Flag::Arrived, 0, serial);
       d.copyFromPeer(Lane::Drain, q, posted.outputBase + static_cast<size_t>(q) * n, peer.input, n);
     }
-  }
+  });
   d.joinLane(Lane::Drain, Lane::Push);
   // Done after our copies; complete only after every peer's, since a peer may be writing into our output.
-  for (int q = 0; q < size; ++q) {
-    if (q != me) {
-      d.signalPeer(Lane::Drain, q, Flag::Done, 0, serial);
-    }
-  }
-  for (int q = 0; q < size; ++q) {
-    if (q != me) {
-      d.waitPeer(Lane::Drain, q, Flag::Done, 0, serial);
-    }
-  }
+  forEachPeerFrom(me, size, [&](int q) { d.signalPeer(Lane::Drain, q, Flag::Done, 0, serial); });
+  forEachPeerFrom(me, size, [&](int q) { d.waitPeer(Lane::Drain, q, Flag::Done, 0, serial); });
   if (outputBounced) {
-    for (int q = 0; q < size; ++q) {
-      if (q != me) {
-        t.copyLocal(Lane::Drain, plan.outputBase + static_cast<size_t>(q) * n,
-                    posted.outputBase + static_cast<size_t>(q) * n, n);
-      }
-    }
+    forEachPeerFrom(me, size, [&](int q) {
+      t.copyLocal(Lane::Drain, plan.outputBase + static_cast<size_t>(q) * n,
+                  posted.outputBase + static_cast<size_t>(q) * n, n);
+    });
   }
 }
 

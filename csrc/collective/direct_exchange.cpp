@@ -1,6 +1,7 @@
 #include "collective/direct_exchange.hpp"
 
 #include "collective/byte_spans.hpp"
+#include "collective/peer_order.hpp"
 
 namespace sdma {
 
@@ -19,19 +20,16 @@ void scheduleDirectExchange(Transport& t, const ExchangePlan& plan, uint32_t ser
                                   : std::vector<ByteSpan>{ByteSpan{const_cast<char*>(plan.input), plan.inputBytes}});
     d.joinLane(Lane::Push, Lane::Drain);  // our pushes below read the bounce area
   }
-  for (int q = 0; q < size; ++q) {
-    if (q != me) {
-      d.signalPeer(Lane::Drain, q, Flag::Arrived, 0, serial);
-    }
-  }
+  forEachPeerFrom(me, size, [&](int q) { d.signalPeer(Lane::Drain, q, Flag::Arrived, 0, serial); });
   const ByteRange& toSelf = plan.sendTo[me];
   if (toSelf.bytes > 0) {
     t.copyLocal(Lane::Drain, output + plan.recvFrom[me].offset, input + toSelf.offset, toSelf.bytes);
   }
-  for (int q = 0; q < size; ++q) {
+  // Each peer on the Push lane of its own, nearest first (peer_order.hpp).
+  forEachPeerFrom(me, size, [&](int q) {
     const ExchangePeer& peer = peers[q];
-    if (q == me || peer.buffers.pairing == Pairing::kPeerCameLate) {
-      continue;
+    if (peer.buffers.pairing == Pairing::kPeerCameLate) {
+      return;
     }
     const ByteRange& to = plan.sendTo[q];
     if (to.bytes > 0) {
@@ -43,20 +41,12 @@ void scheduleDirectExchange(Transport& t, const ExchangePlan& plan, uint32_t ser
       d.waitPeer(Lane::Drain, q, Flag::Arrived, 0, serial);
       d.copyFromPeer(Lane::Drain, q, output + from.offset, peer.buffers.input + peer.ranges.sends.offset, from.bytes);
     }
-  }
+  });
   d.joinLane(Lane::Drain, Lane::Push);
   // Done after our copies; complete only after every peer's, since a peer may be reading our input or writing our
   // output.
-  for (int q = 0; q < size; ++q) {
-    if (q != me) {
-      d.signalPeer(Lane::Drain, q, Flag::Done, 0, serial);
-    }
-  }
-  for (int q = 0; q < size; ++q) {
-    if (q != me) {
-      d.waitPeer(Lane::Drain, q, Flag::Done, 0, serial);
-    }
-  }
+  forEachPeerFrom(me, size, [&](int q) { d.signalPeer(Lane::Drain, q, Flag::Done, 0, serial); });
+  forEachPeerFrom(me, size, [&](int q) { d.waitPeer(Lane::Drain, q, Flag::Done, 0, serial); });
   if (output != plan.output && plan.outputBytes > 0) {
     copyPieces(t, Lane::Drain,
                plan.outputPacked() ? plan.outputPieces : std::vector<ByteSpan>{ByteSpan{plan.output, plan.outputBytes}},
