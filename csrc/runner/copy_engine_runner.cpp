@@ -20,6 +20,7 @@
 #include "collective/fault_release.hpp"
 #include "collective/hierarchical_allgather.hpp"
 #include "collective/rank_list.hpp"
+#include "collective/relayed_broadcast.hpp"
 #include "collective/staging_allgather.hpp"
 #include "runner/captured_lanes.hpp"
 #include "runner/graph_held_transports.hpp"
@@ -541,6 +542,10 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::run(PlannedExchange& planned, b
   }
   if (!direct_) {
     meetPeersBeforeConnecting(info);
+  }
+  if (planned.broadcast && broadcastIsRelayed(planned.agreedBytes, size_)) {
+    char* region = planned.plan.output ? planned.plan.output : const_cast<char*>(planned.plan.input);
+    planned.plan = relayedBroadcastPlan(region, planned.agreedBytes, planned.root, rank_, size_);
   }
   CopyEngineDirect& direct = directPath();
   CopyEngineDirect::Arrival arrival =
