@@ -16,7 +16,8 @@ median over alternating rounds, every row's bytes checked:
              has the op (exchange_peers.py, processes of their own);
 - symm-mem:  torch symmetric memory's NVSHMEM collectives, where it has the op (processes of their own);
 - ce-limit:  not the op: the bytes the op moves between ranks pushed into peers' memory (mapped by torch symmetric
-             memory) with plain copy-engine copies, no ordering. What these links and engines do; no op beats it.
+             memory) with plain copy-engine copies, a stream per receiver, no ordering. What these links and engines
+             do with those bytes.
 Point-to-point of CUDA tensors takes sdma's copy-engine runner (docs/design.md, "Point-to-point"); the path column
 says which path ran. NCCL refuses two ranks of one communicator on one GPU: with ranks sharing GPUs the
 nccl, nccl-ce, symm-mem and ce-limit rows say so, and so does the sdma row (its small sizes go to the inner NCCL);
@@ -45,7 +46,7 @@ from exchange_peers import OPS, P2P_OPS, ROOT, OpBuffers, bus_bytes, peer_unavai
 
 # After bench_allgather, which finds torch_sdma beside examples/ in a checkout that is not installed.
 import torch_sdma
-from torch_sdma.check import human_bytes, new_group_with_env, parse_bytes
+from torch_sdma.check import human_bytes, new_group_with_env, parse_bytes, peer_order
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 DEFAULT_SIZES = [64 * KIB, 256 * KIB, 1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB, 1 * GIB]
@@ -144,28 +145,37 @@ def op_path(before, after, op):
 
 class LimitPushes:
     """ce-limit for one op: the bytes `op` moves between ranks, pushed by each rank that sends them into its slot of
-    each receiver's buffer (CopyEngineLimit.map_peers), unordered; check() looks at what the receivers got."""
+    each receiver's buffer (CopyEngineLimit.map_peers), unordered, a stream per receiver, the receivers rotated from
+    rank + 1 (the all-gather's fastest raw schedule); check() looks at what the receivers got."""
 
     def __init__(self, b, op, n):
         self.b, self.op = b, op
-        self.slot = n // b.world if op == "all_to_all_single" else n
+        self.slot = s = n // b.world if op == "all_to_all_single" else n
         limit = CopyEngineLimit(b.base_group, b.rank, b.world, b.device)
-        self.buf, views = limit.map_peers(self.slot)
-        peers = [p for p in range(b.world) if p != b.rank]
+        self.buf, bufs, self.keep = limit.map_peers(b.world * s)
         self.sent = hashed_bytes(b.rank, n * (b.world if op == "scatter" else 1), b.device)
-        self.pushes = []  # (destination view, source)
-        for p, view in zip(peers, views):
+        self.pushes = []  # (destination view, source, stream)
+        for p in peer_order(b.rank, b.world, "rotated"):
+            view = bufs[p][b.rank * s:(b.rank + 1) * s]
             if op == "all_to_all_single" or (op == "scatter" and b.rank == ROOT):  # p's own part
-                self.pushes.append((view, self.sent[p * self.slot:(p + 1) * self.slot]))
+                src = self.sent[p * s:(p + 1) * s]
             elif (op == "broadcast" and b.rank == ROOT) or (op == "gather" and p == ROOT):  # the whole input
-                self.pushes.append((view, self.sent))
+                src = self.sent
             elif op in P2P_OPS and p == (b.rank + 1) % b.world and (op != "send_recv_pipeline"
                                                                      or b.rank < b.world - 1):
-                self.pushes.append((view, self.sent))
+                src = self.sent
+            else:
+                continue
+            self.pushes.append((view, src, torch.cuda.Stream(device=b.device)))
 
     def call(self):
-        for dst, src in self.pushes:
-            dst.copy_(src)
+        cur = torch.cuda.current_stream()
+        for dst, src, stream in self.pushes:
+            stream.wait_stream(cur)
+            with torch.cuda.stream(stream):
+                dst.copy_(src)
+        for _, _, stream in self.pushes:
+            cur.wait_stream(stream)
 
     def check(self):
         b = self.b
