@@ -18,6 +18,8 @@ median over alternating rounds, every row's bytes checked:
 - ce-limit:  not the op: the bytes the op moves between ranks pushed into peers' memory (mapped by torch symmetric
              memory) with plain copy-engine copies, a stream per receiver, no ordering. What these links and engines
              do with those bytes.
+Ratios: sdma's and sdma-dma's bandwidth over nccl's (gloo's), sdma-dma's over the best other row's with right bytes
+and over ce-limit's. A note under the table names the rows that ran, op by op, and who sends to whom.
 Point-to-point of CUDA tensors takes sdma's copy-engine runner (docs/design.md, "Point-to-point"); the path column
 says which path ran. NCCL refuses two ranks of one communicator on one GPU: with ranks sharing GPUs the
 nccl, nccl-ce, symm-mem and ce-limit rows say so, and so does the sdma row (its small sizes go to the inner NCCL);
@@ -247,7 +249,9 @@ def sweep(b, peer_results):
             timed = {k: v for k, v in row.items() if isinstance(v, dict) and "us" in v}
             wrong = [k for k, v in timed.items() if not v["match"]]
             figures = ", ".join(f"{k} {fmt_bw(v['busbw_GBps'])}" for k, v in timed.items())
-            b.log(f"  {op:>22} {row['size']:>8}: {figures} GB/s ({row['paths']['sdma-dma']})"
+            ratios = "".join(f", {name}/{b.base_name} {row[key]:.2f}" for name, key in
+                             (("sdma", "sdma_over_base"), ("sdma-dma", "dma_over_base")) if key in row)
+            b.log(f"  {op:>22} {row['size']:>8}: {figures} GB/s{ratios} ({row['paths']['sdma-dma']})"
                   + (f", WRONG BYTES in {', '.join(wrong)}" if wrong else ""))
             del calls
             if b.mode == "gpu":
@@ -265,6 +269,8 @@ def add_ratios(row):
     for base in ("nccl", "gloo"):
         if base in others:
             row["dma_over_base"] = others[base] / ours["us"]
+            if "sdma" in row:
+                row["sdma_over_base"] = others[base] / row["sdma"]["us"]
     if others:
         row["best_other"] = min(others, key=others.get)
         row["dma_over_best"] = others[row["best_other"]] / ours["us"]
@@ -359,14 +365,14 @@ def markdown(b, rows, gemm, where):
     base = b.base_name
     cols = ["sdma", "sdma-dma", base] + (["nccl-ce", "symm-mem", "ce-limit"] if b.mode == "gpu" else [])
     lines = [f"## Exchange collectives, {where}; bus bandwidth GB/s (slowest rank, median of {b.args.rounds} rounds); "
-             f"ratios: sdma-dma's bandwidth over the other's", "",
-             "| op | bytes/rank | " + " | ".join(cols) + f" | dma/{base} | best other | dma/best"
+             f"ratios: a/b is a's bandwidth over b's (dma: sdma-dma)", "",
+             "| op | bytes/rank | " + " | ".join(cols) + f" | sdma/{base} | dma/{base} | best other | dma/best"
              + (" | dma/limit" if b.mode == "gpu" else "") + " | sdma-dma path"
              + (f" | GEMM slowdown dma / {base}" if gemm else "") + " |",
-             "|" + "---|" * (len(cols) + 6 + (b.mode == "gpu") + bool(gemm))]
+             "|" + "---|" * (len(cols) + 7 + (b.mode == "gpu") + bool(gemm))]
     for r in rows:
-        ratios = [f"{r['dma_over_base']:.2f}" if "dma_over_base" in r else "", r.get("best_other", ""),
-                  f"{r['dma_over_best']:.2f}" if "dma_over_best" in r else ""]
+        ratios = [f"{r[k]:.2f}" if k in r else "" for k in ("sdma_over_base", "dma_over_base")]
+        ratios += [r.get("best_other", ""), f"{r['dma_over_best']:.2f}" if "dma_over_best" in r else ""]
         if b.mode == "gpu":
             ratios.append(f"{r['dma_over_limit']:.2f}" if "dma_over_limit" in r else "")
         cells = [r["op"], r["size"], *(cell(r, c) for c in cols), *ratios, r["paths"]["sdma-dma"]]
@@ -385,7 +391,28 @@ def markdown(b, rows, gemm, where):
             lines.append(f"| {op} | {human_bytes(g['bytes'])} | {g['gemm_alone_ms']:.2f} | " + " | ".join(
                 f"{g[k]['slowdown_pct']:+.1f}%" if k in g else "n/a" for k in ("sdma-dma", base)) + " |")
     notes = [f"- {name}: n/a, {why}" for name, why in b.unavailable.items()]
+    notes += ran_notes(rows)
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
+
+
+# Who sends to whom, for rank r of w ranks (whatever w is).
+TRAFFIC = {"all_to_all_single": "every rank to every rank",
+           "broadcast": f"rank {ROOT} to every rank", "gather": f"every rank to rank {ROOT}",
+           "scatter": f"rank {ROOT} to every rank", "batch_isend_irecv_ring": "rank r to (r+1) mod w",
+           "send_recv_pipeline": "rank r to r+1, r < w-1"}
+
+
+def rows_ran(rows):
+    """{op: the rows timed for it at some size, right bytes or not}."""
+    ran = {}
+    for r in rows:
+        ran.setdefault(r["op"], {}).update(dict.fromkeys(k for k, v in r.items() if isinstance(v, dict) and "us" in v))
+    return {op: list(names) for op, names in ran.items()}
+
+
+def ran_notes(rows):
+    """Which rows ran each op, and who sent to whom."""
+    return [f"- ran {op} ({TRAFFIC[op]}): {', '.join(names)}" for op, names in rows_ran(rows).items()]
 
 
 def main():
@@ -416,8 +443,8 @@ def main():
             f.write(table)
         with open(f"{stem}.json", "w") as f:
             json.dump({"command": " ".join(sys.orig_argv), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                       "machine": info, "baseline": b.base_name, "unavailable": b.unavailable, "sweep": rows,
-                       "gemm_slowdown": gemm, "markdown": table}, f, indent=2)
+                       "machine": info, "baseline": b.base_name, "unavailable": b.unavailable,
+                       "ran": rows_ran(rows), "sweep": rows, "gemm_slowdown": gemm, "markdown": table}, f, indent=2)
         print(f"wrote {stem}.md, {stem}.json")
     dist.destroy_process_group()
 

@@ -1,7 +1,7 @@
 """The benchmarks run end to end in CPU mode (2 processes, tiny sizes): every row's bytes match, every peer the
 machine lacks says why, the raw copy-engine schedules say why they did not run, the ratios divide by the peers they
 name, and the files they promise are written; the exchange benchmark's point-to-point rows (the batch_isend_irecv
-ring and the send/recv pipeline) take sdma's DMA path.
+ring and the send/recv pipeline) take sdma's DMA path, with their ratios to gloo and a note of the rows that ran.
 Their figures are not checked: speed lives in the benchmarks, not in tests. The raw schedules' peer orders are
 checked at several world sizes."""
 import json
@@ -87,6 +87,12 @@ def test_exchange_bench_cpu_mode_point_to_point_rows(tmp_path):
         # Rank 0's paths: the ring's sends and recvs; the pipeline's first rank only sends.
         want = "recv:dma:direct+send:dma:direct" if r["op"] == "batch_isend_irecv_ring" else "send:dma:direct"
         assert r["paths"] == {"sdma": want, "sdma-dma": want}, r
+        assert r["sdma_over_base"] == pytest.approx(r["gloo"]["us"] / r["sdma"]["us"])
+        assert r["dma_over_base"] == pytest.approx(r["gloo"]["us"] / r["sdma-dma"]["us"])
     assert report["unavailable"] == {name: "needs CUDA tensors" for name in ("nccl-ce", "symm-mem", "ce-limit")}
+    assert report["ran"] == {op: ["sdma", "sdma-dma", "gloo"] for op in ("batch_isend_irecv_ring",
+                                                                         "send_recv_pipeline")}
+    assert "| sdma/gloo | dma/gloo | best other | dma/best |" in report["markdown"]
     assert "| send_recv_pipeline | 64 KiB |" in report["markdown"]
+    assert "- ran send_recv_pipeline (rank r to r+1, r < w-1): sdma, sdma-dma, gloo" in report["markdown"]
     assert (tmp_path / "exchange_cpu_w2.md").exists()
