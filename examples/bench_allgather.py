@@ -682,7 +682,9 @@ def peer_sweep(b):
         wrong = [k for k, v in timed.items() if not v["match"]]
         b.log(f"  peers {row['size']:>8}: {len(timed)} rows timed, "
               + (f"WRONG BYTES in {', '.join(wrong)}" if wrong else "all bytes right")
-              + f", best peer {row.get('best_peer_out', 'n/a')} / {row.get('best_peer_in', 'n/a')} (out / in)")
+              + f", best peer {row.get('best_peer_out', 'n/a')} / {row.get('best_peer_in', 'n/a')} (out / in)"
+              + (f", ce-limit {fmt_bw(row['ce-limit_out']['busbw_GBps'])} GB/s "
+                 f"({RAW_SCHEDULES[row['ce-limit_out']['schedule']]})" if raw else ""))
         del prepared
         if b.mode == "gpu":
             torch.cuda.synchronize()
@@ -694,6 +696,7 @@ PEER_COLUMNS = ("sdma", "sdma-direct", "sdma-staging", "nccl", "gloo", "nccl-ce"
                 "ce-limit", "ce-limit-ipc")
 # Our rows whose ratios to the best peer, to the baseline and to the limit the peer table gives.
 RATIO_ROWS = ("sdma", "sdma-direct")
+SHORT = {"sdma-direct": "dir"}
 
 
 def peer_table(rows, base):
@@ -702,13 +705,13 @@ def peer_table(rows, base):
     if not rows:
         return ""
     # Only the peers this machine has: the notes below the table say why each other one is n/a. Short ratio
-    # headers ("direct/best": sdma-direct over the best peer), so that the header fits a terminal line.
+    # headers ("dir/best": sdma-direct over the best peer), so that the header stays under 200 characters.
     cols = [c for c in PEER_COLUMNS if any(f"{c}_{f}" in r for r in rows for f in FORMS)
             or (c.startswith("ce-limit") and f"{c}_out" in rows[0])]
     ours = [c for c in RATIO_ROWS if c in cols]
     ratios = (("best", "best"), ("base", base), ("limit", "limit"))
     lines = ["| output | form | " + " | ".join(cols) + " | best peer | "
-             + " | ".join(f"{c.removeprefix('sdma-')}/{head}" for c in ours for _, head in ratios) + " |",
+             + " | ".join(f"{SHORT.get(c, c)}/{head}" for c in ours for _, head in ratios) + " |",
              "|" + "---|" * (len(cols) + 3 + len(ratios) * len(ours))]
     for r in rows:
         for form in FORMS:
@@ -718,6 +721,8 @@ def peer_table(rows, base):
             lines.append(f"| {r['size']} | {form} | " + " | ".join(cells) + f" | {r.get(f'best_peer_{form}', '')} | "
                          + " | ".join("" if x is None else f"{x:.2f}" for x in got) + " |")
     notes = [f"- {name}: n/a, {why}" for name, why in rows[0]["unavailable"].items() if why]
+    notes.append(f"- a/b: a's busbw over b's; {', '.join(f'{v}: {k}' for k, v in SHORT.items() if k in ours)}; best: "
+                 f"the best peer with right bytes (best peer); limit: ce-limit")
     if "ce-limit" in cols:
         notes.append("- ce-limit: the fastest raw schedule at each size (out of place; the in-place rows are measured "
                      "against it too), from the raw schedules' table")

@@ -58,7 +58,7 @@ def test_bench_cpu_mode_writes_checked_rows(tmp_path):
                 assert r[f"{ours}_over_best_{form}"] == pytest.approx(ratio)  # gloo is the best peer here
             assert f"{ours}_over_limit_out" not in r and "raw" not in r
     assert "| 64 KiB | in |" in report["peers_markdown"]
-    ratios = "| sdma/best | sdma/gloo | sdma/limit | direct/best | direct/gloo | direct/limit |"
+    ratios = "| sdma/best | sdma/gloo | sdma/limit | dir/best | dir/gloo | dir/limit |"
     assert ratios in report["peers_markdown"].splitlines()[0]
     why = "no GPUs (CPU tensors have no copy engines)"
     assert report["raw_schedules"]["rows"] == [] and report["raw_schedules"]["unavailable"] == why
