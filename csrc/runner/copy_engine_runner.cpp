@@ -528,7 +528,11 @@ CollectivePath CopyEngineRunner::pathFor(const PlannedExchange& planned) {
   if (size_ > kMaxExchangeRanks) {
     return CollectivePath::inner("a group of more than " + std::to_string(kMaxExchangeRanks) + " ranks");
   }
-  return CollectivePath::dma(CollectivePath::kDirect);
+  return CollectivePath::dma(relayed(planned) ? CollectivePath::kRelayed : CollectivePath::kDirect);
+}
+
+bool CopyEngineRunner::relayed(const PlannedExchange& planned) const {
+  return planned.broadcast && broadcastIsRelayed(planned.agreedBytes, size_);
 }
 
 c10::intrusive_ptr<c10d::Work> CopyEngineRunner::run(PlannedExchange& planned, bool asyncOp,
@@ -543,7 +547,7 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::run(PlannedExchange& planned, b
   if (!direct_) {
     meetPeersBeforeConnecting(info);
   }
-  if (planned.broadcast && broadcastIsRelayed(planned.agreedBytes, size_)) {
+  if (relayed(planned)) {
     char* region = planned.plan.output ? planned.plan.output : const_cast<char*>(planned.plan.input);
     planned.plan = relayedBroadcastPlan(region, planned.agreedBytes, planned.root, rank_, size_);
   }
