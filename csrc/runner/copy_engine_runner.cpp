@@ -465,27 +465,28 @@ void CopyEngineRunner::refuseOnBoard(const CollectiveInfo& info, const std::stri
 template <typename Schedule>
 c10::intrusive_ptr<c10d::Work> CopyEngineRunner::enqueueArrived(CopyEngineDirect::Arrival& arrival, Operands operands,
                                                                 bool asyncOp, const CollectiveInfo& info,
-                                                                gpu::Stream caller, Schedule&& schedule) {
+                                                                gpu::Stream caller, int peerLanes,
+                                                                Schedule&& schedule) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (failure_.happened()) {
     // Failed while this rank posted its buffers: a peer that read the post may copy with them once released.
     keepTensorsForLife(std::move(operands.keepAlive));
     failure_.refuse(info);
   }
-  // Pushes over the links on the Push lane (the push stream, or peer lanes: TORCH_SDMA_PEER_LANES); pulls over them
-  // on the Drain lane.
+  // Pushes over the links on the Push lane (the push stream, or `peerLanes` streams); pulls over them on the Drain
+  // lane.
   gpu::Stream drain = asyncOp ? drainStream_ : caller;
   forkFromCaller(caller, pushStream_, drain);
   // Each stream beyond the queues' count shares a queue, where one lane's wait on a late peer holds the others behind
-  // it: a quarter of the queues at most, leaving the rest to the caller's streams and the other groups.
-  const int lanes = std::min({size_ - 1, directOptions_.peerLanes, gpu::hardwareQueues() / 4});
-  if (lanes > 1 && peerLanes_.empty()) {
-    for (int i = 0; i < lanes; ++i) {
-      peerLanes_.push_back(gpu::createStream());
-    }
+  // it: a quarter of the queues at most, leaving the rest to the caller's streams and the other groups. The same count
+  // for every call that asks for as many, so that one peer's operations keep one stream from call to call.
+  const int lanes = std::min({size_ - 1, peerLanes, gpu::hardwareQueues() / 4});
+  while (static_cast<int>(peerLanes_.size()) < lanes) {
+    peerLanes_.push_back(gpu::createStream());
   }
+  const std::vector<gpu::Stream> bound(peerLanes_.begin(), peerLanes_.begin() + std::max(lanes, 0));
   CopyEngineTransport& transport = *arrival.transport;
-  transport.bindLanes(pushStream_, drain, peerLanes_.empty() ? nullptr : &peerLanes_);
+  transport.bindLanes(pushStream_, drain, lanes > 1 ? &bound : nullptr);
   const auto serial = static_cast<uint32_t>(arrival.serial);
   schedule(transport, serial);
   transport.flush();
@@ -506,7 +507,7 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::enqueueDirect(PlannedAllgather&
   CopyEngineDirect& direct = directPath();
   CopyEngineDirect::Arrival arrival =
       arriveOrRefuse(planned.keepAlive, info, [&] { return direct.arrive(planned.plan, info.timeout); });
-  return enqueueArrived(arrival, operandsOf(planned), asyncOp, info, caller,
+  return enqueueArrived(arrival, operandsOf(planned), asyncOp, info, caller, directOptions_.peerLanes,
                         [&](CopyEngineTransport& transport, uint32_t serial) {
                           scheduleDirectAllgather(transport, planned.plan, serial, arrival.posted, arrival.peers);
                         });
@@ -558,7 +559,10 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::run(PlannedExchange& planned, b
   for (int q = 0; q < size_; ++q) {
     peers[q] = {arrival.peers[q], arrival.ranges[q]};
   }
-  return enqueueArrived(arrival, operandsOf(planned), asyncOp, info, caller,
+  // A relayed broadcast's root pushes every rank its part at once, while the relaying ranks forward into the same
+  // GPUs: one copy at a time from the root would share each destination's links with them, so a lane per peer.
+  const int lanes = relayed(planned) ? size_ - 1 : directOptions_.peerLanes;
+  return enqueueArrived(arrival, operandsOf(planned), asyncOp, info, caller, lanes,
                         [&](CopyEngineTransport& transport, uint32_t serial) {
                           scheduleDirectExchange(transport, planned.plan, serial, arrival.posted, peers);
                         });

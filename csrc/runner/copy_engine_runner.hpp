@@ -141,10 +141,12 @@ class CopyEngineRunner : public CollectiveRunner {
                                            Arrive&& arrive);
   // Records `reason` on the call board too, where the peers' waits read it, and refuses the call.
   [[noreturn]] void refuseOnBoard(const CollectiveInfo& info, const std::string& reason);
-  // Enqueues `schedule(transport, serial)` for an arrival on the direct path and tracks it.
+  // Enqueues `schedule(transport, serial)` for an arrival on the direct path, its pushes on as many peer lanes as
+  // `peerLanes` and the hardware queues allow (one: the push stream), and tracks it.
   template <typename Schedule>
   c10::intrusive_ptr<c10d::Work> enqueueArrived(CopyEngineDirect::Arrival& arrival, Operands operands, bool asyncOp,
-                                                const CollectiveInfo& info, gpu::Stream caller, Schedule&& schedule);
+                                                const CollectiveInfo& info, gpu::Stream caller, int peerLanes,
+                                                Schedule&& schedule);
   // Throws where the group failed, here or on a peer (which fails it here too).
   void refuseIfFailed(const CollectiveInfo& info);
   // "group rank 1 (pid 123) exited" for the first member whose process is gone, or "".

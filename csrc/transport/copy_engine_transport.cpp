@@ -232,15 +232,15 @@ gpu::Stream CopyEngineTransport::laneStream(Lane lane) {
 }
 
 gpu::Stream CopyEngineTransport::laneStream(Lane lane, int peer) {
+  // Signals collected on the Drain lane (a collective's Arrived) reach the GPU before a push's waits: where the
+  // streams share a hardware queue, a wait queued ahead of the signal the peer waits for would hold both ranks.
+  if (lane == Lane::Push && lanes_[0] != lanes_[1]) {
+    issuePending(Lane::Drain);
+  }
   if (lane != Lane::Push || peerLanes_.empty()) {
     return laneStream(lane);
   }
   const int i = peerLaneOf(peer);
-  // Signals collected on the Drain lane (a collective's Arrived) reach the GPU before this lane's waits: where the
-  // streams share a hardware queue, a wait queued ahead of the signal the peer waits for would hold both ranks.
-  if (lanes_[0] != lanes_[1]) {
-    issuePending(Lane::Drain);
-  }
   if (!peerLaneForked_[i]) {
     if (!forkCurrent_) {
       gpu::recordEvent(laneFork_, issuePending(Lane::Push));
