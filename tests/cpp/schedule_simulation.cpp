@@ -78,6 +78,14 @@ namespace {
 // its case only.
 bool failureEndsCase = false;
 
+// Wrong peer lanes that the models must catch (--unjoined-peer-lanes, --unforked-peer-lanes, --flags-on-peer-lanes):
+// joinLane(Drain, Push) not waiting for the peer lanes (Done before the pushes landed), peer lanes not forked from the
+// Push lane (a push of a bounced input before the Drain lane filled it, or of an input before the caller's stream
+// wrote it), or a direct schedule's flags written on the peer lanes rather than on the Drain lane, where
+// sdma::CallOrder orders them across calls.
+enum class PeerLaneFault { None, Unjoined, Unforked, FlagsOnPeerLanes };
+PeerLaneFault peerLaneFault = PeerLaneFault::None;
+
 [[noreturn]] void fail(const std::string& what) {
   if (failureEndsCase)
     throw std::runtime_error(what);
@@ -100,9 +108,11 @@ struct Op {
   uint64_t fence = 0;            // Gather, Join: runs once this many operations of queue `peer` ran
 };
 
-// The queues a rank's operations go to: one per lane, and the inner all-gathers' own.
-constexpr int kQueues = 3;
+// The queues a rank's operations go to: one per lane, the inner all-gathers' own, and the peer lanes (below).
 constexpr int kGatherQueue = 2;
+constexpr int kFirstPeerLane = 3;
+constexpr int kMaxPeerLanes = 7;  // a peer lane for each peer of 8 ranks
+constexpr int kQueues = kFirstPeerLane + kMaxPeerLanes;
 
 struct World;
 
@@ -149,8 +159,8 @@ class FakeTransport : public Transport, public DirectTransport {
   DirectTransport* direct() override {
     return this;
   }
-  void copyToPeer(Lane lane, int, uint64_t peerDst, const void* src, size_t bytes) override {
-    record(lane, {Op::Copy, reinterpret_cast<char*>(peerDst), static_cast<const char*>(src), bytes});
+  void copyToPeer(Lane lane, int peer, uint64_t peerDst, const void* src, size_t bytes) override {
+    recordOn(laneOf(lane, peer), {Op::Copy, reinterpret_cast<char*>(peerDst), static_cast<const char*>(src), bytes});
   }
   void copyFromPeer(Lane lane, int, void* dst, uint64_t peerSrc, size_t bytes) override {
     record(lane, {Op::Copy, static_cast<char*>(dst), reinterpret_cast<const char*>(peerSrc), bytes});
@@ -163,25 +173,35 @@ class FakeTransport : public Transport, public DirectTransport {
       ++recorded[q];
       return;
     }
-    record(lane, op);
+    if (peerLaneFault == PeerLaneFault::FlagsOnPeerLanes && lane == Lane::Drain) {
+      recordOn(laneOf(Lane::Push, peer), op);
+      return;
+    }
+    recordOn(laneOf(lane, peer), op);
   }
   void waitPeer(Lane lane, int peer, Flag flag, int slot, uint32_t value) override {
     if (mutation == Mutation::SkipDoneWait && flag == Flag::Done)
       return;
-    record(lane, {Op::WaitOne, nullptr, nullptr, 0, flag, slot, value, peer});
+    recordOn(laneOf(lane, peer), {Op::WaitOne, nullptr, nullptr, 0, flag, slot, value, peer});
   }
   void joinLane(Lane into, Lane from) override {
-    if (boundJoin) {
-      boundJoin(static_cast<int>(into), static_cast<int>(from));
-      return;
-    }
-    const int fromQueue = queueOf(static_cast<int>(from));
-    if (fromQueue != queueOf(static_cast<int>(into))) {
-      Op join{Op::Join};
-      join.peer = fromQueue;
-      join.fence = recorded[fromQueue];
-      record(into, join);
-    }
+    join(static_cast<int>(into), static_cast<int>(from));
+    if (into == Lane::Push && from == Lane::Drain)
+      peerLaneForked_.assign(peerLaneForked_.size(), false);
+    if (into == Lane::Drain && from == Lane::Push && peerLaneFault != PeerLaneFault::Unjoined)
+      for (size_t j = 0; j < peerLaneUsed_.size(); ++j)
+        if (peerLaneUsed_[j])
+          join(static_cast<int>(Lane::Drain), kFirstPeerLane + static_cast<int>(j));
+  }
+
+  // Per-peer push lanes, as CopyEngineTransport runs a direct collective's Push operations that name a peer once the
+  // runner bound them for the call: `count` of them (0: none, such operations stay on the Push lane), the peer at
+  // rotation distance k on lane (k - 1) % count, so that a push waiting for a late peer holds up no push to another.
+  void bindPeerLanes(int count) {
+    if (count > kMaxPeerLanes)
+      fail("more peer lanes than the model has queues for");
+    peerLaneForked_.assign(count, false);
+    peerLaneUsed_.assign(count, false);
   }
 
   uint32_t& flag(Flag f, int src, int slot) {
@@ -212,8 +232,8 @@ class FakeTransport : public Transport, public DirectTransport {
     ++recorded[q];
   }
   std::deque<Op> lanes[kQueues];
-  uint64_t recorded[kQueues] = {0, 0, 0};
-  uint64_t executed[kQueues] = {0, 0, 0};
+  uint64_t recorded[kQueues] = {};
+  uint64_t executed[kQueues] = {};
   std::map<std::string, int> calls;
   // Set by the calls-in-flight model (CallsInFlight below) for the call being enqueued, as
   // CopyEngineTransport::bindLanes binds the lanes to that call's streams: the lanes' operations and joins go to the
@@ -226,7 +246,7 @@ class FakeTransport : public Transport, public DirectTransport {
   // bounce area that peers read.
   enum class Mutation { None, SkipDoneWait, ArrivedBeforePack };
   Mutation mutation = Mutation::None;
-  size_t callStart[kQueues] = {0, 0, 0};
+  size_t callStart[kQueues] = {};
   void markCallStart() {
     for (int q = 0; q < kQueues; ++q)
       callStart[q] = lanes[q].size();
@@ -236,12 +256,41 @@ class FakeTransport : public Transport, public DirectTransport {
   void record(Lane lane, Op op) {
     recordOn(static_cast<int>(lane), op);
   }
+  // The lane an operation on `lane` naming `peer` runs on; a peer lane's first use since the call began or since the
+  // Push lane last joined the Drain lane first waits for what the Push lane holds.
+  int laneOf(Lane lane, int peer) {
+    if (lane != Lane::Push || peerLaneForked_.empty() || peer == rank_)
+      return static_cast<int>(lane);
+    const int k = (peer - rank_ + g_.worldSize) % g_.worldSize;
+    const int j = (k - 1) % static_cast<int>(peerLaneForked_.size());
+    if (!peerLaneForked_[j]) {
+      peerLaneForked_[j] = true;
+      peerLaneUsed_[j] = true;
+      if (peerLaneFault != PeerLaneFault::Unforked)
+        join(kFirstPeerLane + j, static_cast<int>(Lane::Push));
+    }
+    return kFirstPeerLane + j;
+  }
+  void join(int into, int from) {
+    if (boundJoin) {
+      boundJoin(into, from);
+      return;
+    }
+    const int fromQueue = queueOf(from);
+    if (fromQueue != queueOf(into)) {
+      Op op{Op::Join};
+      op.peer = fromQueue;
+      op.fence = recorded[fromQueue];
+      recordOn(into, op);
+    }
+  }
 
   World* world_;
   int rank_;
   StagingGeometry g_;
   std::vector<char> staging_;
   std::vector<uint32_t> flags_;
+  std::vector<bool> peerLaneForked_, peerLaneUsed_;  // by peer lane
 };
 
 struct World {
@@ -256,7 +305,7 @@ struct World {
       std::vector<std::pair<int, int>> runnable;
       bool anyLeft = false;
       for (int r = 0; r < W; ++r) {
-        for (int l = 0; l < 2; ++l) {
+        for (int l = 0; l < kQueues; ++l) {
           auto& q = ranks[r]->lanes[l];
           if (q.empty())
             continue;
@@ -373,8 +422,8 @@ void FakeTransport::pushChunkToPeers(Lane lane, int slot, const void* src, size_
 
 void FakeTransport::pushChunkToPeer(Lane lane, int peer, int slot, const void* src, size_t bytes, size_t at) {
   FakeTransport& p = *world_->ranks[peer];
-  record(lane, {Op::Copy, p.staging_.data() + g_.segmentOffset(slot, rank_, peer) + at, static_cast<const char*>(src),
-                bytes});
+  recordOn(laneOf(lane, peer), {Op::Copy, p.staging_.data() + g_.segmentOffset(slot, rank_, peer) + at,
+                                static_cast<const char*>(src), bytes});
   ++calls["pushChunkToPeer"];
 }
 
@@ -542,7 +591,7 @@ void stagingCase(std::mt19937& rng, int caseNo) {
 // wrap too. A rank posts its own buffers, or a bounce area of its own for either (a buffer its peers cannot map);
 // lanes run apart (two GPU streams) or as one (one stream, or the host runner's worker).
 void directCase(std::mt19937& rng, int caseNo) {
-  const int W = std::uniform_int_distribution<int>(2, 5)(rng);
+  const int W = std::uniform_int_distribution<int>(2, 8)(rng);
   StagingGeometry g;
   g.worldSize = W;
   g.slots = std::uniform_int_distribution<int>(0, 1)(rng) ? 2 : 4;
@@ -552,6 +601,9 @@ void directCase(std::mt19937& rng, int caseNo) {
   const uint32_t flagBase = bases[std::uniform_int_distribution<int>(0, 2)(rng)];
   World world;
   const bool oneQueue = std::uniform_int_distribution<int>(0, 1)(rng);
+  // Peer lanes where the lanes are GPU streams, as the copy-engine runner binds them: as many as the hardware queues'
+  // budget allows, at most one a peer.
+  const int peerLanes = oneQueue ? 0 : std::uniform_int_distribution<int>(1, W - 1)(rng);
   for (int r = 0; r < W; ++r) {
     world.ranks.push_back(std::make_unique<FakeTransport>(&world, r, g, flagBase));
     world.ranks.back()->queues = oneQueue ? FakeTransport::Queues::One : FakeTransport::Queues::PerLane;
@@ -596,12 +648,14 @@ void directCase(std::mt19937& rng, int caseNo) {
                       reinterpret_cast<uint64_t>(posted[q].outputBase)};
         }
       }
+      world.ranks[r]->bindPeerLanes(peerLanes);
       scheduleDirectAllgather(*world.ranks[r], b.plans[r], serial, posted[r], posts);
     }
-    const std::string what = "direct case " + std::to_string(caseNo) + " (W=" + std::to_string(W) + ", " +
-                             std::to_string(g.slots) + " slots, " + formName(form) + ", " + std::to_string(bytes) +
-                             " bytes, serial " + std::to_string(serial) + ", bounced " + bounced +
-                             (oneQueue ? ", one lane" : ", two lanes") + ")";
+    const std::string what =
+        "direct case " + std::to_string(caseNo) + " (W=" + std::to_string(W) + ", " + std::to_string(g.slots) +
+        " slots, " + formName(form) + ", " + std::to_string(bytes) + " bytes, serial " + std::to_string(serial) +
+        ", bounced " + bounced +
+        (oneQueue ? ", one lane" : ", two lanes and " + std::to_string(peerLanes) + " peer lanes") + ")";
     world.run(rng, what);
     checkOutputs(b, original, what);
   }
@@ -910,7 +964,7 @@ std::vector<std::vector<Pairing>> settlePairs(int n, std::mt19937& rng) {
 // (exchangeMismatch), and no copy of that call may touch them afterwards. `mutation`: a wrong schedule that this must
 // catch.
 void exchangeCase(std::mt19937& rng, int caseNo, FakeTransport::Mutation mutation) {
-  const int W = std::uniform_int_distribution<int>(2, 5)(rng);
+  const int W = std::uniform_int_distribution<int>(2, 8)(rng);
   StagingGeometry g;
   g.worldSize = W;
   g.slots = 2;
@@ -920,6 +974,7 @@ void exchangeCase(std::mt19937& rng, int caseNo, FakeTransport::Mutation mutatio
   const uint32_t flagBase = bases[std::uniform_int_distribution<int>(0, 2)(rng)];
   const bool oneQueue = std::uniform_int_distribution<int>(0, 1)(rng);
   const bool queuedAtOnce = std::uniform_int_distribution<int>(0, 1)(rng);
+  const int peerLanes = oneQueue ? 0 : std::uniform_int_distribution<int>(1, W - 1)(rng);  // as directCase
   World world;
   for (int r = 0; r < W; ++r) {
     world.ranks.push_back(std::make_unique<FakeTransport>(&world, r, g, flagBase));
@@ -927,8 +982,8 @@ void exchangeCase(std::mt19937& rng, int caseNo, FakeTransport::Mutation mutatio
     world.ranks.back()->mutation = mutation;
   }
   std::string what = "exchange case " + std::to_string(caseNo) + " (W=" + std::to_string(W) +
-                     (oneQueue ? ", one queue" : ", two lanes") + (queuedAtOnce ? ", queued at once" : "") +
-                     ", flags from " + std::to_string(flagBase) + "; calls:";
+                     (oneQueue ? ", one queue" : ", two lanes and " + std::to_string(peerLanes) + " peer lanes") +
+                     (queuedAtOnce ? ", queued at once" : "") + ", flags from " + std::to_string(flagBase) + "; calls:";
   std::vector<std::unique_ptr<Exchange>> calls;
   std::vector<std::vector<bool>> ended;  // [call][rank]
   // A call's end on rank r (a Mark whose value is the call's index): its arenas final, and no copy touches them again.
@@ -968,6 +1023,7 @@ void exchangeCase(std::mt19937& rng, int caseNo, FakeTransport::Mutation mutatio
     for (int r = 0; r < W; ++r) {
       FakeTransport& t = *world.ranks[r];
       t.markCallStart();
+      t.bindPeerLanes(peerLanes);
       scheduleDirectExchange(t, x.plans[r], serial, x.posted[r], exchangePeers(x, pairing, r));
       Op end{Op::Mark};
       end.value = static_cast<uint32_t>(c);
@@ -1238,9 +1294,9 @@ class CaughtCases {
         runCase(c);
       } catch (const std::runtime_error& e) {
         const std::string failure = e.what();
-        add(failure.find("deadlock") != std::string::npos ? "hang"
-            : failure.find(marker) != std::string::npos   ? kind
-                                                          : "wrong bytes",
+        add(failure.find("deadlock") != std::string::npos || failure.find(": hang:") != std::string::npos ? "hang"
+            : failure.find(marker) != std::string::npos                                                   ? kind
+                                                        : "wrong bytes",
             failure);
       }
     }
@@ -2146,14 +2202,18 @@ class CallsInFlight : RankStreams<CallInFlightStep> {
   CallsInFlight(std::mt19937& rng, int caseNo, bool ordered, bool forked, bool hardwareQueues = false,
                 bool crossedOrders = false)
       : rng_(rng), ordered_(ordered), forked_(forked), crossedOrders_(crossedOrders) {
-    W_ = pick(2, 3);
+    // Mostly 2 or 3 ranks, where the calls' interleavings are explored most densely; a quarter up to 8, where the
+    // peer lanes are shared by several peers.
+    W_ = pick(0, 3) ? pick(2, 3) : pick(4, 8);
     const int groups = crossedOrders_ ? 2 : pick(1, 3);
     for (int gi = 0; gi < groups; ++gi) {
       auto g = std::make_unique<Group>();
       for (int r = 0; r < W_; ++r)
         g->members.push_back(r);
-      if (!crossedOrders_ && W_ > 2 && pick(0, 1)) {  // a subset of two
-        g->members.erase(g->members.begin() + pick(0, W_ - 1));
+      if (!crossedOrders_ && W_ > 2 && pick(0, 1)) {  // a subset of 2 .. W - 1 ranks
+        std::shuffle(g->members.begin(), g->members.end(), rng_);
+        g->members.resize(pick(2, W_ - 1));
+        std::sort(g->members.begin(), g->members.end());
       }
       const int n = static_cast<int>(g->members.size());
       const DrawnTransports d = drawTransports(rng_, n, 256, g->staging, g->direct);
@@ -2161,6 +2221,9 @@ class CallsInFlight : RankStreams<CallInFlightStep> {
       g->directSerial.assign(n, d.flagBase);
       g->order.resize(n);
       g->previousEnd.assign(n, {-1, 0});
+      g->firstStream = groupStreams_;
+      g->peerLanes = pick(1, n - 1);
+      groupStreams_ += 2 + g->peerLanes;
       groups_.push_back(std::move(g));
     }
     for (int r = 0; r < W_; ++r)
@@ -2174,6 +2237,8 @@ class CallsInFlight : RankStreams<CallInFlightStep> {
       for (size_t i = 0; i < g->members.size(); ++i)
         what_ += (i ? "," : "") + std::to_string(g->members[i]);
       what_ += "}";
+      if (g->peerLanes)
+        what_ += " with " + std::to_string(g->peerLanes) + " peer lanes";
     }
     what_ += std::string(ordered_ ? ", ordered" : ", unordered") + (forked_ ? "" : ", unforked") + "; calls:";
     for (int c = 0; c < calls; ++c)
@@ -2238,6 +2303,8 @@ class CallsInFlight : RankStreams<CallInFlightStep> {
     std::vector<uint32_t> directSerial;
     std::vector<CallOrder<int>> order;
     std::vector<std::pair<int, uint64_t>> previousEnd;  // queue and count after the previous call's end
+    int firstStream = 0;                                // its push stream; its drain stream and its peer lanes follow
+    int peerLanes = 0;  // the same streams for every call of the group, as the runner keeps them
   };
   using Step = CallInFlightStep;
   struct Call {
@@ -2259,21 +2326,28 @@ class CallsInFlight : RankStreams<CallInFlightStep> {
   int groupCount() const {
     return static_cast<int>(groups_.size());
   }
-  // Per group g: push stream 2g, drain stream 2g + 1; then the two caller streams.
+  // Per group: its push stream, its drain stream and its peer lanes (Group::firstStream); then the two caller streams.
   int queueCount() const {
-    return 2 * groupCount() + 2;
+    return groupStreams_ + 2;
   }
   int callerQueue(int caller) const {
-    return 2 * groupCount() + caller;
+    return groupStreams_ + caller;
   }
   // The group whose calls a stream carries, in crossed orders (each group on a caller stream of its own).
   int groupOfStream(int q) const {
-    return q < 2 * groupCount() ? q / 2 : q - 2 * groupCount();
+    if (q >= groupStreams_)
+      return q - groupStreams_;
+    int gi = 0;
+    while (q >= groups_[gi]->firstStream + 2 + groups_[gi]->peerLanes)
+      ++gi;
+    return gi;
   }
   std::string streamName(int q) const {
-    if (q >= 2 * groupCount())
-      return "C" + std::to_string(q - 2 * groupCount() + 1);
-    return "g" + std::to_string(q / 2) + (q % 2 ? " drain" : " push");
+    if (q >= groupStreams_)
+      return "C" + std::to_string(q - groupStreams_ + 1);
+    const int gi = groupOfStream(q);
+    const int k = q - groups_[gi]->firstStream;
+    return "g" + std::to_string(gi) + (k == 0 ? " push" : k == 1 ? " drain" : " peer lane " + std::to_string(k - 2));
   }
 
   // Each rank's streams on its hardware queues: all on one (CUDA_DEVICE_MAX_CONNECTIONS=1, as Megatron sets it), each
@@ -2435,9 +2509,9 @@ class CallsInFlight : RankStreams<CallInFlightStep> {
     const std::vector<PostedBuffers>& posted = made.posted;
     const std::vector<std::vector<Pairing>>& pairing = made.pairing;
     const int callerQ = callerQueue(made.caller[i]);
-    const int drainQ = made.sync[i] ? callerQ : 2 * gi + 1;
+    const int drainQ = made.sync[i] ? callerQ : g.firstStream + 1;
     FakeTransport& t = direct ? *g.direct.ranks[i] : *g.staging.ranks[i];
-    const int pushQ = direct || chunkCount(made.buffers.plans[i], t.geometry()) > 1 ? 2 * gi : drainQ;
+    const int pushQ = direct || chunkCount(made.buffers.plans[i], t.geometry()) > 1 ? g.firstStream : drainQ;
     // The caller's own work before the call: it writes the input on the caller's stream.
     Step produce;
     produce.kind = Step::Produce;
@@ -2452,7 +2526,11 @@ class CallsInFlight : RankStreams<CallInFlightStep> {
     }
     if (ordered_ && g.order[i].mustWaitForPrevious(drainQ))
       fence(r, drainQ, g.previousEnd[i].first, g.previousEnd[i].second);
-    const int laneQueue[2] = {pushQ, drainQ};
+    const int peerLane0 = g.firstStream + 2;
+    auto laneQueue = [pushQ, drainQ, peerLane0](int lane) {
+      return lane >= kFirstPeerLane ? peerLane0 + lane - kFirstPeerLane : lane == 0 ? pushQ : drainQ;
+    };
+    t.bindPeerLanes(direct ? g.peerLanes : 0);
     t.bound = [&, r, gi, i, c](int lane, const Op& op) {
       Step s;
       s.op = op;
@@ -2462,9 +2540,9 @@ class CallsInFlight : RankStreams<CallInFlightStep> {
       s.groupRank = i;
       if (op.kind == Op::Copy)
         s.touches = touchesOf(op);
-      add(r, laneQueue[lane], s);
+      add(r, laneQueue(lane), s);
     };
-    t.boundJoin = [&, r](int into, int from) { fenceOn(r, laneQueue[into], laneQueue[from]); };
+    t.boundJoin = [&, r](int into, int from) { fenceOn(r, laneQueue(into), laneQueue(from)); };
     if (exchange) {
       const Exchange& x = *made.exchange;
       scheduleDirectExchange(t, x.plans[i], ++g.directSerial[i], x.posted[i], exchangePeers(x, pairing, i));
@@ -2562,6 +2640,7 @@ class CallsInFlight : RankStreams<CallInFlightStep> {
   bool forked_;
   bool crossedOrders_;
   int W_ = 0;
+  int groupStreams_ = 0;
   std::vector<std::unique_ptr<Group>> groups_;
   std::vector<std::unique_ptr<Call>> calls_;
   std::string what_;
@@ -2688,11 +2767,11 @@ class FaultCase {
     }
     what_ += ")";
     // Every stream of a rank on one hardware queue in the shared scenarios, else each on its own. The service
-    // stream (queue 2 * groups) carries the releases where they are queued (--one-hardware-queue).
+    // stream (serviceStream()) carries the releases where they are queued (--one-hardware-queue).
     for (int r = 0; r < kW; ++r) {
-      queues_[r].resize(2 * groups + 1);
-      hardwareQueueOf_[r].resize(2 * groups + 1);
-      for (int q = 0; q <= 2 * groups; ++q)
+      queues_[r].resize(serviceStream() + 1);
+      hardwareQueueOf_[r].resize(serviceStream() + 1);
+      for (int q = 0; q <= serviceStream(); ++q)
         hardwareQueueOf_[r][q] = o_.sharedQueueCrossed || o_.oneHardwareQueue ? 0 : q;
     }
     if (o_.oneHardwareQueue)
@@ -2717,7 +2796,7 @@ class FaultCase {
       for (int r = 0; r < kW; ++r) {
         if (gone_[r])
           continue;
-        for (int q = 0; q <= 2 * groups; ++q)
+        for (int q = 0; q <= serviceStream(); ++q)
           if (!queues_[r][q].steps.empty() && ready(r, queues_[r][q].steps.front()) &&
               earlierOnHardwareQueue(queues_[r], hardwareQueueOf_[r], q) < 0)
             moves.push_back([this, r, q] { runHead(r, q); });
@@ -2783,7 +2862,7 @@ class FaultCase {
         if (!quiesced(r, g))
           return "hang: rank " + std::to_string(r) + "'s lanes never run out after every rank failed (" + heads() +
                  "; " + what_ + ")";
-      if (!queues_[r][2 * groups].steps.empty())
+      if (!queues_[r][serviceStream()].steps.empty())
         return "hang: rank " + std::to_string(r) + "'s release never leaves its hardware queue (" + heads() + "; " +
                what_ + ")";
     }
@@ -2849,9 +2928,19 @@ class FaultCase {
   const Group& group(int g) const {
     return *groups_[g];
   }
-  // Rank r's queues of group g: push 2g, drain 2g + 1.
+  // Rank r's queues of group g: its push stream, its drain stream and, two ranks having one peer, its one peer lane.
+  static constexpr int kStreamsPerGroup = 3;
+  static int stream(int g, int lane) {
+    return kStreamsPerGroup * g + std::min(lane, 2);
+  }
+  int serviceStream() const {
+    return kStreamsPerGroup * static_cast<int>(groups_.size());
+  }
   bool quiesced(int r, int g) const {
-    return queues_[r][2 * g].steps.empty() && queues_[r][2 * g + 1].steps.empty();
+    for (int lane = 0; lane < kStreamsPerGroup; ++lane)
+      if (!queues_[r][stream(g, lane)].steps.empty())
+        return false;
+    return true;
   }
   bool failedEveryGroup(int r) const {
     for (const auto& g : groups_)
@@ -2991,7 +3080,7 @@ class FaultCase {
     s.group = g;
     s.peer = peer;
     s.own = own;
-    add(r, static_cast<int>(groups_.size()) * 2, s);
+    add(r, serviceStream(), s);
   }
 
   void release(int r, int g, int peer) {
@@ -3060,12 +3149,13 @@ class FaultCase {
       s.direct = direct;
       if (op.kind == Op::Copy)
         s.touches = touchesOf(g, op);
-      add(r, 2 * g + lane, s);
+      add(r, stream(g, lane), s);
     };
     t.boundJoin = [this, r, g](int into, int from) {
       if (into != from)
-        fence(r, g, into);
+        fence(r, g, into, from);
     };
+    t.bindPeerLanes(direct ? 1 : 0);
     if (p.exchange) {
       std::vector<std::vector<Pairing>> pairing(kW, std::vector<Pairing>(kW));
       pairing[r][1 - r] = p.pairing[r];
@@ -3087,21 +3177,21 @@ class FaultCase {
     end.kind = Step::End;
     end.group = g;
     end.call = c;
-    add(r, 2 * g + 1, end);
+    add(r, stream(g, 1), end);
   }
   void add(int r, int q, Step s) {
     s.submitted = submitted_[r]++;
     queues_[r][q].steps.push_back(std::move(s));
     ++queues_[r][q].recorded;
   }
-  // Group g's lane `into` (drain unless said) waits for what its other lane recorded so far.
-  void fence(int r, int g, int into = 1) {
+  // Group g's lane `into` waits for what its lane `from` recorded so far (by default drain for push).
+  void fence(int r, int g, int into = 1, int from = 0) {
     Step s;
     s.kind = Step::Fence;
     s.group = g;
-    s.after = 2 * g + 1 - into;
+    s.after = stream(g, from);
     s.count = queues_[r][s.after].recorded;
-    add(r, 2 * g + into, s);
+    add(r, stream(g, into), s);
   }
 
   bool ready(int r, const Step& s) {
@@ -3170,9 +3260,10 @@ class FaultCase {
   }
 
   std::string streamName(size_t q) const {
-    if (q == 2 * groups_.size())
+    if (q == static_cast<size_t>(serviceStream()))
       return "service stream";
-    return "g" + std::to_string(q / 2) + (q % 2 ? " drain" : " push");
+    static const char* const kLanes[] = {" push", " drain", " peer lane"};
+    return "g" + std::to_string(q / kStreamsPerGroup) + kLanes[q % kStreamsPerGroup];
   }
 
   // Where each stream with steps left stands (for a hang's report).
@@ -3212,7 +3303,7 @@ class FaultCase {
   int faultRank_ = 0, faultStep_ = -1, faultGroup_ = 0;
   bool gone_[kW] = {false, false};
   int deathRank_ = 0, deathStep_ = -1;
-  std::vector<Queue> queues_[kW];         // per group g: push 2g, drain 2g + 1
+  std::vector<Queue> queues_[kW];         // per group: stream(g, lane); then the service stream
   std::vector<int> hardwareQueueOf_[kW];  // [rank][queue]
   uint64_t submitted_[kW] = {0, 0};       // [rank]: steps submitted so far
   int step_ = 0;
@@ -4644,9 +4735,22 @@ int main(int argc, char** argv) {
   FaultOptions faultOptions;
   P2POptions p2pOptions;
   auto mutation = FakeTransport::Mutation::None;
-  bool usage = argc < 3 || (argc > 3 && !inFlight && !faults && !exchanges && !hardwareQueues && !p2p &&
-                            !capturedExchanges && !capturedP2p);
-  for (int a = 4; a < argc; ++a) {
+  const bool mode = inFlight || faults || exchanges || hardwareQueues || p2p || capturedExchanges || capturedP2p;
+  bool usage = argc < 3;
+  auto parsePeerLaneFault = [](const char* arg) {
+    if (peerLaneFault != PeerLaneFault::None)
+      return false;
+    if (strcmp(arg, "--unjoined-peer-lanes") == 0)
+      peerLaneFault = PeerLaneFault::Unjoined;
+    else if (strcmp(arg, "--unforked-peer-lanes") == 0)
+      peerLaneFault = PeerLaneFault::Unforked;
+    else if (strcmp(arg, "--flags-on-peer-lanes") == 0)
+      peerLaneFault = PeerLaneFault::FlagsOnPeerLanes;
+    return peerLaneFault != PeerLaneFault::None;
+  };
+  for (int a = mode ? 4 : 3; a < argc; ++a) {
+    if ((!mode || inFlight || hardwareQueues || exchanges || faults) && parsePeerLaneFault(argv[a]))
+      continue;
     if (p2p)
       usage |= !parseP2POption(argv[a], p2pOptions);
     else if (hardwareQueues && strcmp(argv[a], "--crossed-orders") == 0)
@@ -4677,7 +4781,7 @@ int main(int argc, char** argv) {
   if (usage) {
     fprintf(
         stderr,
-        "usage: %s SEED CASES [--calls-in-flight [--unordered] [--unforked] | --hardware-queues "
+        "usage: %s SEED CASES [<wrong peer lanes>] [--calls-in-flight [--unordered] [--unforked] | --hardware-queues "
         "[--crossed-orders] | --faults [--old-release] [--shared-queue-crossed | --one-hardware-queue "
         "[--own-release-on-queue]] | --exchanges "
         "[--skip-done-wait | "
@@ -4686,7 +4790,9 @@ int main(int argc, char** argv) {
         "--interleaved-peers] [--done-after-every-copy] [--shared-lanes] [--lane-pool=N] [--peer-lanes-share-queues] | "
         "--captured-exchanges "
         "[--without-arrived] | --captured-p2p "
-        "[--listing-order]]\n",
+        "[--listing-order]]\n"
+        "  <wrong peer lanes>, also after --calls-in-flight, --hardware-queues, --exchanges or --faults: "
+        "--unjoined-peer-lanes | --unforked-peer-lanes | --flags-on-peer-lanes\n",
         argv[0]);
     return 2;
   }
@@ -4698,7 +4804,8 @@ int main(int argc, char** argv) {
     return runCapturedExchanges(rng, cases, withoutArrived);
   if (capturedP2p)
     return runCapturedP2p(rng, cases, listingOrder);
-  if (exchanges && mutation == FakeTransport::Mutation::None) {
+  const bool peerLanesWrong = peerLaneFault != PeerLaneFault::None;
+  if (exchanges && mutation == FakeTransport::Mutation::None && !peerLanesWrong) {
     for (int c = 0; c < cases; ++c)
       exchangeCase(rng, c, mutation);
     printf("ok %d\n", cases);
@@ -4715,10 +4822,25 @@ int main(int argc, char** argv) {
     // The protocol on its own streams stops at its first failure. The old rule and the shared hardware queues run
     // every case and count what they are caught at.
     const bool counts = faultOptions.rule == ReleaseRule::Old || faultOptions.sharedQueueCrossed ||
-                        (faultOptions.oneHardwareQueue && faultOptions.ownReleaseOnQueue);
+                        (faultOptions.oneHardwareQueue && faultOptions.ownReleaseOnQueue) || peerLanesWrong;
     CaughtCases caught;
     for (int c = 0; c < cases; ++c)
       caught.addResult(FaultCase(rng, c, faultOptions).run(), counts);
+    return caught.report(cases);
+  }
+  if (peerLanesWrong && (inFlight || (hardwareQueues && !crossedOrders) || !mode)) {
+    // Wrong peer lanes: every case runs, and the cases they are caught in are counted by what caught them.
+    failureEndsCase = true;
+    CaughtCases caught;
+    caught.runEach(
+        cases,
+        [&](int c) {
+          if (mode)
+            CallsInFlight(rng, c, !unordered, !unforked, hardwareQueues).run();
+          else
+            directCase(rng, c);
+        },
+        "early completion", "early completion");
     return caught.report(cases);
   }
   if (inFlight || (hardwareQueues && !crossedOrders)) {
