@@ -86,6 +86,13 @@ bool failureEndsCase = false;
 enum class PeerLaneFault { None, Unjoined, Unforked, FlagsOnPeerLanes };
 PeerLaneFault peerLaneFault = PeerLaneFault::None;
 
+// Set by --many-ranks: the direct, exchange and calls-in-flight cases draw 3 to 8 ranks, where several peers share
+// a peer lane and a rank's peer lanes outnumber its other streams.
+bool manyRanks = false;
+int drawRanks(std::mt19937& rng, int lo, int hi) {
+  return std::uniform_int_distribution<int>(manyRanks ? 3 : lo, manyRanks ? 8 : hi)(rng);
+}
+
 [[noreturn]] void fail(const std::string& what) {
   if (failureEndsCase)
     throw std::runtime_error(what);
@@ -591,7 +598,7 @@ void stagingCase(std::mt19937& rng, int caseNo) {
 // wrap too. A rank posts its own buffers, or a bounce area of its own for either (a buffer its peers cannot map);
 // lanes run apart (two GPU streams) or as one (one stream, or the host runner's worker).
 void directCase(std::mt19937& rng, int caseNo) {
-  const int W = std::uniform_int_distribution<int>(2, 8)(rng);
+  const int W = drawRanks(rng, 2, 8);
   StagingGeometry g;
   g.worldSize = W;
   g.slots = std::uniform_int_distribution<int>(0, 1)(rng) ? 2 : 4;
@@ -964,7 +971,7 @@ std::vector<std::vector<Pairing>> settlePairs(int n, std::mt19937& rng) {
 // (exchangeMismatch), and no copy of that call may touch them afterwards. `mutation`: a wrong schedule that this must
 // catch.
 void exchangeCase(std::mt19937& rng, int caseNo, FakeTransport::Mutation mutation) {
-  const int W = std::uniform_int_distribution<int>(2, 8)(rng);
+  const int W = drawRanks(rng, 2, 8);
   StagingGeometry g;
   g.worldSize = W;
   g.slots = 2;
@@ -2204,7 +2211,7 @@ class CallsInFlight : RankStreams<CallInFlightStep> {
       : rng_(rng), ordered_(ordered), forked_(forked), crossedOrders_(crossedOrders) {
     // Mostly 2 or 3 ranks, where the calls' interleavings are explored most densely; a quarter up to 8, where the
     // peer lanes are shared by several peers.
-    W_ = pick(0, 3) ? pick(2, 3) : pick(4, 8);
+    W_ = pick(0, 3) ? drawRanks(rng_, 2, 3) : drawRanks(rng_, 4, 8);
     const int groups = crossedOrders_ ? 2 : pick(1, 3);
     for (int gi = 0; gi < groups; ++gi) {
       auto g = std::make_unique<Group>();
@@ -4751,6 +4758,10 @@ int main(int argc, char** argv) {
   for (int a = mode ? 4 : 3; a < argc; ++a) {
     if ((!mode || inFlight || hardwareQueues || exchanges || faults) && parsePeerLaneFault(argv[a]))
       continue;
+    if ((!mode || inFlight || hardwareQueues || exchanges) && strcmp(argv[a], "--many-ranks") == 0) {
+      manyRanks = true;
+      continue;
+    }
     if (p2p)
       usage |= !parseP2POption(argv[a], p2pOptions);
     else if (hardwareQueues && strcmp(argv[a], "--crossed-orders") == 0)
@@ -4781,7 +4792,8 @@ int main(int argc, char** argv) {
   if (usage) {
     fprintf(
         stderr,
-        "usage: %s SEED CASES [<wrong peer lanes>] [--calls-in-flight [--unordered] [--unforked] | --hardware-queues "
+        "usage: %s SEED CASES [--many-ranks] [<wrong peer lanes>] [--calls-in-flight [--unordered] [--unforked] | "
+        "--hardware-queues "
         "[--crossed-orders] | --faults [--old-release] [--shared-queue-crossed | --one-hardware-queue "
         "[--own-release-on-queue]] | --exchanges "
         "[--skip-done-wait | "
@@ -4792,7 +4804,8 @@ int main(int argc, char** argv) {
         "[--without-arrived] | --captured-p2p "
         "[--listing-order]]\n"
         "  <wrong peer lanes>, also after --calls-in-flight, --hardware-queues, --exchanges or --faults: "
-        "--unjoined-peer-lanes | --unforked-peer-lanes | --flags-on-peer-lanes\n",
+        "--unjoined-peer-lanes | --unforked-peer-lanes | --flags-on-peer-lanes\n"
+        "  --many-ranks, also after --calls-in-flight, --hardware-queues or --exchanges: 3 to 8 ranks\n",
         argv[0]);
     return 2;
   }
