@@ -7,6 +7,19 @@
 // of a rank's operations in one queue, as the host runner's single worker runs them. Usage: schedule_simulation SEED
 // CASES; prints "ok <cases>" and exits 0 on success.
 //
+// The direct all-gather and the exchanges run with per-peer push lanes wherever the lanes are GPU streams, as the
+// copy-engine transport runs eager direct collectives: a Push operation that names a peer (copyToPeer, waitPeer,
+// signalPeer, pushChunkToPeer) goes on the lane of the peer at rotation distance k, lane (k - 1) % L for the group's L
+// lanes (drawn from 1 to size - 1), forked from the Push lane at its first use in a call and after every
+// joinLane(Push, Drain); joinLane(Drain, Push) waits for the Push lane and every peer lane forked in the call
+// (FakeTransport::bindPeerLanes). --many-ranks draws 3 to 8 ranks for the direct, exchange and calls-in-flight cases
+// (else 2 to 8). A wrong peer lane, given alone or after --calls-in-flight, --hardware-queues, --exchanges or --faults,
+// runs every case and prints "caught N of CASES cases: <kind> <count>; ..." and exits 1 (alone: the direct cases
+// only): --unjoined-peer-lanes (joinLane(Drain, Push) forgets the peer lanes: Done before the pushes landed),
+// --unforked-peer-lanes (peer lanes not forked from the Push lane: a push of a bounce area not yet filled, or of an
+// input the caller's stream has not yet written), --flags-on-peer-lanes (the direct schedules' flags to a peer on its
+// peer lane instead of the Drain lane: a Done no longer after the Drain lane's pull from that peer).
+//
 // schedule_simulation SEED CASES --calls-in-flight [--unordered] [--unforked] runs instead the model of a group's calls
 // in flight across GPU streams (CallsInFlight below, which says what it covers and what not): with the runner's
 // ordering rule (sdma::CallOrder) and its fences from the caller's stream it must print "ok <cases>"; --unordered
@@ -14,12 +27,12 @@
 // (a lane then reads an input before the caller's stream wrote it): what the model exists to catch.
 //
 // schedule_simulation SEED CASES --hardware-queues [--crossed-orders] runs the calls-in-flight model with each rank's
-// streams on hardware queues (FIFOs: a wait at a queue's head holds every stream mapped there), all on one
-// (CUDA_DEVICE_MAX_CONNECTIONS=1), one per stream, or a random few: with the calls made in one order on every rank it
-// must print "ok <cases>"; with --crossed-orders (two groups whose calls the ranks interleave in different orders) it
-// runs every case and prints "caught N of CASES cases: hang <n>; none in the <m> cases whose groups share no hardware
-// queue" and exits 1. A hang where no hardware queue holds both groups' streams, or any failure but a hang, is printed
-// as "FAIL: ..." alone.
+// streams, peer lanes among them, on hardware queues (FIFOs: a wait at a queue's head holds every stream mapped there),
+// all on one (CUDA_DEVICE_MAX_CONNECTIONS=1), one per stream, or a random few: with the calls made in one order on
+// every rank it must print "ok <cases>"; with --crossed-orders (two groups whose calls the ranks interleave in
+// different orders) it runs every case and prints "caught N of CASES cases: hang <n>; none in the <m> cases whose
+// groups share no hardware queue" and exits 1. A hang where no hardware queue holds both groups' streams, or any
+// failure but a hang, is printed as "FAIL: ..." alone.
 //
 // schedule_simulation SEED CASES --faults [--old-release] runs the model of the fault protocol (FaultCase below, with
 // csrc/collective/fault_release.hpp): it must print "ok <cases>"; with --old-release (every failed rank passing its
@@ -596,7 +609,7 @@ void stagingCase(std::mt19937& rng, int caseNo) {
 // The direct schedule: every pair settles one of the ways the arrival mailbox settles it (each pushes its own
 // bytes, or one came late and moves both directions), across collectives, from flags that start anywhere, near the
 // wrap too. A rank posts its own buffers, or a bounce area of its own for either (a buffer its peers cannot map);
-// lanes run apart (two GPU streams) or as one (one stream, or the host runner's worker).
+// lanes run apart (GPU streams: push, drain and 1 to W - 1 peer lanes) or as one (the host runner's worker).
 void directCase(std::mt19937& rng, int caseNo) {
   const int W = drawRanks(rng, 2, 8);
   StagingGeometry g;
@@ -963,13 +976,13 @@ std::vector<std::vector<Pairing>> settlePairs(int n, std::mt19937& rng) {
   return pairing;
 }
 
-// The exchange schedule (scheduleDirectExchange): 2 to 5 ranks, every kind of exchange, regions posted as they are or
-// bounced, every pair settled as the mailbox may settle it, lanes apart (two GPU streams) or one queue (the host
-// runner's worker), several calls in a row from flags that start anywhere, near the wrap too, each call run to its
-// end before the next is recorded or all of them queued at once (async calls on the group's streams). When a call
-// ends on a rank (its Drain lane's last operation), that rank's arenas must hold exactly what they must
-// (exchangeMismatch), and no copy of that call may touch them afterwards. `mutation`: a wrong schedule that this must
-// catch.
+// The exchange schedule (scheduleDirectExchange): 2 to 8 ranks, every kind of exchange, regions posted as they are or
+// bounced, every pair settled as the mailbox may settle it, lanes apart (GPU streams, peer lanes among them, as
+// directCase) or one queue (the host runner's worker), several calls in a row from flags that start anywhere, near the
+// wrap too, each call run to its end before the next is recorded or all of them queued at once (async calls on the
+// group's streams). When a call ends on a rank (its Drain lane's last operation), that rank's arenas must hold exactly
+// what they must (exchangeMismatch), and no copy of that call may touch them afterwards. `mutation`: a wrong schedule
+// that this must catch.
 void exchangeCase(std::mt19937& rng, int caseNo, FakeTransport::Mutation mutation) {
   const int W = drawRanks(rng, 2, 8);
   StagingGeometry g;
@@ -2172,18 +2185,20 @@ struct CallInFlightStep : StreamStep {
   int member = -1;      // Produce: the group rank whose input it writes
 };
 
-// Calls in flight across streams: a model check of how a group's collectives are ordered on the GPU. 2 or 3 ranks,
-// 1 to 3 groups, each over every rank or two of them, chunk and direct serials from 0 or near the wrap. Each rank has
-// the queues its GPU streams are: a push stream and a drain stream per group, and two caller streams shared by all
-// of the rank's groups. Every rank enqueues the same sequence of up to four calls, none waiting for another, each on
-// one group, direct (scheduleDirectAllgather, the pairs settled as the arrival mailbox may settle them), through
-// staging (scheduleStagingAllgather) or an exchange of any kind (scheduleDirectExchange, as direct), synchronous (its
-// Drain lane on the caller's stream, C1 or C2) or async (on the group's drain stream), mostly the same choice on every
-// rank, in a quarter of the cases each rank's own; the Push lane is the group's push stream, or the Drain lane's stream
-// where a staging message is one chunk, as CopyEngineRunner::run binds them. Each call's lanes first wait for the
-// caller stream's position at enqueue (forkFromCaller), and, unless the ordering rule is switched off, its Drain lane
-// waits for the group's previous call's end where sdma::CallOrder says so. Before each call the caller's stream writes
-// the call's input (until then it holds other bytes), as the caller's own kernels would. The queues then run in random
+// Calls in flight across streams: a model check of how a group's collectives are ordered on the GPU. 2 to 8 ranks,
+// 1 to 3 groups, each over every rank or 2 or more of them, chunk and direct serials from 0 or near the wrap. Each rank
+// has the queues its GPU streams are: a push stream, a drain stream and 1 to n - 1 peer lanes per group of n (the same
+// for every call of the group, as the runner keeps them), and two caller streams shared by all of the rank's groups.
+// Every rank enqueues the same sequence of up to four calls, none waiting for another, each on one group, direct
+// (scheduleDirectAllgather, the pairs settled as the arrival mailbox may settle them), through staging
+// (scheduleStagingAllgather) or an exchange of any kind (scheduleDirectExchange, as direct), synchronous (its Drain
+// lane on the caller's stream, C1 or C2) or async (on the group's drain stream), mostly the same choice on every rank,
+// in a quarter of the cases each rank's own; the Push lane is the group's push stream, or the Drain lane's stream where
+// a staging message is one chunk, as CopyEngineRunner::run binds them, and a direct call's Push operations that name a
+// peer go on that peer's lane (FakeTransport::bindPeerLanes). Each call's lanes first wait for the caller stream's
+// position at enqueue (forkFromCaller), and, unless the ordering rule is switched off, its Drain lane waits for the
+// group's previous call's end where sdma::CallOrder says so. Before each call the caller's stream writes the call's
+// input (until then it holds other bytes), as the caller's own kernels would. The queues then run in random
 // interleavings honouring only stream order, those fences and the flags. Found as failures: a hang (no queue can run
 // while operations remain), an early completion (a call's end runs on rank r while some rank still has a copy of that
 // call into or out of r's buffers queued, so that r's caller could reuse them under the copy), or an output not
@@ -2655,17 +2670,18 @@ class CallsInFlight : RankStreams<CallInFlightStep> {
 
 // Failures: a model check of the fault protocol (csrc/collective/fault_release.hpp) on the real schedules. Two ranks,
 // one group with a staging and a direct transport each, up to five calls a rank enqueues in turn on its push and
-// drain lanes (async calls; staging or direct, every form staging takes, zero-size calls among them, exchanges of
-// every kind in place of some direct all-gathers, their regions bounced or not). Enqueues,
-// lane operations and the protocol's own steps run in one random interleaving, so a rank's calls may be enqueued
-// long after the peer's (a rank may start late, and may stop for good after some prefix). Faults, each case some:
-// a rank's watchdog declares the group failed at a random moment (its timeout, a size mismatch, a peer that exited);
-// a call the ranks take different paths for (a zero-size call through staging on one rank and direct on the other,
-// or different sizes; for an exchange, splits, roots or sizes apart), of which, as the call board guarantees, the rank
-// that posts second reads the first's post and refuses (it fails; the buffers it posted it keeps for good), and the
-// first may refuse too or go on, its peer then late for it; a rank stuck behind a late peer, which its watchdog ends
-// when nothing else can move; and a rank's process killed at a random moment (nothing of it runs any more, its memory
-// goes with it), which the survivor's watchdog notices. The fake watchdog releases waits by one of two rules:
+// drain lanes and, for a direct call's operations on the Push lane that name the peer, its one peer lane (async calls;
+// staging or direct, every form staging takes, zero-size calls among them, exchanges of every kind in place of some
+// direct all-gathers, their regions bounced or not). Enqueues, lane operations and the protocol's own steps run in one
+// random interleaving, so a rank's calls may be enqueued long after the peer's (a rank may start late, and may stop for
+// good after some prefix). Faults, each case some: a rank's watchdog declares the group failed at a random moment (its
+// timeout, a size mismatch, a peer that exited); a call the ranks take different paths for (a zero-size call through
+// staging on one rank and direct on the other, or different sizes; for an exchange, splits, roots or sizes apart), of
+// which, as the call board guarantees, the rank that posts second reads the first's post and refuses (it fails; the
+// buffers it posted it keeps for good), and the first may refuse too or go on, its peer then late for it; a rank stuck
+// behind a late peer, which its watchdog ends when nothing else can move; and a rank's process killed at a random
+// moment (nothing of it runs any more, its memory goes with it), which the survivor's watchdog notices. The fake
+// watchdog releases waits by one of two rules:
 //   New (the protocol): a failing rank stops enqueueing, errors its calls in flight, publishes "failed"; a healthy
 //   rank refuses to enqueue once a peer published it, and its watchdog fails when it sees it; a failed rank whose
 //   calls all ended writes releaseValue(last serial) into every flag word a failed peer waits on from it; a failed
