@@ -72,6 +72,7 @@ SOURCES = {
         "hierarchical_allgather.cpp",
         "exchange_inputs.cpp",
         "direct_exchange.cpp",
+        "relayed_broadcast.cpp",
         "p2p_batch.cpp",
         "direct_p2p_batch.cpp",
     ],

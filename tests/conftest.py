@@ -13,8 +13,13 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs at least two CUDA devices (skipped elsewhere)")
 
 
+# The ranks of the GPU tests that take a rank count (SDMA_TEST_GPU_RANKS, 2 by default): 4 or 8 on a node of as many
+# GPUs, or with SDMA_TEST_SHARE_GPU=1 as many processes on one GPU.
+GPU_RANKS = int(os.environ.get("SDMA_TEST_GPU_RANKS", "2"))
+
+
 def cuda_count():
-    """Visible CUDA devices. SDMA_TEST_SHARE_GPU=1 counts one GPU as two, so that the two-rank GPU tests run with two
+    """Visible CUDA devices. SDMA_TEST_SHARE_GPU=1 counts one GPU as GPU_RANKS, so that the GPU tests run with that many
     processes on it (for correctness only: NCCL refuses two ranks on one GPU, so there the expected bytes are rebuilt
     from every rank's seed, and the cases about NCCL itself skip; checks/data.py's SHARE_GPU)."""
     try:
@@ -23,7 +28,7 @@ def cuda_count():
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     except Exception:  # noqa: BLE001
         return 0
-    return max(n, 2) if n and os.environ.get("SDMA_TEST_SHARE_GPU") == "1" else n
+    return max(n, GPU_RANKS) if n and os.environ.get("SDMA_TEST_SHARE_GPU") == "1" else n
 
 
 @pytest.fixture

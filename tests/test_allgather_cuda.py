@@ -15,12 +15,15 @@ from checks.allgather import AG, allgather_cases, interleaved_groups_case, stats
 from checks.bad_input import bad_input_cases
 from checks.data import DMA_KEYS, SHARE_GPU, assert_bytes_equal, poison_, rand, raw, stats_calls
 from checks.trace import exported_events
-from conftest import cuda_count
+from conftest import GPU_RANKS, cuda_count
 from mp_harness import run_group
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(cuda_count() < 2, reason="needs 2 CUDA devices")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(cuda_count() < GPU_RANKS, reason=f"needs {GPU_RANKS} CUDA devices"),
+]
 
-W = 2
+W = GPU_RANKS
 # every all-gather of these tests must take the copy-engine path, whatever threshold the backend defaults to
 ENV = {"TORCH_SDMA_MIN_BYTES": "0", "TORCH_SDMA_DISABLE": None}
 

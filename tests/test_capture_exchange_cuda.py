@@ -19,12 +19,15 @@ import torch.distributed as dist
 
 from checks.data import assert_bytes_equal, poison_, rand, raw
 from checks.exchange import split_matrix
-from conftest import cuda_count
+from conftest import GPU_RANKS, cuda_count
 from mp_harness import run_group
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(cuda_count() < 2, reason="needs 2 CUDA devices")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(cuda_count() < GPU_RANKS, reason=f"needs {GPU_RANKS} CUDA devices"),
+]
 
-W = 2
+W = GPU_RANKS
 ENV = {"TORCH_SDMA_MIN_BYTES": "0", "TORCH_SDMA_DISABLE": None, "TORCH_SDMA_DELEGATE": None,
        "TORCH_SDMA_TEST_FAULT": None}
 COLS = 3

@@ -24,12 +24,15 @@ from checks.exchange import (
     stats_cases,
 )
 from checks.trace import exported_events
-from conftest import cuda_count
+from conftest import GPU_RANKS, cuda_count
 from mp_harness import run_group
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(cuda_count() < 2, reason="needs 2 CUDA devices")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(cuda_count() < GPU_RANKS, reason=f"needs {GPU_RANKS} CUDA devices"),
+]
 
-W = 2
+W = GPU_RANKS
 # every exchange of these tests must take the copy-engine path, whatever threshold the backend defaults to
 ENV = {"TORCH_SDMA_MIN_BYTES": "0", "TORCH_SDMA_DISABLE": None, "TORCH_SDMA_DELEGATE": None}
 MISTAKE_TIMEOUT_S = 10.0

@@ -13,12 +13,15 @@ import torch.distributed as dist
 
 from checks import p2p
 from checks.data import EVERY_DTYPE, NCCL_SHARED_REASON, SHARE_GPU
-from conftest import cuda_count
+from conftest import GPU_RANKS, cuda_count
 from mp_harness import run_group
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(cuda_count() < 2, reason="needs 2 CUDA devices")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(cuda_count() < GPU_RANKS, reason=f"needs {GPU_RANKS} CUDA devices"),
+]
 
-W = 2
+W = GPU_RANKS
 ENV = {"TORCH_SDMA_MIN_BYTES": "0", "TORCH_SDMA_DISABLE": None, "TORCH_SDMA_DELEGATE": None}
 # Delegating send delegates recv too: one is the other's match.
 ON_NCCL = dict(ENV, TORCH_SDMA_DELEGATE="send")

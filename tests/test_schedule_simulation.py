@@ -48,7 +48,7 @@ SOURCES = ["csrc/collective/staging_allgather.cpp", "csrc/collective/direct_allg
            "csrc/collective/captured_allgather.cpp", "csrc/collective/byte_spans.cpp",
            "csrc/collective/hierarchical_allgather.cpp", "csrc/collective/node_layout.cpp",
            "csrc/collective/direct_exchange.cpp", "csrc/collective/captured_exchange.cpp",
-           "csrc/collective/direct_p2p_batch.cpp"]
+           "csrc/collective/direct_p2p_batch.cpp", "csrc/collective/relayed_broadcast.cpp"]
 
 
 @pytest.fixture(scope="module")

@@ -27,4 +27,9 @@ struct ExchangePeer {
 void scheduleDirectExchange(Transport& transport, const ExchangePlan& plan, uint32_t serial,
                             const PostedBuffers& posted, const std::vector<ExchangePeer>& peers);
 
+// What every direct exchange begins and ends with: a bounced input packed and Arrived signalled to every peer; then,
+// after the copies, the Push lane joined, Done to and from every peer, and a bounced output unpacked.
+void openDirectExchange(Transport& transport, const ExchangePlan& plan, uint32_t serial, const PostedBuffers& posted);
+void closeDirectExchange(Transport& transport, const ExchangePlan& plan, uint32_t serial, const PostedBuffers& posted);
+
 }  // namespace sdma

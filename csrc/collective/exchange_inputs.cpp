@@ -154,6 +154,7 @@ PlannedExchange planBroadcast(const std::vector<at::Tensor>& tensors, int root, 
   p.routeBytes = static_cast<int64_t>(n);
   p.agreedBytes = n;
   p.root = root;
+  p.broadcast = true;
   return p;
 }
 

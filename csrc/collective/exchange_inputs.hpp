@@ -23,8 +23,9 @@ struct PlannedExchange {
   // then takes the DMA route at every size; and the bytes the call board compares (0: none).
   int64_t routeBytes = -1;
   uint64_t agreedBytes = 0;
-  int root = -1;          // group rank: broadcast's src, gather's dst, scatter's src
-  std::string notForDma;  // non-empty: valid input the DMA path does not take
+  int root = -1;           // group rank: broadcast's src, gather's dst, scatter's src
+  bool broadcast = false;  // the copy-engine runner may relay it through the peers (relayed_broadcast.hpp)
+  std::string notForDma;   // non-empty: valid input the DMA path does not take
 };
 
 PlannedExchange planAlltoallSingle(const at::Tensor& output, const at::Tensor& input,

@@ -80,6 +80,9 @@ void flagOps(Stream stream, const FlagOp* ops, int count);
 std::string streamMemOpsUnavailableReason();
 
 Stream createStream();
+// How many hardware queues the driver spreads this process's streams of a device over, as the environment sets it
+// (CUDA_DEVICE_MAX_CONNECTIONS; GPU_MAX_HW_QUEUES on HIP), else the driver's default: the budget streams share.
+int hardwareQueues();
 // True while `stream` is being captured into a graph.
 bool streamCapturing(Stream stream);
 // While `capturing` is being captured: `release(object)` runs once the graph being captured, and every executable

@@ -7,6 +7,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include <unistd.h>
@@ -369,6 +370,12 @@ Stream createStream() {
   cudaStream_t s;
   check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
   return s;
+}
+
+int hardwareQueues() {
+  const char* raw = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  const int queues = raw ? std::atoi(raw) : 0;
+  return queues > 0 ? queues : 8;  // the driver's default
 }
 
 bool streamCapturing(Stream stream) {

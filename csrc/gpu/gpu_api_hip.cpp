@@ -10,6 +10,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <vector>
@@ -348,6 +349,12 @@ Stream createStream() {
   hipStream_t s;
   check(hipStreamCreateWithFlags(&s, hipStreamNonBlocking), "hipStreamCreateWithFlags");
   return s;
+}
+
+int hardwareQueues() {
+  const char* raw = std::getenv("GPU_MAX_HW_QUEUES");
+  const int queues = raw ? std::atoi(raw) : 0;
+  return queues > 0 ? queues : 4;  // the driver's default
 }
 
 bool streamCapturing(Stream stream) {

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <mutex>
 
+#include "collective/relayed_broadcast.hpp"
 #include "collective/staging_allgather.hpp"
 #include "transport/freed_allocations.hpp"
 #include "transport/peer_rendezvous.hpp"
@@ -57,10 +58,10 @@ CopyEngineDirect::CopyEngineDirect(const c10::intrusive_ptr<c10d::Store>& groupS
   retiredRegion_ = GroupRegion(store, "retired", rank, size, RetiredSegmentLog::bytesFor(size),
                                "the direct path's retired-allocation log");
   retired_ = std::make_unique<RetiredSegmentLog>(retiredRegion_.data(), rank, size);
-  // One page of one slot: only the flags are used.
+  // Only the flags are used: a slot per chunk of a relayed broadcast's part, each of a page.
   c10d::PrefixStore flagStore("direct/ce/", groupStore);
-  transport_ = CopyEngineTransport::connect(flagStore, rank, size, device, StagingGeometry::fit(size, 1, kPageBytes, 0),
-                                            members);
+  transport_ = CopyEngineTransport::connect(flagStore, rank, size, device,
+                                            StagingGeometry::fit(size, kRelayChunksPerPart, kPageBytes, 0), members);
   watchCachingAllocatorFrees();
 }
 
@@ -242,11 +243,14 @@ CopyEngineDirect::Arrival CopyEngineDirect::arriveExchange(const ExchangePlan& p
     if (q == rank_ || peer.pairing == Pairing::kPeerCameLate) {
       continue;
     }
-    if (plan.sendTo[q].bytes > 0) {
+    // A relaying peer sends from its output, which this rank pulls from where it came late to the pair.
+    const bool pullsFromInput = plan.relayRoot < 0 || q == plan.relayRoot;
+    const bool pulls = peer.pairing == Pairing::kThisCameLate && plan.recvFrom[q].bytes > 0;
+    if (plan.sendTo[q].bytes > 0 || (pulls && !pullsFromInput)) {
       a.peers[q].outputBase =
           reinterpret_cast<uint64_t>(peerSegments_.locate(q, peer.post.outputSegment, peer.post.output, &a.holds));
     }
-    if (peer.pairing == Pairing::kThisCameLate && plan.recvFrom[q].bytes > 0) {
+    if (pulls && pullsFromInput) {
       a.peers[q].input =
           reinterpret_cast<uint64_t>(peerSegments_.locate(q, peer.post.inputSegment, peer.post.input, &a.holds));
     }

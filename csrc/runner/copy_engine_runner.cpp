@@ -20,6 +20,7 @@
 #include "collective/fault_release.hpp"
 #include "collective/hierarchical_allgather.hpp"
 #include "collective/rank_list.hpp"
+#include "collective/relayed_broadcast.hpp"
 #include "collective/staging_allgather.hpp"
 #include "runner/captured_lanes.hpp"
 #include "runner/graph_held_transports.hpp"
@@ -178,6 +179,9 @@ CopyEngineRunner::~CopyEngineRunner() {
     if (s) {
       gpu::destroyStream(s);
     }
+  }
+  for (gpu::Stream s : peerLanes_) {
+    gpu::destroyStream(s);
   }
 }
 
@@ -468,12 +472,20 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::enqueueArrived(CopyEngineDirect
     keepTensorsForLife(std::move(operands.keepAlive));
     failure_.refuse(info);
   }
-  // Pushes over the link on one stream; pulls over it, or copies out of the landing area, on the other: two copy
-  // engines at once.
+  // Pushes over the links on the peer lanes, a stream per peer; pulls over them on the Drain lane: as many copy engines
+  // at once as there are peers, and one more.
   gpu::Stream drain = asyncOp ? drainStream_ : caller;
   forkFromCaller(caller, pushStream_, drain);
+  if (peerLanes_.empty()) {
+    // Each stream beyond the queues' count shares a queue, where one lane's wait on a late peer holds the others
+    // behind it: a quarter of the queues at most, leaving the rest to the caller's streams and the other groups.
+    const int lanes = std::max(1, std::min(size_ - 1, gpu::hardwareQueues() / 4));
+    for (int i = 0; i < lanes; ++i) {
+      peerLanes_.push_back(gpu::createStream());
+    }
+  }
   CopyEngineTransport& transport = *arrival.transport;
-  transport.bindLanes(pushStream_, drain);
+  transport.bindLanes(pushStream_, drain, &peerLanes_);
   const auto serial = static_cast<uint32_t>(arrival.serial);
   schedule(transport, serial);
   transport.flush();
@@ -530,6 +542,10 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::run(PlannedExchange& planned, b
   }
   if (!direct_) {
     meetPeersBeforeConnecting(info);
+  }
+  if (planned.broadcast && broadcastIsRelayed(planned.agreedBytes, size_)) {
+    char* region = planned.plan.output ? planned.plan.output : const_cast<char*>(planned.plan.input);
+    planned.plan = relayedBroadcastPlan(region, planned.agreedBytes, planned.root, rank_, size_);
   }
   CopyEngineDirect& direct = directPath();
   CopyEngineDirect::Arrival arrival =

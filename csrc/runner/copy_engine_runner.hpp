@@ -203,6 +203,9 @@ class CopyEngineRunner : public CollectiveRunner {
   std::unique_ptr<CopyEngineDirect> direct_;  // the direct path, from its first all-gather; guarded by mutex_
   gpu::Stream pushStream_ = nullptr;
   gpu::Stream drainStream_ = nullptr;
+  // The direct path's peer lanes (CopyEngineTransport::bindLanes), made at its first collective: one per peer, as
+  // far as the hardware queues allow, so that a rank's copies to different peers run on different copy engines.
+  std::vector<gpu::Stream> peerLanes_;
   gpu::Stream networkStream_ = nullptr;  // the gathers between nodes (hierarchical)
   gpu::Event callerReady_ = nullptr;
   gpu::Event pushDone_ = nullptr;

@@ -81,6 +81,7 @@ CopyEngineTransport::CopyEngineTransport(int rank, int size, int device, const S
   flagBytes_ = roundUp(words * sizeof(uint32_t), kPageBytes);
   service_ = gpu::createStream();
   laneJoin_ = gpu::createEvent();
+  laneFork_ = gpu::createEvent();
 }
 
 void CopyEngineTransport::initFlags(char* flags) {
@@ -161,6 +162,7 @@ CopyEngineTransport::~CopyEngineTransport() {
     gpu::freeDevice(base_);
   }
   gpu::destroyEvent(laneJoin_);
+  gpu::destroyEvent(laneFork_);
   gpu::destroyStream(service_);
 }
 
@@ -176,10 +178,18 @@ char* CopyEngineTransport::packSegment(int slot) {
   return base_ + flagBytes_ + geometry_.packSegmentOffset(slot);
 }
 
-void CopyEngineTransport::bindLanes(gpu::Stream push, gpu::Stream drain) {
+void CopyEngineTransport::bindLanes(gpu::Stream push, gpu::Stream drain, const std::vector<gpu::Stream>* peerLanes) {
   flush();
   lanes_[0] = push;
   lanes_[1] = drain;
+  peerLanes_.clear();
+  if (peerLanes) {
+    peerLanes_ = *peerLanes;
+  }
+  peerLaneForked_.assign(peerLanes_.size(), 0);
+  peerPending_.resize(peerLanes_.size());
+  forkCurrent_ = false;
+  pushUnjoined_ = false;  // the runner ordered both lanes after the same point of the caller's stream
 }
 
 std::vector<gpu::FlagOp>& CopyEngineTransport::pendingFor(Lane lane) {
@@ -187,7 +197,21 @@ std::vector<gpu::FlagOp>& CopyEngineTransport::pendingFor(Lane lane) {
   return pendingFlags_[lanes_[0] == lanes_[1] ? 0 : static_cast<int>(lane)];
 }
 
-gpu::Stream CopyEngineTransport::laneStream(Lane lane) {
+int CopyEngineTransport::peerLaneOf(int peer) const {
+  const int distance = (peer - rank_ + size_) % size_;
+  return (distance - 1) % static_cast<int>(peerLanes_.size());
+}
+
+std::vector<gpu::FlagOp>& CopyEngineTransport::pendingFor(Lane lane, int peer) {
+  if (lane == Lane::Push && !peerLanes_.empty()) {
+    const int i = peerLaneOf(peer);
+    laneStream(lane, peer);  // forked before anything is collected for it, so that it follows the Push lane so far
+    return peerPending_[i];
+  }
+  return pendingFor(lane);
+}
+
+gpu::Stream CopyEngineTransport::issuePending(Lane lane) {
   auto& pending = pendingFor(lane);
   gpu::Stream s = lanes_[static_cast<int>(lane)];
   if (!pending.empty()) {
@@ -197,9 +221,53 @@ gpu::Stream CopyEngineTransport::laneStream(Lane lane) {
   return s;
 }
 
+gpu::Stream CopyEngineTransport::laneStream(Lane lane) {
+  gpu::Stream s = issuePending(lane);
+  if (s == lanes_[0]) {
+    // What the caller enqueues next on the Push stream is in no fork of a peer lane yet.
+    forkCurrent_ = false;
+    pushUnjoined_ = true;
+  }
+  return s;
+}
+
+gpu::Stream CopyEngineTransport::laneStream(Lane lane, int peer) {
+  if (lane != Lane::Push || peerLanes_.empty()) {
+    return laneStream(lane);
+  }
+  const int i = peerLaneOf(peer);
+  // Signals collected on the Drain lane (a collective's Arrived) reach the GPU before this lane's waits: where the
+  // streams share a hardware queue, a wait queued ahead of the signal the peer waits for would hold both ranks.
+  if (lanes_[0] != lanes_[1]) {
+    issuePending(Lane::Drain);
+  }
+  if (!peerLaneForked_[i]) {
+    if (!forkCurrent_) {
+      gpu::recordEvent(laneFork_, issuePending(Lane::Push));
+      forkCurrent_ = true;
+      pushUnjoined_ = false;  // the peer lanes carry it, and the Drain lane joins them
+    }
+    gpu::streamWaitEvent(peerLanes_[i], laneFork_);
+    peerLaneForked_[i] = 1;
+  }
+  return issuePeerPending(i);
+}
+
+gpu::Stream CopyEngineTransport::issuePeerPending(size_t i) {
+  auto& pending = peerPending_[i];
+  if (!pending.empty()) {
+    gpu::flagOps(peerLanes_[i], pending.data(), static_cast<int>(pending.size()));
+    pending.clear();
+  }
+  return peerLanes_[i];
+}
+
 void CopyEngineTransport::flush() {
-  laneStream(Lane::Push);
-  laneStream(Lane::Drain);
+  issuePending(Lane::Push);
+  issuePending(Lane::Drain);
+  for (size_t i = 0; i < peerPending_.size(); ++i) {
+    issuePeerPending(i);
+  }
 }
 
 void CopyEngineTransport::copyLocal(Lane lane, void* dst, const void* src, size_t bytes) {
@@ -215,7 +283,7 @@ void CopyEngineTransport::pushChunkToPeers(Lane lane, int slot, const void* src,
 
 void CopyEngineTransport::pushChunkToPeer(Lane lane, int peer, int slot, const void* src, size_t bytes, size_t at) {
   gpu::copyAsync(peerBase_[peer] + flagBytes_ + geometry_.segmentOffset(slot, rank_, peer) + at, src, bytes,
-                 laneStream(lane));
+                 laneStream(lane, peer));
 }
 
 void CopyEngineTransport::signalPeers(Lane lane, Flag flag, int slot, uint32_t value) {
@@ -241,29 +309,54 @@ void CopyEngineTransport::resetOwnFlags(Lane lane, Flag flag, int slot) {
   }
 }
 
-void CopyEngineTransport::copyToPeer(Lane lane, int /*peer*/, uint64_t peerDst, const void* src, size_t bytes) {
-  gpu::copyAsync(reinterpret_cast<void*>(peerDst), src, bytes, laneStream(lane));
+void CopyEngineTransport::copyToPeer(Lane lane, int peer, uint64_t peerDst, const void* src, size_t bytes) {
+  gpu::copyAsync(reinterpret_cast<void*>(peerDst), src, bytes, laneStream(lane, peer));
 }
 
-void CopyEngineTransport::copyFromPeer(Lane lane, int /*peer*/, void* dst, uint64_t peerSrc, size_t bytes) {
-  gpu::copyAsync(dst, reinterpret_cast<const void*>(peerSrc), bytes, laneStream(lane));
+void CopyEngineTransport::copyFromPeer(Lane lane, int peer, void* dst, uint64_t peerSrc, size_t bytes) {
+  gpu::copyAsync(dst, reinterpret_cast<const void*>(peerSrc), bytes, laneStream(lane, peer));
 }
 
 void CopyEngineTransport::signalPeer(Lane lane, int peer, Flag flag, int slot, uint32_t value) {
-  pendingFor(lane).push_back(
-      {true, reinterpret_cast<uint32_t*>(peerBase_[peer]) + flagIndex(flag, rank_, slot), value});
+  pendingFor(lane, peer)
+      .push_back({true, reinterpret_cast<uint32_t*>(peerBase_[peer]) + flagIndex(flag, rank_, slot), value});
 }
 
 void CopyEngineTransport::waitPeer(Lane lane, int peer, Flag flag, int slot, uint32_t value) {
-  pendingFor(lane).push_back({false, reinterpret_cast<uint32_t*>(base_) + flagIndex(flag, peer, slot), value});
+  waitPeerOnLaneOf(lane, peer, peer, flag, slot, value);
+}
+
+void CopyEngineTransport::waitPeerOnLaneOf(Lane lane, int lanePeer, int peer, Flag flag, int slot, uint32_t value) {
+  pendingFor(lane, lanePeer)
+      .push_back({false, reinterpret_cast<uint32_t*>(base_) + flagIndex(flag, peer, slot), value});
 }
 
 void CopyEngineTransport::joinLane(Lane into, Lane from) {
+  if (into == Lane::Drain) {
+    // Every peer lane this collective forked (each wait takes the event as last recorded, so one event serves every
+    // lane in turn), then the Push stream, unless the peer lanes carry all it did.
+    for (size_t i = 0; i < peerLanes_.size(); ++i) {
+      if (peerLaneForked_[i]) {
+        gpu::recordEvent(laneJoin_, issuePeerPending(i));
+        gpu::streamWaitEvent(issuePending(Lane::Drain), laneJoin_);
+      }
+    }
+    if (!peerLanes_.empty() && !pushUnjoined_) {
+      return;
+    }
+  } else {
+    // Every peer lane forks again at its next use, from the Push stream as it stands after this join.
+    std::fill(peerLaneForked_.begin(), peerLaneForked_.end(), 0);
+    forkCurrent_ = false;
+  }
   if (lanes_[0] == lanes_[1]) {
     return;  // one stream runs both lanes in order
   }
-  gpu::recordEvent(laneJoin_, laneStream(from));
-  gpu::streamWaitEvent(laneStream(into), laneJoin_);
+  gpu::recordEvent(laneJoin_, issuePending(from));
+  gpu::streamWaitEvent(issuePending(into), laneJoin_);
+  if (into == Lane::Drain) {
+    pushUnjoined_ = false;
+  }
 }
 
 std::vector<uint32_t> CopyEngineTransport::readFlags(Flag flag) {

@@ -57,9 +57,15 @@ class CopyEngineTransport : public Transport, public DirectTransport {
   void copyFromPeer(Lane lane, int peer, void* dst, uint64_t peerSrc, size_t bytes) override;
   void signalPeer(Lane lane, int peer, Flag flag, int slot, uint32_t value) override;
   void waitPeer(Lane lane, int peer, Flag flag, int slot, uint32_t value) override;
+  void waitPeerOnLaneOf(Lane lane, int lanePeer, int peer, Flag flag, int slot, uint32_t value) override;
   void joinLane(Lane into, Lane from) override;
-  // The streams the next collective's lanes run on (they may be the same stream).
-  void bindLanes(gpu::Stream push, gpu::Stream drain);
+  // The streams the next collective's lanes run on (they may be the same stream), and its peer lanes (none: every
+  // Push operation on `push`). A Push operation that names a peer runs on the peer lane of that peer's distance from
+  // this rank, peerLanes[(distance - 1) % peerLanes.size()], which forks from `push` at its first use and after each
+  // joinLane(Push, Drain), and joins into the Drain lane at joinLane(Drain, Push): different peers' copies may run at
+  // once, on as many copy engines, while each peer's stay in order. The runner binds the same peer lanes for every
+  // call of a group, so one peer's operations of consecutive calls stay in order too.
+  void bindLanes(gpu::Stream push, gpu::Stream drain, const std::vector<gpu::Stream>* peerLanes = nullptr);
   // Issues the flag operations still collected on either lane; call after scheduling a collective.
   void flush();
   // The lane's stream, with the flag operations collected on it issued, so that what is enqueued on the stream next
@@ -89,6 +95,15 @@ class CopyEngineTransport : public Transport, public DirectTransport {
   // service stream, or from beside the primary context (gpu::copyFromHostBesideStreams; this rank's VMM flags only).
   void writeFlagsFrom(char* flags, int src, uint32_t value, bool besideStreams);
   std::vector<gpu::FlagOp>& pendingFor(Lane lane);
+  // The lane's stream with its collected flag operations issued, for the transport's own fork and join points.
+  gpu::Stream issuePending(Lane lane);
+  gpu::Stream issuePeerPending(size_t peerLane);
+  // The flag operations collected for `peer` on `lane`: its peer lane's where the Push lane has peer lanes.
+  std::vector<gpu::FlagOp>& pendingFor(Lane lane, int peer);
+  // The stream an operation naming `peer` runs on, with its collected flag operations issued; forks the peer lane
+  // from the Push lane first where this collective has not used it since the last fork point.
+  gpu::Stream laneStream(Lane lane, int peer);
+  int peerLaneOf(int peer) const;
 
   const int rank_;
   const int size_;
@@ -108,6 +123,14 @@ class CopyEngineTransport : public Transport, public DirectTransport {
   std::vector<gpu::FlagOp> pendingFlags_[2];
   gpu::Stream service_ = nullptr;
   gpu::Event laneJoin_ = nullptr;
+  // The peer lanes bound for this collective: streams, whether each has forked from the Push lane since the last
+  // fork point, and each one's collected flag operations.
+  std::vector<gpu::Stream> peerLanes_;
+  std::vector<char> peerLaneForked_;
+  std::vector<std::vector<gpu::FlagOp>> peerPending_;
+  gpu::Event laneFork_ = nullptr;
+  bool forkCurrent_ = false;   // laneFork_ was recorded after everything enqueued on the Push stream so far
+  bool pushUnjoined_ = false;  // the Push stream holds work of this collective that the Drain lane does not follow
 };
 
 }  // namespace sdma

@@ -29,8 +29,8 @@ inline bool flagReached(uint32_t flag, uint32_t serial) {
 
 // The direct path (docs/design.md, "Direct"): one peer's buffers, by the address that peer posted, and one peer's
 // flags: flag[this rank][slot] in the peer's memory, flag[peer][slot] in this rank's. Arrived and Done use slot 0;
-// the landing area (Transport::pushChunkToPeer, where the earlier rank of a late pair puts its bytes) uses Ready and
-// Credit of its slots. A capability some transports have; see Transport::direct().
+// a relayed broadcast (relayed_broadcast.hpp) uses Ready and Credit of a slot per chunk. A capability some transports
+// have; see Transport::direct().
 class DirectTransport {
  public:
   virtual ~DirectTransport() = default;
@@ -38,6 +38,12 @@ class DirectTransport {
   virtual void copyFromPeer(Lane lane, int peer, void* dst, uint64_t peerSrc, size_t bytes) = 0;
   virtual void signalPeer(Lane lane, int peer, Flag flag, int slot, uint32_t value) = 0;
   virtual void waitPeer(Lane lane, int peer, Flag flag, int slot, uint32_t value) = 0;
+  // The same wait, on the lane that operations naming `lanePeer` run on (its peer lane, where the transport has
+  // them): a relay forwards to lanePeer what `peer` sent this rank.
+  virtual void waitPeerOnLaneOf(Lane lane, int lanePeer, int peer, Flag flag, int slot, uint32_t value) {
+    (void)lanePeer;
+    waitPeer(lane, peer, flag, slot, value);
+  }
   // Holds lane `into` until what was issued on lane `from` so far is done (nothing where the lanes run serially).
   virtual void joinLane(Lane into, Lane from) = 0;
 };
