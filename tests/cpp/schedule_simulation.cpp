@@ -80,6 +80,7 @@
 #include "collective/fault_release.hpp"
 #include "collective/hierarchical_allgather.hpp"
 #include "collective/pair_steps.hpp"
+#include "collective/relayed_broadcast.hpp"
 #include "collective/staging_allgather.hpp"
 #include "runner/call_order.hpp"
 
@@ -94,9 +95,11 @@ bool failureEndsCase = false;
 // Wrong peer lanes that the models must catch (--unjoined-peer-lanes, --unforked-peer-lanes, --flags-on-peer-lanes):
 // joinLane(Drain, Push) not waiting for the peer lanes (Done before the pushes landed), peer lanes not forked from the
 // Push lane (a push of a bounced input before the Drain lane filled it, or of an input before the caller's stream
-// wrote it), or a direct schedule's flags written on the peer lanes rather than on the Drain lane, where
-// sdma::CallOrder orders them across calls.
-enum class PeerLaneFault { None, Unjoined, Unforked, FlagsOnPeerLanes };
+// wrote it), a direct schedule's flags written on the peer lanes rather than on the Drain lane, where
+// sdma::CallOrder orders them across calls, or (--relay-waits-on-root-lane) a relaying rank's wait for the root's
+// chunk on the root's peer lane rather than on the lane of the peer it forwards the chunk to, which the forward then
+// does not follow.
+enum class PeerLaneFault { None, Unjoined, Unforked, FlagsOnPeerLanes, RelayWaitsOnRootLane };
 PeerLaneFault peerLaneFault = PeerLaneFault::None;
 
 // Set by --many-ranks: the direct, exchange and calls-in-flight cases draw 3 to 8 ranks, where several peers share
@@ -182,8 +185,8 @@ class FakeTransport : public Transport, public DirectTransport {
   void copyToPeer(Lane lane, int peer, uint64_t peerDst, const void* src, size_t bytes) override {
     recordOn(laneOf(lane, peer), {Op::Copy, reinterpret_cast<char*>(peerDst), static_cast<const char*>(src), bytes});
   }
-  void copyFromPeer(Lane lane, int, void* dst, uint64_t peerSrc, size_t bytes) override {
-    record(lane, {Op::Copy, static_cast<char*>(dst), reinterpret_cast<const char*>(peerSrc), bytes});
+  void copyFromPeer(Lane lane, int peer, void* dst, uint64_t peerSrc, size_t bytes) override {
+    recordOn(laneOf(lane, peer), {Op::Copy, static_cast<char*>(dst), reinterpret_cast<const char*>(peerSrc), bytes});
   }
   void signalPeer(Lane lane, int peer, Flag flag, int slot, uint32_t value) override {
     const Op op{Op::SignalOne, nullptr, nullptr, 0, flag, slot, value, peer};
@@ -203,6 +206,10 @@ class FakeTransport : public Transport, public DirectTransport {
     if (mutation == Mutation::SkipDoneWait && flag == Flag::Done)
       return;
     recordOn(laneOf(lane, peer), {Op::WaitOne, nullptr, nullptr, 0, flag, slot, value, peer});
+  }
+  void waitPeerOnLaneOf(Lane lane, int lanePeer, int peer, Flag flag, int slot, uint32_t value) override {
+    const int on = peerLaneFault == PeerLaneFault::RelayWaitsOnRootLane ? peer : lanePeer;
+    recordOn(laneOf(lane, on), {Op::WaitOne, nullptr, nullptr, 0, flag, slot, value, peer});
   }
   void joinLane(Lane into, Lane from) override {
     join(static_cast<int>(into), static_cast<int>(from));
@@ -413,7 +420,7 @@ DrawnTransports drawTransports(std::mt19937& rng, int n, size_t maxSegment, Worl
   d.staging.chunkBytes = std::uniform_int_distribution<size_t>(1, maxSegment)(rng);
   d.staging.pipelineChunkBytes = pick(0, 1) ? 0 : std::uniform_int_distribution<size_t>(1, 40)(rng);
   d.direct.worldSize = n;
-  d.direct.slots = pick(0, 1) ? 2 : 4;
+  d.direct.slots = pick(0, 1) ? kRelayChunksPerPart : 2 * kRelayChunksPerPart;  // a relayed broadcast's at least
   d.direct.chunkBytes = 64;
   d.direct.packs = false;
   d.start = pick(0, 3) == 0 ? 0xFFFFFFF0u : 0;
@@ -771,7 +778,7 @@ std::vector<ByteSpan> layOut(std::vector<char>& arena, const std::vector<uint64_
 // A random exchange of `kind` over W ranks: all-to-all splits uneven, zeros among them, or even; broadcast, gather and
 // scatter from a random root. Each rank's regions posted as they are or (bit by bit of a random pick) bounced, as
 // the CUDA runner does for memory its peers cannot map; packed regions always bounced, as both runners do.
-Exchange makeExchange(ExchangeKind kind, int W, std::mt19937& rng) {
+Exchange makeExchange(ExchangeKind kind, int W, std::mt19937& rng, bool mayRelay = false) {
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   auto size = [&] { return pick(0, 3) == 0 ? uint64_t{0} : static_cast<uint64_t>(pick(1, 48)); };
   Exchange x;
@@ -805,6 +812,12 @@ Exchange makeExchange(ExchangeKind kind, int W, std::mt19937& rng) {
       }
     x.description += " root " + std::to_string(x.root) + ", " + std::to_string(n) + " B";
   }
+  // A broadcast among more than two ranks relayed through the peers half of the time where the runner may relay
+  // (eager calls), in chunks of a few bytes: every part a few chunks, each announced on its own flag slot.
+  const bool relayed = mayRelay && kind == ExchangeKind::Broadcast && W > 2 && n > 0 && pick(0, 1);
+  const uint64_t relayUnit = relayed ? static_cast<uint64_t>(pick(1, 3)) : 0;
+  if (relayed)
+    x.description += " relayed";
   x.plans.resize(W);
   x.inputs.resize(W);
   x.outputs.resize(W);
@@ -884,6 +897,8 @@ Exchange makeExchange(ExchangeKind kind, int W, std::mt19937& rng) {
       p.outputPieces = out;
     else if (!out.empty())
       p.output = out.front().ptr;
+    if (relayed)
+      p = relayedBroadcastPlan(r == x.root ? const_cast<char*>(p.input) : p.output, n, x.root, r, W, relayUnit);
     // Its input's bytes, random; then its posted regions.
     x.sent[r].resize(p.inputBytes);
     for (auto& c : x.sent[r])
@@ -911,8 +926,9 @@ Exchange makeExchange(ExchangeKind kind, int W, std::mt19937& rng) {
       if (from.bytes != to.bytes)
         fail("makeExchange: rank " + std::to_string(q) + " sends rank " + std::to_string(r) + " other bytes than it " +
              "expects");
-      // Rank q's bytes into rank r's output region, at the same places of the arena's copy.
-      const char* src = x.sent[q].data() + to.offset;
+      // Rank q's bytes into rank r's output region, at the same places of the arena's copy; relayed, q's range is
+      // of the root's tensor, which a relaying q forwards from its output.
+      const char* src = x.sent[relayed ? x.root : q].data() + to.offset;
       walkRegion(outputRegion(x.plans[r]), from.offset, from.bytes, [&](char* ptr, uint64_t n) {
         memcpy(x.outputsAfter[r].data() + (ptr - x.outputs[r].data()), src, n);
         src += n;
@@ -937,9 +953,12 @@ std::vector<ExchangePeer> exchangePeers(const Exchange& x, const std::vector<std
     if (pairing[r][q] == Pairing::kPeerCameLate)
       continue;
     peer.ranges = pairRangesOf(x.plans[q])[r];
-    if (x.plans[r].sendTo[q].bytes > 0)
+    // A relaying peer sends from its output, which r pulls from where it came late to the pair.
+    const bool pullsFromInput = x.plans[r].relayRoot < 0 || q == x.plans[r].relayRoot;
+    const bool pulls = pairing[r][q] == Pairing::kThisCameLate && x.plans[r].recvFrom[q].bytes > 0;
+    if (x.plans[r].sendTo[q].bytes > 0 || (pulls && !pullsFromInput))
       peer.buffers.outputBase = reinterpret_cast<uint64_t>(x.posted[q].outputBase);
-    if (pairing[r][q] == Pairing::kThisCameLate && x.plans[r].recvFrom[q].bytes > 0)
+    if (pulls && pullsFromInput)
       peer.buffers.input = reinterpret_cast<uint64_t>(x.posted[q].input);
   }
   return peers;
@@ -987,7 +1006,7 @@ void exchangeCase(std::mt19937& rng, int caseNo, FakeTransport::Mutation mutatio
   const int W = drawRanks(rng, 2, 8);
   StagingGeometry g;
   g.worldSize = W;
-  g.slots = 2;
+  g.slots = kRelayChunksPerPart;  // a relayed broadcast's, as CopyEngineDirect sizes them
   g.chunkBytes = 64;
   g.packs = false;
   const uint32_t bases[] = {0, 0xfffffffdu, static_cast<uint32_t>(rng())};
@@ -1030,7 +1049,7 @@ void exchangeCase(std::mt19937& rng, int caseNo, FakeTransport::Mutation mutatio
   const int count = std::uniform_int_distribution<int>(2, 4)(rng);
   for (int c = 0; c < count; ++c) {
     const auto kind = static_cast<ExchangeKind>(std::uniform_int_distribution<int>(0, kExchangeKinds - 1)(rng));
-    calls.push_back(std::make_unique<Exchange>(makeExchange(kind, W, rng)));
+    calls.push_back(std::make_unique<Exchange>(makeExchange(kind, W, rng, true)));
     ended.emplace_back(W, false);
     const Exchange& x = *calls.back();
     const std::vector<std::vector<Pairing>> pairing = settlePairs(W, rng);
@@ -2448,8 +2467,8 @@ class CallsInFlight : RankStreams<CallInFlightStep> {
     call->group = gi;
     call->bounce.assign(n, {});
     if (exchange) {
-      call->exchange =
-          std::make_unique<Exchange>(makeExchange(static_cast<ExchangeKind>(pick(0, kExchangeKinds - 1)), n, rng_));
+      call->exchange = std::make_unique<Exchange>(
+          makeExchange(static_cast<ExchangeKind>(pick(0, kExchangeKinds - 1)), n, rng_, true));
       // Its input holds other bytes until the caller's stream produces it, as below.
       for (int i = 0; i < n; ++i)
         flipInput(call->exchange->plans[i]);
@@ -4769,6 +4788,8 @@ int main(int argc, char** argv) {
       peerLaneFault = PeerLaneFault::Unforked;
     else if (strcmp(arg, "--flags-on-peer-lanes") == 0)
       peerLaneFault = PeerLaneFault::FlagsOnPeerLanes;
+    else if (strcmp(arg, "--relay-waits-on-root-lane") == 0)
+      peerLaneFault = PeerLaneFault::RelayWaitsOnRootLane;
     return peerLaneFault != PeerLaneFault::None;
   };
   for (int a = mode ? 4 : 3; a < argc; ++a) {
@@ -4820,7 +4841,7 @@ int main(int argc, char** argv) {
         "[--without-arrived] | --captured-p2p "
         "[--listing-order]]\n"
         "  <wrong peer lanes>, also after --calls-in-flight, --hardware-queues, --exchanges or --faults: "
-        "--unjoined-peer-lanes | --unforked-peer-lanes | --flags-on-peer-lanes\n"
+        "--unjoined-peer-lanes | --unforked-peer-lanes | --flags-on-peer-lanes | --relay-waits-on-root-lane\n"
         "  --many-ranks, also after --calls-in-flight, --hardware-queues or --exchanges: 3 to 8 ranks\n",
         argv[0]);
     return 2;
