@@ -18,7 +18,16 @@
 // only): --unjoined-peer-lanes (joinLane(Drain, Push) forgets the peer lanes: Done before the pushes landed),
 // --unforked-peer-lanes (peer lanes not forked from the Push lane: a push of a bounce area not yet filled, or of an
 // input the caller's stream has not yet written), --flags-on-peer-lanes (the direct schedules' flags to a peer on its
-// peer lane instead of the Drain lane: a Done no longer after the Drain lane's pull from that peer).
+// peer lane instead of the Drain lane: a Done no longer after the Drain lane's pull from that peer),
+// --relay-waits-on-root-lane (a relaying rank's wait for the root's chunk on the root's peer lane: the forward of the
+// chunk on another lane does not wait for it), --drain-flags-behind-peer-lanes (the Drain lane's collected flag
+// operations not issued before a peer lane's: a rank's Arrived behind its own wait on a shared hardware queue). The
+// calls-in-flight model submits the direct transport's flag operations as the copy-engine transport collects them
+// (until the lane's next copy, fork or join point); the staging transport's at once, unless --collect-staging-flags,
+// with which the hardware-queue cases hang: a Push lane's last Ready, collected until the schedule's end, sits behind
+// the Drain lane's wait for the peers' Ready where the two streams share a hardware queue. Half the broadcasts among 3
+// or more ranks of eager exchanges (the exchange and calls-in-flight models) are relayed through the peers
+// (relayed_broadcast.hpp), in chunks of 1 to 3 bytes.
 //
 // schedule_simulation SEED CASES --calls-in-flight [--unordered] [--unforked] runs instead the model of a group's calls
 // in flight across GPU streams (CallsInFlight below, which says what it covers and what not): with the runner's
@@ -41,9 +50,9 @@
 // hardware queue) the protocol is caught hanging, a known limitation: "caught N of CASES cases: hang N;", exit 1.
 //
 // schedule_simulation SEED CASES --exchanges [--skip-done-wait | --arrived-before-pack] runs the exchange schedule
-// (exchangeCase below): it must print "ok <cases>"; with a wrong schedule (its Done waits left out, or its Arrived
-// signals before it packed its input) it runs every case and prints "caught N of CASES cases: <kind> <count>; ..."
-// and exits 1. Exchanges also take part in the calls-in-flight and the fault models.
+// (exchangeCase below, relayed broadcasts among them): it must print "ok <cases>"; with a wrong schedule (its Done
+// waits left out, or its Arrived signals before it packed its input) it runs every case and prints "caught N of CASES
+// cases: <kind> <count>; ..." and exits 1. Exchanges also take part in the calls-in-flight and the fault models.
 //
 // schedule_simulation SEED CASES --p2p [--faults] [<wrong variant>] [--unmatched-batches | --interleaved-peers] runs
 // send, recv and batch_isend_irecv through the real step formation and batch schedule (P2PCase below) among the
@@ -99,7 +108,14 @@ bool failureEndsCase = false;
 // sdma::CallOrder orders them across calls, or (--relay-waits-on-root-lane) a relaying rank's wait for the root's
 // chunk on the root's peer lane rather than on the lane of the peer it forwards the chunk to, which the forward then
 // does not follow.
-enum class PeerLaneFault { None, Unjoined, Unforked, FlagsOnPeerLanes, RelayWaitsOnRootLane };
+enum class PeerLaneFault {
+  None,
+  Unjoined,
+  Unforked,
+  FlagsOnPeerLanes,
+  RelayWaitsOnRootLane,
+  DrainFlagsBehindPeerLanes
+};
 PeerLaneFault peerLaneFault = PeerLaneFault::None;
 
 // Set by --many-ranks: the direct, exchange and calls-in-flight cases draw 3 to 8 ranks, where several peers share
@@ -108,6 +124,10 @@ bool manyRanks = false;
 int drawRanks(std::mt19937& rng, int lo, int hi) {
   return std::uniform_int_distribution<int>(manyRanks ? 3 : lo, manyRanks ? 8 : hi)(rng);
 }
+
+// The calls-in-flight model submits the direct transport's flag operations as the copy-engine transport collects
+// them (FakeTransport::collectFlagOps), the staging transport's at once unless --collect-staging-flags.
+bool collectStagingFlags = false;
 
 [[noreturn]] void fail(const std::string& what) {
   if (failureEndsCase)
@@ -250,6 +270,18 @@ class FakeTransport : public Transport, public DirectTransport {
     return 0;
   }
   void recordOn(int lane, Op op) {
+    if (bound && collectFlagOps) {
+      // As CopyEngineTransport collects flag operations and issues them at the lane's next copy, fork or join point.
+      const int key = pendingKey(lane);
+      if (op.kind == Op::Signal || op.kind == Op::Wait || op.kind == Op::SignalOne || op.kind == Op::WaitOne ||
+          op.kind == Op::Reset) {
+        pending_[key].push_back(op);
+        return;
+      }
+      issue(key);
+      bound(lane, op);
+      return;
+    }
     if (bound) {
       bound(lane, op);
       return;
@@ -258,6 +290,17 @@ class FakeTransport : public Transport, public DirectTransport {
     lanes[q].push_back(op);
     ++recorded[q];
   }
+  // Issues every flag operation still collected, Push lane first, as CopyEngineTransport::flush after a schedule.
+  void flushCollected() {
+    for (int lane = 0; lane < kQueues; ++lane)
+      issue(lane);
+  }
+  // Set by the models that bind the lanes to GPU streams, where a rank's streams may share hardware queues: flag
+  // operations then reach the streams as the copy-engine transport submits them, collected until the lane's next
+  // copy, fork or join point, the Drain lane's issued before any operation on a peer lane (`pushIsDrain`: the Push
+  // and Drain lanes on one stream, with one collection).
+  bool collectFlagOps = false;
+  bool pushIsDrain = false;
   std::deque<Op> lanes[kQueues];
   uint64_t recorded[kQueues] = {};
   uint64_t executed[kQueues] = {};
@@ -290,16 +333,38 @@ class FakeTransport : public Transport, public DirectTransport {
       return static_cast<int>(lane);
     const int k = (peer - rank_ + g_.worldSize) % g_.worldSize;
     const int j = (k - 1) % static_cast<int>(peerLaneForked_.size());
+    // A signal collected on the Drain lane (a call's Arrived) submitted behind a peer lane's wait would sit behind
+    // that wait wherever the two streams share a hardware queue, while the peer waits for the signal.
+    if (peerLaneFault != PeerLaneFault::DrainFlagsBehindPeerLanes && !pushIsDrain)
+      issue(static_cast<int>(Lane::Drain));
     if (!peerLaneForked_[j]) {
       peerLaneForked_[j] = true;
       peerLaneUsed_[j] = true;
-      if (peerLaneFault != PeerLaneFault::Unforked)
-        join(kFirstPeerLane + j, static_cast<int>(Lane::Push));
+      if (peerLaneFault != PeerLaneFault::Unforked) {
+        issue(static_cast<int>(Lane::Push));
+        if (boundJoin)
+          boundJoin(kFirstPeerLane + j, static_cast<int>(Lane::Push));
+        else
+          join(kFirstPeerLane + j, static_cast<int>(Lane::Push));
+      }
     }
     return kFirstPeerLane + j;
   }
+  int pendingKey(int lane) const {
+    return lane == static_cast<int>(Lane::Drain) && pushIsDrain ? static_cast<int>(Lane::Push) : lane;
+  }
+  void issue(int lane) {
+    std::vector<Op> ops;
+    ops.swap(pending_[pendingKey(lane)]);
+    for (const Op& op : ops)
+      bound(lane, op);
+  }
   void join(int into, int from) {
     if (boundJoin) {
+      if (collectFlagOps) {
+        issue(from);
+        issue(into);
+      }
       boundJoin(into, from);
       return;
     }
@@ -318,6 +383,7 @@ class FakeTransport : public Transport, public DirectTransport {
   std::vector<char> staging_;
   std::vector<uint32_t> flags_;
   std::vector<bool> peerLaneForked_, peerLaneUsed_;  // by peer lane
+  std::vector<Op> pending_[kQueues];                 // by lane: flag operations collected, not yet issued
 };
 
 struct World {
@@ -2572,6 +2638,8 @@ class CallsInFlight : RankStreams<CallInFlightStep> {
       return lane >= kFirstPeerLane ? peerLane0 + lane - kFirstPeerLane : lane == 0 ? pushQ : drainQ;
     };
     t.bindPeerLanes(direct ? g.peerLanes : 0);
+    t.collectFlagOps = direct || collectStagingFlags;
+    t.pushIsDrain = pushQ == drainQ;
     t.bound = [&, r, gi, i, c](int lane, const Op& op) {
       Step s;
       s.op = op;
@@ -2597,8 +2665,10 @@ class CallsInFlight : RankStreams<CallInFlightStep> {
       scheduleDirectAllgather(t, made.buffers.plans[i], ++g.directSerial[i], posted[i], posts);
     } else {
       scheduleStagingAllgather(t, made.buffers.plans[i], g.chunks[i]);
+      t.flushCollected();
       fenceOn(r, drainQ, pushQ);  // the runner's pushDone_ event
     }
+    t.flushCollected();
     t.bound = nullptr;
     t.boundJoin = nullptr;
     Step end;
@@ -4790,6 +4860,8 @@ int main(int argc, char** argv) {
       peerLaneFault = PeerLaneFault::FlagsOnPeerLanes;
     else if (strcmp(arg, "--relay-waits-on-root-lane") == 0)
       peerLaneFault = PeerLaneFault::RelayWaitsOnRootLane;
+    else if (strcmp(arg, "--drain-flags-behind-peer-lanes") == 0)
+      peerLaneFault = PeerLaneFault::DrainFlagsBehindPeerLanes;
     return peerLaneFault != PeerLaneFault::None;
   };
   for (int a = mode ? 4 : 3; a < argc; ++a) {
@@ -4797,6 +4869,10 @@ int main(int argc, char** argv) {
       continue;
     if ((!mode || inFlight || hardwareQueues || exchanges) && strcmp(argv[a], "--many-ranks") == 0) {
       manyRanks = true;
+      continue;
+    }
+    if ((inFlight || hardwareQueues) && strcmp(argv[a], "--collect-staging-flags") == 0) {
+      collectStagingFlags = true;
       continue;
     }
     if (p2p)
@@ -4841,7 +4917,8 @@ int main(int argc, char** argv) {
         "[--without-arrived] | --captured-p2p "
         "[--listing-order]]\n"
         "  <wrong peer lanes>, also after --calls-in-flight, --hardware-queues, --exchanges or --faults: "
-        "--unjoined-peer-lanes | --unforked-peer-lanes | --flags-on-peer-lanes | --relay-waits-on-root-lane\n"
+        "--unjoined-peer-lanes | --unforked-peer-lanes | --flags-on-peer-lanes | --relay-waits-on-root-lane | "
+        "--drain-flags-behind-peer-lanes\n"
         "  --many-ranks, also after --calls-in-flight, --hardware-queues or --exchanges: 3 to 8 ranks\n",
         argv[0]);
     return 2;
