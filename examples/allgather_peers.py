@@ -12,11 +12,13 @@ shows "n/a" and why.
 - symm-mem-ce: torch symmetric memory's copy-engine all-gather (torch.ops.symm_mem._low_contention_all_gather):
                input in symmetric memory, waited for with wait_tensor (it runs on a stream of its own);
                out of place only, it returns a new tensor.
-- ce-limit:    not an all-gather: each rank pushes its input into every peer's memory (mapped by torch symmetric
-               memory, VMM) with plain copy-engine copies, no ordering at all. What these links and engines do with
-               these bytes; no all-gather can beat it.
-- ce-limit-ipc: the same pushes into peers' caching-allocator memory mapped with legacy CUDA IPC, the mapping a
-               direct path into users' own buffers would use.
+- ce-limit:    not an all-gather: the raw copy-engine schedules (torch_sdma.check.RAW_SCHEDULES) between the ranks'
+               buffers (mapped by torch symmetric memory, VMM), plain copies, no ordering between ranks: each rank
+               pushes its input into every peer's memory in rank order or rotated on one stream, or with a stream
+               per peer, or pulls every peer's part with a stream per peer. Each is timed, checked and reported;
+               the fastest is ce-limit: what these links and engines do with these bytes.
+- ce-limit-ipc: the pushes with a stream per peer into peers' caching-allocator memory mapped with legacy CUDA IPC,
+               the mapping a direct path into users' own buffers would use.
 Data: bytes hashed from (position, rank), so every rank checks every rank's part.
 """
 import argparse
@@ -166,60 +168,60 @@ class SymmMemAllGather(InProcessPeer):
 
 
 class CopyEngineLimit(InProcessPeer):
-    def __init__(self, group, rank, world, device, name="ce-limit", why_not=None):
-        super().__init__(name, ("out",), symm_mem_unavailable() if why_not is None else why_not)
+    """The raw copy-engine schedules (torch_sdma.check.RAW_SCHEDULES), one form each, between the ranks' buffers
+    mapped by torch symmetric memory; the bench reports the fastest as ce-limit. `schedules` narrows them (the
+    subclass keeps one, as its form "out")."""
+
+    def __init__(self, group, rank, world, device, name="ce-limit", why_not=None, schedules=None):
+        why = symm_mem_unavailable() if why_not is None else why_not
+        if not why and world < 2:
+            why = "one rank, no peers"
+        # torch_sdma.check here, not at the top: the nccl-ce processes run this file and must not import torch_sdma.
+        from torch_sdma.check import RAW_SCHEDULES
+        self.schedules = schedules or tuple(RAW_SCHEDULES)
+        super().__init__(name, self.schedules, why)
         self.group, self.rank, self.world, self.device = group, rank, world, device
 
-    def map_peers(self, n_bytes):
-        """This rank's buffer of world * n bytes, and this rank's slot in every peer's, mapped here."""
-        import torch.distributed._symmetric_memory as symm_mem
-        buf = symm_mem.empty(self.world * n_bytes, dtype=torch.uint8, device=self.device)
-        handle = symm_mem.rendezvous(buf, self.group.group_name)
-        return buf, [handle.get_buffer(p, (n_bytes,), torch.uint8, storage_offset=self.rank * n_bytes)
-                     for p in range(self.world) if p != self.rank]
+    def map_peers(self, nbytes):
+        """This rank's buffer of `nbytes`, every peer's mapped here ({peer: buffer}), and what keeps them mapped."""
+        from torch_sdma.check import symm_mem_peer_buffers
+        return symm_mem_peer_buffers(self.group, self.rank, self.world, nbytes, self.device)
 
     def prepare(self, n_bytes):
-        buf, peers = self.map_peers(n_bytes)
-        inp = hashed_bytes(self.rank, n_bytes, self.device)
-
-        def call():
-            for dst in peers:
-                dst.copy_(inp)  # contiguous, same dtype, one device as torch sees it: cudaMemcpyAsync, a copy engine
-
-        def check():
-            buf.fill_(0xA5)
-            torch.cuda.synchronize()
-            dist.barrier(group=self.group)
-            call()
-            torch.cuda.synchronize()
-            dist.barrier(group=self.group)
-            return all(torch.equal(buf[q * n_bytes:(q + 1) * n_bytes], hashed_bytes(q, n_bytes, self.device))
-                       for q in range(self.world) if q != self.rank)
-        return {"out": (call, check)}
+        from torch_sdma.check import RawCopies
+        buf, peers, keep = self.map_peers(self.world * n_bytes)
+        raw = RawCopies(self.rank, self.world, n_bytes, buf, peers, keep)
+        calls = {}
+        for form, schedule in zip(self.forms, self.schedules):
+            call = raw.call(schedule)
+            calls[form] = (call, lambda call=call: raw.check(call, lambda: dist.barrier(group=self.group)))
+        return calls
 
 
 class CopyEngineLimitLegacyIpc(CopyEngineLimit):
-    """The limit row again, into peers' memory from torch's caching allocator (cudaMalloc segments) mapped with
-    legacy CUDA IPC (torch.multiprocessing's own sharing): what a direct path into users' own buffers would get.
-    The staging area is VMM memory; legacy IPC mappings of it pushed more slowly on H200 (docs/api.md)."""
+    """The ce-limit pushes again, a stream per peer, into peers' memory from torch's caching allocator (cudaMalloc
+    segments) mapped with legacy CUDA IPC (torch.multiprocessing's own sharing): what a direct path into users' own
+    buffers would get. The staging area is VMM memory; legacy IPC mappings of it pushed more slowly on H200
+    (docs/api.md)."""
 
     def __init__(self, group, rank, world, device):
         super().__init__(group, rank, world, device, "ce-limit-ipc",
-                         "" if torch.cuda.is_available() else "needs CUDA tensors")
+                         "" if torch.cuda.is_available() else "needs CUDA tensors", schedules=("per-peer",))
+        self.forms = ("out",)
 
-    def map_peers(self, n_bytes):
+    def map_peers(self, nbytes):
         from torch.multiprocessing.reductions import reduce_tensor
-        buf = torch.empty(self.world * n_bytes, dtype=torch.uint8, device=self.device)
+        buf = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
         shared = [None] * self.world
         dist.all_gather_object(shared, reduce_tensor(buf), group=self.group)
-        peers = []
+        peers = {}
         for p in range(self.world):
             if p != self.rank:
                 rebuild, args = shared[p]
                 args = list(args)
                 args[6] = self.device.index  # rebuild_cuda_tensor's storage_device: the peer's memory, seen from here
-                peers.append(rebuild(*args)[self.rank * n_bytes:(self.rank + 1) * n_bytes])
-        return buf, peers
+                peers[p] = rebuild(*args)
+        return buf, peers, None
 
 
 def nccl_ce_unavailable():

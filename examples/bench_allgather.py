@@ -1,6 +1,7 @@
 """All-gather benchmark: torch_sdma against the backend it would otherwise delegate to, in the same run.
 
 GPU mode (one process per GPU):   torchrun --nproc_per_node <number of GPUs> examples/bench_allgather.py
+On some of the GPUs:              CUDA_VISIBLE_DEVICES=0,1 torchrun --nproc_per_node 2 examples/bench_allgather.py
 CPU mode (no GPU, CPU tensors):   torchrun --nproc_per_node 2 examples/bench_allgather.py
 
 GPU mode compares sdma (copy engines) with NCCL on CUDA tensors: a size sweep of all_gather_single, the
@@ -9,19 +10,23 @@ sdma (POSIX shared memory) with gloo on CPU tensors. Both backends are timed alt
 figures share the machine's state at the time; compare them inside one run only.
 
 Then every other all-gather a user could pick (examples/allgather_peers.py: NCCL's copy-engine path with symmetric
-windows, torch symmetric memory's copy-engine all-gather, and the copy-engine limit, a plain peer copy of the same
-bytes), out of place and in place, each checked for its bytes, with sdma's ratio to the best peer; "n/a" and why
-where this machine lacks a peer. --skip-peers skips it.
+windows, torch symmetric memory's copy-engine all-gather, and the copy-engine limit), out of place and in place,
+each checked for its bytes, with sdma's ratios to the best peer, to the baseline and to the limit; "n/a" and why
+where this machine lacks a peer. The limit is measured in the same rounds: the raw copy-engine schedules
+(torch_sdma.check.RAW_SCHEDULES: plain copies of the all-gather's bytes between the ranks' buffers, in rank order or
+rotated on one stream, a stream per peer, pulls with a stream per peer, all ranks at once), in a table of their own;
+the fastest with right bytes is ce-limit. --skip-peers skips them all.
 
 --pseudo-nodes LAYOUT (e.g. 0,1,0,1 with 4 processes on 2 GPUs) splits this ONE host into pseudo-nodes and times the
 hierarchical all-gather (docs/multinode.md) beside flat NCCL (gloo in CPU mode), the size sweep only. Its rails cross
 NVLink or loopback, not a network: it shows the schedule working and what it costs on one host, not what it does on
 a cluster.
 
-Writes to --out-dir: allgather_<mode>_w<world>.{csv,json,png} and allgather_<mode>_w<world>_peers.png (the PNGs only
-where matplotlib imports; `make bench` installs it). On torch >= 2.14 every call is all_gather_single (torch deprecates
-all_gather_into_tensor, the same call underneath); before, all_gather_into_tensor. The bytes are checked, and the
-sizes and paths named, by the same helpers as `python -m torch_sdma.check`.
+Writes to --out-dir: allgather_<mode>_w<world>.{csv,json,png}, allgather_<mode>_w<world>_raw.csv (the raw
+schedules, GPUs) and allgather_<mode>_w<world>_peers.png (the PNGs only where matplotlib imports; `make bench`
+installs it). On torch >= 2.14 every call is all_gather_single (torch deprecates all_gather_into_tensor, the same
+call underneath); before, all_gather_into_tensor. The bytes are checked, and the sizes and paths named, by the same
+helpers as `python -m torch_sdma.check`.
 """
 import argparse
 import csv
@@ -58,6 +63,7 @@ from allgather_peers import (
 
 from torch_sdma.check import (
     GATHER_SINGLE,
+    RAW_SCHEDULES,
     SINGLE,
     human_bytes,
     new_group_with_env,
@@ -217,7 +223,7 @@ def with_ratio(b, row, bw, path, match):
     # The ratio of the times: the same for algbw and busbw, and defined on one rank too (where busbw is 0).
     row[f"ratio_{bw}"] = row[f"{b.base_name}_us"] / row["sdma_us"]
     b.log(f"  {row['size']:>8}: sdma {row['sdma_us']:10.1f} us ({path}), {b.base_name} "
-          f"{row[f'{b.base_name}_us']:10.1f} us, ratio {row[f'ratio_{bw}']:.2f}, match {match}")
+          f"{row[f'{b.base_name}_us']:10.1f} us, sdma / {b.base_name} {row[f'ratio_{bw}']:.2f}, match {match}")
     return row
 
 
@@ -336,8 +342,8 @@ def pseudo_node_report(b, rows, where):
              f"The hierarchical path's rails cross {rails} here, not a network: this shows the schedule at work on "
              f"one host, not what it does on a cluster. Baseline: {base}. algbw = output bytes / time.",
              "",
-             f"| output | sdma (hierarchical) us | {b.base_name} us | sdma algbw | {b.base_name} algbw | ratio | "
-             f"sdma path | match |",
+             f"| output | sdma (hierarchical) us | {b.base_name} us | sdma algbw | {b.base_name} algbw | "
+             f"sdma / {b.base_name} | sdma path | match |",
              "|" + "---|" * 8]
     for r in rows:
         lines.append(f"| {r['size']} | {r['sdma_us']:.1f} | {r[f'{b.base_name}_us']:.1f} | "
@@ -538,7 +544,7 @@ def captured_replay(b):
         row["ratio_busbw"] = row[f"{b.base_name}_us"] / row["sdma_us"]
         rows.append(row)
         b.log(f"  captured {row['size']}: sdma {row['sdma_us']:.1f} us ({path}), {b.base_name} "
-              f"{row[f'{b.base_name}_us']:.1f} us, ratio {row['ratio_busbw']:.2f}, match {match}")
+              f"{row[f'{b.base_name}_us']:.1f} us, sdma / {b.base_name} {row['ratio_busbw']:.2f}, match {match}")
         del graphs, outs
         torch.cuda.synchronize()
     return rows
@@ -570,7 +576,8 @@ def staging_across_groups(b, groups=8, size=64 * MIB):
 
 def peer_sweep(b):
     """Every all-gather a user could pick (allgather_peers.py) beside sdma, out of place and in place, on the sweep's
-    sizes: busbw per peer and form, each checked for its bytes, and sdma's ratio to the best peer and to the limit."""
+    sizes: busbw per peer and form, each checked for its bytes, and our ratios to the best peer, to the baseline and
+    to the limit (the fastest raw schedule, each timed in the same rounds)."""
     a = b.args
     sizes = [s for s in b.sizes if s // b.world >= 2]
     per_rank = {s: s // b.world // 2 * 2 for s in sizes}  # whole bf16 elements from each rank
@@ -644,6 +651,13 @@ def peer_sweep(b):
         for key, v in list(row.items()):
             if isinstance(v, dict) and "us" in v:
                 v["busbw_GBps"] = out_bytes * (b.world - 1) / b.world / (v["us"] / 1e6) / 1e9
+        # The raw schedules go to a table of their own; the fastest with right bytes on every rank is ce-limit.
+        raw = {s: row.pop(f"ce-limit_{s}") for s in RAW_SCHEDULES if f"ce-limit_{s}" in row}
+        if raw:
+            row["raw"] = raw
+            right = [s for s, v in raw.items() if v["match"]]
+            best = min(right or raw, key=lambda s: raw[s]["us"])
+            row["ce-limit_out"] = dict(raw[best], schedule=best)
         # Ratios of times (of bandwidths, the same thing), so that they are defined on one rank too.
         for form in FORMS:
             others = {k.rsplit("_", 1)[0]: v["us"] for k, v in row.items()
@@ -652,19 +666,25 @@ def peer_sweep(b):
             best = min(others, key=others.get) if others else None
             if best:
                 row[f"best_peer_{form}"] = best
+            base = row.get(f"{b.base_name}_{form}")
             for ours in RATIO_ROWS:
                 got = row.get(f"{ours}_{form}")
                 if got and best:
                     row[f"{ours}_over_best_{form}"] = others[best] / got["us"]
+                if got and base:
+                    row[f"{ours}_over_base_{form}"] = base["us"] / got["us"]
                 if got and "ce-limit_out" in row:
                     row[f"{ours}_over_limit_{form}"] = row["ce-limit_out"]["us"] / got["us"]
         rows.append(row)
-        # One line per size as it is measured; the figures are in the table at the end.
-        timed = [v for v in row.values() if isinstance(v, dict) and "us" in v]
-        wrong = [k for k, v in row.items() if isinstance(v, dict) and "us" in v and not v["match"]]
+        # One line per size as it is measured; the figures are in the tables at the end.
+        timed = {k: v for k, v in row.items() if isinstance(v, dict) and "us" in v and k != "ce-limit_out"}
+        timed |= {f"raw {s}": v for s, v in raw.items()}
+        wrong = [k for k, v in timed.items() if not v["match"]]
         b.log(f"  peers {row['size']:>8}: {len(timed)} rows timed, "
               + (f"WRONG BYTES in {', '.join(wrong)}" if wrong else "all bytes right")
-              + f", best peer {row.get('best_peer_out', 'n/a')} / {row.get('best_peer_in', 'n/a')} (out / in)")
+              + f", best peer {row.get('best_peer_out', 'n/a')} / {row.get('best_peer_in', 'n/a')} (out / in)"
+              + (f", ce-limit {fmt_bw(row['ce-limit_out']['busbw_GBps'])} GB/s "
+                 f"({RAW_SCHEDULES[row['ce-limit_out']['schedule']]})" if raw else ""))
         del prepared
         if b.mode == "gpu":
             torch.cuda.synchronize()
@@ -674,32 +694,38 @@ def peer_sweep(b):
 
 PEER_COLUMNS = ("sdma", "sdma-direct", "sdma-staging", "nccl", "gloo", "nccl-ce", "symm-mem-ce",
                 "ce-limit", "ce-limit-ipc")
-# Our rows whose ratios to the best peer and to the limit the peer table gives.
+# Our rows whose ratios to the best peer, to the baseline and to the limit the peer table gives.
 RATIO_ROWS = ("sdma", "sdma-direct")
+SHORT = {"sdma-direct": "dir"}
 
 
-def peer_table(rows):
-    """busbw (GB/s) per peer and form; "n/a" where the peer lacks the form or this machine lacks the peer."""
+def peer_table(rows, base):
+    """busbw (GB/s) per peer and form; "n/a" where the peer lacks the form or this machine lacks the peer. Then our
+    rows' bandwidth over the best peer's (with right bytes), over the baseline's (`base`) and over ce-limit's."""
     if not rows:
         return ""
     # Only the peers this machine has: the notes below the table say why each other one is n/a. Short ratio
-    # headers ("direct/best": sdma-direct over the best peer), so that the header fits a terminal line.
+    # headers ("dir/best": sdma-direct over the best peer), so that the header stays under 200 characters.
     cols = [c for c in PEER_COLUMNS if any(f"{c}_{f}" in r for r in rows for f in FORMS)
             or (c.startswith("ce-limit") and f"{c}_out" in rows[0])]
     ours = [c for c in RATIO_ROWS if c in cols]
+    ratios = (("best", "best"), ("base", base), ("limit", "limit"))
     lines = ["| output | form | " + " | ".join(cols) + " | best peer | "
-             + " | ".join(f"{c.removeprefix('sdma-')}/{what}" for c in ours for what in ("best", "limit")) + " |",
-             "|" + "---|" * (len(cols) + 3 + 2 * len(ours))]
+             + " | ".join(f"{SHORT.get(c, c)}/{head}" for c in ours for _, head in ratios) + " |",
+             "|" + "---|" * (len(cols) + 3 + len(ratios) * len(ours))]
     for r in rows:
         for form in FORMS:
-            cells = []
-            for c in cols:
-                v = r.get(f"{c}_{form}") or (r.get(f"{c}_out") if c.startswith("ce-limit") else None)
-                cells.append("n/a" if v is None else fmt_bw(v["busbw_GBps"]) + ("" if v["match"] else " WRONG"))
-            ratios = [r.get(f"{c}_over_{what}_{form}") for c in ours for what in ("best", "limit")]
+            cells = [bw_cell(r.get(f"{c}_{form}") or (r.get(f"{c}_out") if c.startswith("ce-limit") else None))
+                     for c in cols]
+            got = [r.get(f"{c}_over_{what}_{form}") for c in ours for what, _ in ratios]
             lines.append(f"| {r['size']} | {form} | " + " | ".join(cells) + f" | {r.get(f'best_peer_{form}', '')} | "
-                         + " | ".join("" if x is None else f"{x:.2f}" for x in ratios) + " |")
+                         + " | ".join("" if x is None else f"{x:.2f}" for x in got) + " |")
     notes = [f"- {name}: n/a, {why}" for name, why in rows[0]["unavailable"].items() if why]
+    notes.append(f"- a/b: a's busbw over b's; {', '.join(f'{v}: {k}' for k, v in SHORT.items() if k in ours)}; best: "
+                 f"the best peer with right bytes (best peer); limit: ce-limit")
+    if "ce-limit" in cols:
+        notes.append("- ce-limit: the fastest raw schedule at each size (out of place; the in-place rows are measured "
+                     "against it too), from the raw schedules' table")
     # Both forms' timed calls together: a pair in which one rank moved both directions ran at about half the rate.
     pairs = [f"{r['size']} {name} " + "/".join(str(v.get(kind, 0)) for kind in PAIR_KINDS)
              for r in rows for name, v in r.get("direct_pairs", {}).items() if sum(v.values())]
@@ -707,6 +733,51 @@ def peer_table(rows):
         notes.append("- this rank's direct-path pairs in the timed calls, each pushing its own bytes / one moving "
                      "both: " + ", ".join(pairs))
     return "\n".join(lines + ([""] + notes if notes else []))
+
+
+def raw_unavailable(b, peers):
+    """Why the raw schedules' table is empty ("" where it is not)."""
+    if b.mode != "gpu":
+        return "no GPUs (CPU tensors have no copy engines)"
+    if peers is None:
+        return "--skip-peers"
+    if any("raw" in r for r in peers):
+        return ""
+    return (peers[0]["unavailable"].get("ce-limit") if peers else "") or "no size ran them"
+
+
+def bw_cell(v):
+    """A timed entry's busbw for a table, WRONG after it where its bytes were wrong; n/a where it did not run."""
+    return "n/a" if v is None else fmt_bw(v["busbw_GBps"]) + ("" if v["match"] else " WRONG")
+
+
+def raw_table(rows):
+    """busbw (GB/s) of each raw copy-engine schedule per size, and the fastest (ce-limit); "" where none ran."""
+    rows = [r for r in rows if "raw" in r]
+    if not rows:
+        return ""
+    keys = [k for k in RAW_SCHEDULES if any(k in r["raw"] for r in rows)]
+    lines = ["| output | " + " | ".join(RAW_SCHEDULES[k] for k in keys) + " | fastest (ce-limit) |",
+             "|" + "---|" * (len(keys) + 2)]
+    for r in rows:
+        cells = [bw_cell(r["raw"].get(k)) for k in keys]
+        lines.append(f"| {r['size']} | " + " | ".join(cells) + f" | {RAW_SCHEDULES[r['ce-limit_out']['schedule']]} |")
+    return "\n".join(lines)
+
+
+def raw_rows(rows):
+    """The raw schedules' figures as flat rows (the CSV's)."""
+    flat = []
+    for r in rows:
+        if "raw" not in r:
+            continue
+        row = {"bytes": r["bytes"], "size": r["size"], "fastest": r["ce-limit_out"]["schedule"]}
+        for k in RAW_SCHEDULES:
+            v = r["raw"].get(k)
+            if v:
+                row |= {f"{k}_us": v["us"], f"{k}_busbw_GBps": v["busbw_GBps"], f"{k}_match": v["match"]}
+        flat.append(row)
+    return flat
 
 
 def plot_peers(b, rows, path, title):
@@ -777,7 +848,7 @@ def fmt_bw(x):
 def markdown_table(b, rows):
     base = b.base_name
     head = (f"| output | sdma us | {base} us | sdma algbw | {base} algbw | sdma busbw | {base} busbw "
-            f"| ratio (busbw) | sdma path | match |")
+            f"| sdma / {base} | sdma path | match |")
     lines = [head, "|" + "---|" * 10]
     for r in rows:
         bws = " | ".join(fmt_bw(r[f"{name}_{kind}_GBps"]) for kind in ("algbw", "busbw") for name in ("sdma", base))
@@ -847,12 +918,20 @@ def main():
         tag = f"{b.mode}_w{b.world}"
         args.out_dir.mkdir(parents=True, exist_ok=True)
         table = markdown_table(b, rows)
-        peers_table = peer_table(peers) if peers else None
+        peers_table = peer_table(peers, b.base_name) if peers else None
+        raw = {"names": RAW_SCHEDULES, "rows": raw_rows(peers or []), "markdown": raw_table(peers or []),
+               "unavailable": raw_unavailable(b, peers)}
         print(f"\n## {SINGLE}, {where}, "
               f"{rows[0]['dtype'] if rows else ''}; busbw = out*(w-1)/w/t, GB/s\n\n{table}\n")
         if peers:
             print(f"## Every all-gather a user could pick, {where}; busbw GB/s (examples/allgather_peers.py)\n\n"
                   f"{peers_table}\n")
+        if raw["markdown"]:
+            print(f"## Raw copy-engine schedules, {where}: not all-gathers, each rank's n bytes copied into every "
+                  f"peer's output (pulls: fetched from every peer's), plain copies, no ordering between ranks, all "
+                  f"ranks at once; busbw = out*(w-1)/w/t, GB/s\n\n{raw['markdown']}\n")
+        else:
+            print(f"## Raw copy-engine schedules: n/a, {raw['unavailable']}\n")
         if overlap:
             print(f"## GEMM overlap: {overlap['gemm_count']} bf16 {overlap['gemm_size']}^3 GEMMs beside "
                   f"{overlap['gathers']} all-gathers of {human_bytes(overlap['gather_bytes'])}"
@@ -873,8 +952,8 @@ def main():
         if captured:
             print(f"## CUDA graph replay: {args.captured_calls} {SINGLE} (bf16) per graph, both backends "
                   f"captured the same way; per all-gather\n")
-            print(f"| output | sdma us | {b.base_name} us | sdma busbw | {b.base_name} busbw | ratio | sdma path | "
-                  f"match |\n|---|---|---|---|---|---|---|---|")
+            print(f"| output | sdma us | {b.base_name} us | sdma busbw | {b.base_name} busbw | sdma / {b.base_name} "
+                  f"| sdma path | match |\n|---|---|---|---|---|---|---|---|")
             for r in captured:
                 print(f"| {r['size']} | {r['sdma_us']:.1f} | {r[f'{b.base_name}_us']:.1f} | "
                       f"{fmt_bw(r['sdma_busbw_GBps'])} | {fmt_bw(r[f'{b.base_name}_busbw_GBps'])} | "
@@ -896,6 +975,13 @@ def main():
             w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
             w.writeheader()
             w.writerows(rows)
+        raw_csv = None
+        if raw["rows"]:
+            raw_csv = args.out_dir / f"allgather_{tag}_raw.csv"
+            with open(raw_csv, "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in raw["rows"] for k in r)))
+                w.writeheader()
+                w.writerows(raw["rows"])
         png = plot(b, rows, args.out_dir / f"allgather_{tag}.png",
                    f"{SINGLE} busbw, {where}") if rows else None
         peers_png = plot_peers(b, peers, args.out_dir / f"allgather_{tag}_peers.png",
@@ -905,8 +991,8 @@ def main():
             "command": " ".join(sys.orig_argv), "argv": sys.argv, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "machine": info, "baseline": b.base_name, "sweep": rows, "gemm_overlap": overlap,
             "enqueue_cost": enqueue, "captured_replay": captured, "staging_across_groups": groups,
-            "peers": peers, "markdown": table, "peers_markdown": peers_table}, indent=2))
-        print("wrote", ", ".join(str(p) for p in (csv_path, json_path, png, peers_png) if p))
+            "peers": peers, "markdown": table, "peers_markdown": peers_table, "raw_schedules": raw}, indent=2))
+        print("wrote", ", ".join(str(p) for p in (csv_path, raw_csv, json_path, png, peers_png) if p))
     dist.destroy_process_group()
 
 

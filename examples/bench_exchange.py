@@ -16,7 +16,10 @@ median over alternating rounds, every row's bytes checked:
              has the op (exchange_peers.py, processes of their own);
 - symm-mem:  torch symmetric memory's NVSHMEM collectives, where it has the op (processes of their own);
 - ce-limit:  not the op: the bytes the op moves between ranks pushed into peers' memory (mapped by torch symmetric
-             memory) with plain copy-engine copies, no ordering. What these links and engines do; no op beats it.
+             memory) with plain copy-engine copies, a stream per receiver, no ordering. What these links and engines
+             do with those bytes.
+Ratios: sdma's and sdma-dma's bandwidth over nccl's (gloo's), sdma-dma's over the best other row's with right bytes
+and over ce-limit's. A note under the table names the rows that ran, op by op, and who sends to whom.
 Point-to-point of CUDA tensors takes sdma's copy-engine runner (docs/design.md, "Point-to-point"); the path column
 says which path ran. NCCL refuses two ranks of one communicator on one GPU: with ranks sharing GPUs the
 nccl, nccl-ce, symm-mem and ce-limit rows say so, and so does the sdma row (its small sizes go to the inner NCCL);
@@ -45,7 +48,7 @@ from exchange_peers import OPS, P2P_OPS, ROOT, OpBuffers, bus_bytes, peer_unavai
 
 # After bench_allgather, which finds torch_sdma beside examples/ in a checkout that is not installed.
 import torch_sdma
-from torch_sdma.check import human_bytes, new_group_with_env, parse_bytes
+from torch_sdma.check import human_bytes, new_group_with_env, parse_bytes, peer_order
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 DEFAULT_SIZES = [64 * KIB, 256 * KIB, 1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB, 1 * GIB]
@@ -144,28 +147,37 @@ def op_path(before, after, op):
 
 class LimitPushes:
     """ce-limit for one op: the bytes `op` moves between ranks, pushed by each rank that sends them into its slot of
-    each receiver's buffer (CopyEngineLimit.map_peers), unordered; check() looks at what the receivers got."""
+    each receiver's buffer (CopyEngineLimit.map_peers), unordered, a stream per receiver, the receivers rotated from
+    rank + 1 (the all-gather's fastest raw schedule); check() looks at what the receivers got."""
 
     def __init__(self, b, op, n):
         self.b, self.op = b, op
-        self.slot = n // b.world if op == "all_to_all_single" else n
+        self.slot = s = n // b.world if op == "all_to_all_single" else n
         limit = CopyEngineLimit(b.base_group, b.rank, b.world, b.device)
-        self.buf, views = limit.map_peers(self.slot)
-        peers = [p for p in range(b.world) if p != b.rank]
+        self.buf, bufs, self.keep = limit.map_peers(b.world * s)
         self.sent = hashed_bytes(b.rank, n * (b.world if op == "scatter" else 1), b.device)
-        self.pushes = []  # (destination view, source)
-        for p, view in zip(peers, views):
+        self.pushes = []  # (destination view, source, stream)
+        for p in peer_order(b.rank, b.world, "rotated"):
+            view = bufs[p][b.rank * s:(b.rank + 1) * s]
             if op == "all_to_all_single" or (op == "scatter" and b.rank == ROOT):  # p's own part
-                self.pushes.append((view, self.sent[p * self.slot:(p + 1) * self.slot]))
+                src = self.sent[p * s:(p + 1) * s]
             elif (op == "broadcast" and b.rank == ROOT) or (op == "gather" and p == ROOT):  # the whole input
-                self.pushes.append((view, self.sent))
+                src = self.sent
             elif op in P2P_OPS and p == (b.rank + 1) % b.world and (op != "send_recv_pipeline"
                                                                      or b.rank < b.world - 1):
-                self.pushes.append((view, self.sent))
+                src = self.sent
+            else:
+                continue
+            self.pushes.append((view, src, torch.cuda.Stream(device=b.device)))
 
     def call(self):
-        for dst, src in self.pushes:
-            dst.copy_(src)
+        cur = torch.cuda.current_stream()
+        for dst, src, stream in self.pushes:
+            stream.wait_stream(cur)
+            with torch.cuda.stream(stream):
+                dst.copy_(src)
+        for _, _, stream in self.pushes:
+            cur.wait_stream(stream)
 
     def check(self):
         b = self.b
@@ -237,7 +249,9 @@ def sweep(b, peer_results):
             timed = {k: v for k, v in row.items() if isinstance(v, dict) and "us" in v}
             wrong = [k for k, v in timed.items() if not v["match"]]
             figures = ", ".join(f"{k} {fmt_bw(v['busbw_GBps'])}" for k, v in timed.items())
-            b.log(f"  {op:>22} {row['size']:>8}: {figures} GB/s ({row['paths']['sdma-dma']})"
+            ratios = "".join(f", {name}/{b.base_name} {row[key]:.2f}" for name, key in
+                             (("sdma", "sdma_over_base"), ("sdma-dma", "dma_over_base")) if key in row)
+            b.log(f"  {op:>22} {row['size']:>8}: {figures} GB/s{ratios} ({row['paths']['sdma-dma']})"
                   + (f", WRONG BYTES in {', '.join(wrong)}" if wrong else ""))
             del calls
             if b.mode == "gpu":
@@ -255,6 +269,8 @@ def add_ratios(row):
     for base in ("nccl", "gloo"):
         if base in others:
             row["dma_over_base"] = others[base] / ours["us"]
+            if "sdma" in row:
+                row["sdma_over_base"] = others[base] / row["sdma"]["us"]
     if others:
         row["best_other"] = min(others, key=others.get)
         row["dma_over_best"] = others[row["best_other"]] / ours["us"]
@@ -349,14 +365,14 @@ def markdown(b, rows, gemm, where):
     base = b.base_name
     cols = ["sdma", "sdma-dma", base] + (["nccl-ce", "symm-mem", "ce-limit"] if b.mode == "gpu" else [])
     lines = [f"## Exchange collectives, {where}; bus bandwidth GB/s (slowest rank, median of {b.args.rounds} rounds); "
-             f"ratios: sdma-dma's bandwidth over the other's", "",
-             "| op | bytes/rank | " + " | ".join(cols) + f" | dma/{base} | best other | dma/best"
+             f"ratios: a/b is a's bandwidth over b's (dma: sdma-dma)", "",
+             "| op | bytes/rank | " + " | ".join(cols) + f" | sdma/{base} | dma/{base} | best other | dma/best"
              + (" | dma/limit" if b.mode == "gpu" else "") + " | sdma-dma path"
              + (f" | GEMM slowdown dma / {base}" if gemm else "") + " |",
-             "|" + "---|" * (len(cols) + 6 + (b.mode == "gpu") + bool(gemm))]
+             "|" + "---|" * (len(cols) + 7 + (b.mode == "gpu") + bool(gemm))]
     for r in rows:
-        ratios = [f"{r['dma_over_base']:.2f}" if "dma_over_base" in r else "", r.get("best_other", ""),
-                  f"{r['dma_over_best']:.2f}" if "dma_over_best" in r else ""]
+        ratios = [f"{r[k]:.2f}" if k in r else "" for k in ("sdma_over_base", "dma_over_base")]
+        ratios += [r.get("best_other", ""), f"{r['dma_over_best']:.2f}" if "dma_over_best" in r else ""]
         if b.mode == "gpu":
             ratios.append(f"{r['dma_over_limit']:.2f}" if "dma_over_limit" in r else "")
         cells = [r["op"], r["size"], *(cell(r, c) for c in cols), *ratios, r["paths"]["sdma-dma"]]
@@ -375,7 +391,28 @@ def markdown(b, rows, gemm, where):
             lines.append(f"| {op} | {human_bytes(g['bytes'])} | {g['gemm_alone_ms']:.2f} | " + " | ".join(
                 f"{g[k]['slowdown_pct']:+.1f}%" if k in g else "n/a" for k in ("sdma-dma", base)) + " |")
     notes = [f"- {name}: n/a, {why}" for name, why in b.unavailable.items()]
+    notes += ran_notes(rows)
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
+
+
+# Who sends to whom, for rank r of w ranks (whatever w is).
+TRAFFIC = {"all_to_all_single": "every rank to every rank",
+           "broadcast": f"rank {ROOT} to every rank", "gather": f"every rank to rank {ROOT}",
+           "scatter": f"rank {ROOT} to every rank", "batch_isend_irecv_ring": "rank r to (r+1) mod w",
+           "send_recv_pipeline": "rank r to r+1, r < w-1"}
+
+
+def rows_ran(rows):
+    """{op: the rows timed for it at some size, right bytes or not}."""
+    ran = {}
+    for r in rows:
+        ran.setdefault(r["op"], {}).update(dict.fromkeys(k for k, v in r.items() if isinstance(v, dict) and "us" in v))
+    return {op: list(names) for op, names in ran.items()}
+
+
+def ran_notes(rows):
+    """Which rows ran each op, and who sent to whom."""
+    return [f"- ran {op} ({TRAFFIC[op]}): {', '.join(names)}" for op, names in rows_ran(rows).items()]
 
 
 def main():
@@ -406,8 +443,8 @@ def main():
             f.write(table)
         with open(f"{stem}.json", "w") as f:
             json.dump({"command": " ".join(sys.orig_argv), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                       "machine": info, "baseline": b.base_name, "unavailable": b.unavailable, "sweep": rows,
-                       "gemm_slowdown": gemm, "markdown": table}, f, indent=2)
+                       "machine": info, "baseline": b.base_name, "unavailable": b.unavailable,
+                       "ran": rows_ran(rows), "sweep": rows, "gemm_slowdown": gemm, "markdown": table}, f, indent=2)
         print(f"wrote {stem}.md, {stem}.json")
     dist.destroy_process_group()
 

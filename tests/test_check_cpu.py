@@ -3,7 +3,8 @@ repository (as a user runs it after pip install), and from the source tree with 
 
 - From the wheel: `torchrun --nproc_per_node 2 -m torch_sdma.check` exits 0 with its report (PASS, every form and
   every exchange op, point-to-point included, on the DMA path in the groups that ask for it, the exchanges' busbw
-  rows, every line under 200 characters), and torch_sdma comes from the venv.
+  rows, the raw copy-engine schedules n/a for want of GPUs, every line under 200 characters), and torch_sdma comes
+  from the venv.
 - The console script `torch-sdma-check`, started outside torchrun, launches torchrun itself; with one output byte
   flipped (TORCH_SDMA_CHECK_PLANT_WRONG_BYTE, a test knob) of an all-gather form, of the uneven all-to-all or of the
   batch_isend_irecv ring, it exits 1 and names the call.
@@ -133,6 +134,7 @@ def test_check_passes_from_installed_wheel(fresh_venv, tmp_path):
     assert "sdma = torch_sdma:_register" in out
     assert "WRONG" not in out and "FAIL" not in out
     assert "| 1 MiB |" in out  # the busbw table, size by size
+    assert "raw copy-engine schedules (ce-limit): n/a, no GPUs (CPU tensors have no copy engines)" in out
     for group in ("defaults", "dma", "direct", "staging"):  # group_path with no device names the CPU's path
         assert re.search(f"^group {group}: all bytes right; torch_sdma.group_path: dma", out, re.M), out
     for group in ("defaults", "dma"):  # the exchange sweep: every op bit-exact, on the DMA path

@@ -208,3 +208,47 @@ def test_cuda_exchange_soak():
     inner = [k for k in s["world_paths"] if k.split(":")[0] in OPS and ":inner:" in k]
     assert not inner, f"exchange calls on the inner backend: {s['world_paths']}"
 
+
+
+# ------------------------------------------------------------------------------------ relayed broadcast
+def cuda_relayed_broadcast_body(ctx):
+    """Broadcasts large enough to be relayed through the peers (more than two ranks), from every root, of sizes that
+    cut into uneven parts and chunks, sync and async, with ranks made late at random so that pairs settle both ways
+    (a rank that pulls its part from the root, peers that pull a part from each other): every byte the root's."""
+    import random
+    import time
+
+    dev = ctx.device
+    rng = random.Random(1000 + ctx.rank)
+    sizes = [4 << 20, (4 << 20) + 4098, 17 << 20, 64 << 20]
+    done = 0
+    for rnd in range(3):
+        for root in range(ctx.world):
+            for n in sizes:
+                gen = torch.Generator(device="cpu").manual_seed(hash((rnd, root, n)) & 0xFFFFFFFF)
+                want = torch.randint(0, 256, (n,), dtype=torch.uint8, generator=gen).to(dev)
+                t = want.clone() if ctx.rank == root else torch.full((n,), 0xA5, dtype=torch.uint8, device=dev)
+                if rng.random() < 0.5:
+                    time.sleep(rng.random() * 0.01)  # this rank late by up to 10 ms
+                work = dist.broadcast(t, src=root, async_op=bool(rnd % 2))
+                if work is not None:
+                    work.wait()
+                assert torch.equal(t, want), f"round {rnd} root {root} {n} bytes: not the root's bytes"
+                done += 1
+    torch.cuda.synchronize(dev)
+    return {"broadcasts": done, "path": torch_sdma_path()}
+
+
+def torch_sdma_path():
+    import torch_sdma
+
+    return torch_sdma.group_path(op="broadcast")
+
+
+def test_cuda_relayed_broadcast_every_root_late_ranks():
+    res = run_group(cuda_relayed_broadcast_body, W, "cpu:gloo,cuda:sdma", env=ENV, cuda=True, timeout=420,
+                    pg_timeout_s=60).check()
+    print(res.values()[0])
+    assert all(v["broadcasts"] == 3 * W * 4 for v in res.values())
+    want = "dma:relayed" if W > 2 else "dma:direct"
+    assert all(v["path"] == want for v in res.values()), [v["path"] for v in res.values()]

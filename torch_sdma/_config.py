@@ -23,6 +23,7 @@ KNOWN_VARIABLES = (
     "TORCH_SDMA_LOG",
     "TORCH_SDMA_DIRECT",
     "TORCH_SDMA_DIRECT_PEER_WAIT_US",
+    "TORCH_SDMA_PEER_LANES",
     "TORCH_SDMA_DELEGATE",
     "TORCH_SDMA_TEST_PSEUDO_NODES",
     "TORCH_SDMA_TEST_FAULT",
@@ -114,6 +115,7 @@ def options_from_env(group_size: int) -> "_C.ProcessGroupSDMA.Options":
         o.direct_cuda = False
         o.direct_cuda_from_allocator = True
     o.direct_peer_wait_us = _parse_int("TORCH_SDMA_DIRECT_PEER_WAIT_US", o.direct_peer_wait_us)
+    o.peer_lanes = _parse_int("TORCH_SDMA_PEER_LANES", o.peer_lanes)
     o.delegate = _parse_delegate("TORCH_SDMA_DELEGATE")
     validate(o, group_size)
     return o
@@ -146,6 +148,8 @@ def validate(o, group_size: int) -> None:
         raise ValueError(f"TORCH_SDMA_CHUNK_BYTES={o.chunk_bytes} must be 0 (automatic) or a multiple of {_PAGE}")
     if o.direct_peer_wait_us < 0:
         raise ValueError(f"TORCH_SDMA_DIRECT_PEER_WAIT_US={o.direct_peer_wait_us} must be 0 or more")
+    if o.peer_lanes < 1:
+        raise ValueError(f"TORCH_SDMA_PEER_LANES={o.peer_lanes} must be 1 or more")
     floor = o.slots * max(group_size, 1) * _PAGE
     staging = min(o.staging_bytes_cuda, o.staging_bytes_cpu)
     if staging < floor:

@@ -13,8 +13,10 @@ Any number of ranks and devices. In order:
 - the same for the exchanges (all_to_all_single even, uneven with zero splits and async, all_to_all, broadcast,
   gather, scatter, a batch_isend_irecv ring and a send/recv pipeline) in the defaults and the every-size-on-DMA
   group, with the path each took (group_path(op=...), "send" and "recv" for point-to-point);
-- a short busbw table: sdma against NCCL (gloo on CPU tensors) and, on GPUs, the copy-engine limit (plain pushes
-  of the same bytes into the peers, unordered); then the exchanges, point-to-point included, against NCCL (gloo).
+- a short busbw table: sdma against NCCL (gloo on CPU tensors) and, on GPUs, the copy-engine limit: the fastest of
+  the raw schedules (plain copies of the same bytes between the ranks' buffers, unordered: in rank order or rotated
+  on one stream, a stream per peer, pulls), in a table of their own; then the exchanges, point-to-point included,
+  against NCCL (gloo).
 
 Exit 1 on a wrong byte (the report names the group, form, dtype, size and rank), a step that outlasts --timeout
 (a hang: every rank's stacks go to stderr), or a misconfiguration it can name; 0 otherwise.
@@ -147,6 +149,85 @@ def gather_json(obj, world, group):
     texts = [torch.empty_like(padded) for _ in range(world)]
     dist.all_gather(texts, padded, group=group)
     return [json.loads(bytes(t[:n].tolist())) for t, n in zip(texts, lengths)]
+
+
+# Raw copy-engine schedules: not all-gathers, the bytes of one moved between the ranks' own buffers with plain copies
+# (cudaMemcpyAsync, a copy engine) and nothing else, no ordering between ranks. Each rank's n bytes go into its slot
+# of every peer's buffer of world * n (pulls: each rank fetches every peer's own slot). How a rank orders its copies
+# decides what the links give: in rank order on one stream every rank writes to the same peer first (incast, one
+# peer's links busy, the others idle); rotated (rank+1, rank+2, ...) every peer has one writer at each step; with a
+# stream per peer all copies run at once. The fastest of them is the copy-engine limit of the reports.
+RAW_SCHEDULES = {"same-order": "same order, one stream", "rotated": "rotated, one stream",
+                 "per-peer": "a stream per peer", "pull-per-peer": "pulls, a stream per peer"}
+
+
+def peer_order(rank, world, schedule):
+    """The peers in the order `rank` copies to them under `schedule`: rank order, or rotated from rank + 1."""
+    if schedule == "same-order":
+        return [p for p in range(world) if p != rank]
+    return [(rank + k) % world for k in range(1, world)]
+
+
+class RawCopies:
+    """The raw schedules of one size on this rank. `buf` is this rank's buffer of world * n bytes; peer_bufs[p] is
+    peer p's, mapped into this process; `keep` holds whatever keeps those mappings valid (a symmetric-memory
+    handle), for as long as this object lives."""
+
+    def __init__(self, rank, world, n, buf, peer_bufs, keep=None):
+        self.rank, self.world, self.n, self.buf, self.keep = rank, world, n, buf, keep
+
+        def slot(t, q):
+            return t[q * n:(q + 1) * n]
+        self.inp = hashed_bytes(rank, n, buf.device)
+        # Pushes: this rank's input into its slot of each peer's buffer. Pulls: each peer's own slot into this rank's
+        # slot for that peer (the peer's input, in place, as an in-place all-gather has it).
+        self.push = {p: (slot(b, rank), self.inp) for p, b in peer_bufs.items()}
+        self.pull = {p: (slot(buf, p), slot(b, p)) for p, b in peer_bufs.items()}
+        self.streams = {p: torch.cuda.Stream(device=buf.device) for p in peer_bufs}
+
+    def call(self, schedule):
+        """One round of `schedule`'s copies, enqueued on the current stream (side streams joined back into it)."""
+        order = peer_order(self.rank, self.world, schedule)
+        copies = [(self.pull if schedule.startswith("pull") else self.push)[p] for p in order]
+        if schedule in ("same-order", "rotated"):
+            def one_stream():
+                for dst, src in copies:
+                    dst.copy_(src)  # contiguous, one dtype, one device as torch sees it: cudaMemcpyAsync, a copy engine
+            return one_stream
+        streams = [self.streams[p] for p in order]
+
+        def stream_per_peer():
+            cur = torch.cuda.current_stream()
+            for (dst, src), s in zip(copies, streams):
+                s.wait_stream(cur)  # after whatever wrote the buffers on the current stream
+                with torch.cuda.stream(s):
+                    dst.copy_(src)
+            for s in streams:
+                cur.wait_stream(s)
+        return stream_per_peer
+
+    def check(self, call, barrier):
+        """True when, after one `call` on every rank, this rank's buffer holds every peer's input in its slot.
+        `barrier()` lines the ranks up (after this rank's device work is done)."""
+        n = self.n
+        self.buf.fill_(0xA5)
+        self.buf[self.rank * n:(self.rank + 1) * n].copy_(self.inp)  # what the peers pull
+        torch.cuda.synchronize()
+        barrier()
+        call()
+        torch.cuda.synchronize()
+        barrier()
+        return all(torch.equal(self.buf[q * n:(q + 1) * n], hashed_bytes(q, n, self.buf.device))
+                   for q in range(self.world) if q != self.rank)
+
+
+def symm_mem_peer_buffers(group, rank, world, nbytes, device):
+    """This rank's buffer of `nbytes` in torch symmetric memory (VMM), every peer's mapped here, and the handle that
+    keeps the mappings valid: (buf, {peer: its buffer}, handle)."""
+    import torch.distributed._symmetric_memory as symm_mem
+    buf = symm_mem.empty(nbytes, dtype=torch.uint8, device=device)
+    handle = symm_mem.rendezvous(buf, group.group_name)
+    return buf, {p: handle.get_buffer(p, (nbytes,), torch.uint8) for p in range(world) if p != rank}, handle
 
 
 class Watchdog:
@@ -477,38 +558,28 @@ class Check:
         # A collective ends when its last rank does.
         return {k: max(self.gather_all(statistics.median(v))) for k, v in times.items()}
 
-    def ce_limit(self, n):
-        """Seconds of a plain copy-engine push of this rank's n bytes into every peer (unordered, not an
-        all-gather); None and why where it cannot be measured."""
+    def raw_copies(self, n):
+        """(RawCopies of n bytes per rank, ""), or (None, why) where the raw schedules cannot run."""
         if self.mode != "gpu":
-            return None, "no copy engines for CPU tensors"
+            return None, "no GPUs (CPU tensors have no copy engines)"
         if self.world < 2:
-            return None, "one rank"
+            return None, "one rank, no peers"
         try:
-            import torch.distributed._symmetric_memory as symm_mem
-            buf = symm_mem.empty(self.world * n, dtype=torch.uint8, device=self.device)
-            handle = symm_mem.rendezvous(buf, self.base_group.group_name)
-            peers = [handle.get_buffer(p, (n,), torch.uint8, storage_offset=self.rank * n)
-                     for p in range(self.world) if p != self.rank]
+            buf, peers, handle = symm_mem_peer_buffers(self.base_group, self.rank, self.world, self.world * n,
+                                                       self.device)
         except Exception as e:  # an older torch or a machine without peer access
             return None, f"symmetric memory unavailable ({type(e).__name__})"
-        inp = hashed_bytes(self.rank, n, self.device)
-        mapped = (buf, handle)  # the peers' views are only valid while this rank's buffer and handle live
-
-        def push():
-            assert mapped
-            for dst in peers:
-                dst.copy_(inp)
-        return push, ""
+        return RawCopies(self.rank, self.world, n, buf, peers, keep=handle), ""
 
     def busbw(self):
         sizes = self.args.sizes or ([MIB, 64 * MIB, 256 * MIB] if self.mode == "gpu" else [64 * KIB, MIB, 16 * MIB])
         budget = (4 << 30) if self.mode == "gpu" else 256 * MIB
         w = self.world
-        self.say(f"\n## busbw, {SINGLE} out of place, bf16; GB/s = out*(w-1)/w/t, median of {self.args.rounds} rounds")
+        self.say(f"\n## busbw, {SINGLE} out of place, bf16; GB/s = out*(w-1)/w/t, median of {self.args.rounds} rounds; "
+                 "ce-limit: the fastest raw schedule (below)")
         self.say(f"| output | sdma | {self.base_name} | sdma / {self.base_name} | ce-limit | sdma / ce-limit | path |")
         self.say("|---|---|---|---|---|---|---|")
-        no_limit = ""
+        no_limit, raw_rows = "", []
         for size in sizes:
             self.watchdog.enter(f"busbw {human_bytes(size)}")
             n = max(2, size // w // 2 * 2)
@@ -517,22 +588,53 @@ class Check:
             iters = max(3, min(50, budget // (w * n)))
             calls = {"sdma": lambda: GATHER_SINGLE(out, inp),
                      self.base_name: lambda: GATHER_SINGLE(out, inp, group=self.base_group)}
-            push, why = self.ce_limit(n)
-            if push:
-                calls["ce-limit"] = push
+            raw, why = self.raw_copies(n)
+            match = {}
+            if raw:
+                for key in RAW_SCHEDULES:
+                    calls[key] = raw.call(key)
+                    match[key] = raw.check(calls[key], lambda: dist.barrier(group=self.control))
+            else:
+                no_limit = why
             before = torch_sdma.stats()
             med = self.slowest_medians(calls, iters)
             path = path_moved(before, torch_sdma.stats())
             bw = {k: w * n * (w - 1) / w / t / 1e9 for k, t in med.items()}
-            lim = bw.get("ce-limit")
-            lim_cells = f"{lim:.3g} | {bw['sdma'] / lim:.2f}" if lim else "n/a | "
+            lim_cells = "n/a | "
+            if raw:
+                right = self.raw_right(match)
+                best = max(right, key=bw.get) if right else None
+                if best:
+                    lim_cells = f"{bw[best]:.3g} | {bw['sdma'] / bw[best]:.2f}"
+                raw_rows.append((w * n, {k: bw[k] for k in RAW_SCHEDULES}, right, best))
             self.say(f"| {human_bytes(w * n)} | {bw['sdma']:.3g} | {bw[self.base_name]:.3g} | "
                      f"{bw['sdma'] / bw[self.base_name]:.2f} | {lim_cells} | {path} |")
-            if not push:
-                no_limit = why
-        if no_limit:
-            self.say(f"ce-limit: n/a, {no_limit}")
+            del raw
+        self.raw_schedules_table(raw_rows, no_limit)
         self.exchange_busbw(sizes, budget)
+
+    def raw_right(self, match):
+        """The raw schedules whose copies left the right bytes on every rank; a warning names the others (a fault of
+        the machine's peer copies, not of sdma)."""
+        every_rank = self.gather_all(match)
+        right = [k for k in RAW_SCHEDULES if all(r[k] for r in every_rank)]
+        for k in RAW_SCHEDULES:
+            if k not in right:
+                self.warnings.append(f"raw schedule {RAW_SCHEDULES[k]}: wrong bytes after plain peer copies")
+        return right
+
+    def raw_schedules_table(self, rows, why):
+        """busbw of each raw schedule per size, and which was the fastest (the ce-limit column above)."""
+        if not rows:
+            self.say(f"raw copy-engine schedules (ce-limit): n/a, {why}")
+            return
+        self.say("\n## Raw copy-engine schedules: each rank's n bytes into every peer's buffer, no ordering between "
+                 "ranks, plain copies; busbw as an all-gather's, GB/s")
+        self.say("| output | " + " | ".join(RAW_SCHEDULES.values()) + " | fastest |")
+        self.say("|---|" + "---|" * (len(RAW_SCHEDULES) + 1))
+        for out_bytes, bw, right, best in rows:
+            cells = [f"{bw[k]:.3g}" + ("" if k in right else " WRONG") for k in RAW_SCHEDULES]
+            self.say(f"| {human_bytes(out_bytes)} | " + " | ".join(cells) + f" | {RAW_SCHEDULES.get(best, 'none')} |")
 
     def exchange_busbw(self, sizes, budget):
         """The exchanges against the inner backend's own, in the every-size-on-DMA group: GB/s = the bytes one rank

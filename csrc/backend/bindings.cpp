@@ -110,6 +110,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("slots", &sdma::SdmaOptions::slots)
       .def_readwrite("chunk_bytes", &sdma::SdmaOptions::chunkBytes)
       .def_readwrite("direct_peer_wait_us", &sdma::SdmaOptions::directPeerWaitUs)
+      .def_readwrite("peer_lanes", &sdma::SdmaOptions::peerLanes)
       .def_readwrite("direct_cuda", &sdma::SdmaOptions::directCuda)
       .def_readwrite("direct_cpu", &sdma::SdmaOptions::directCpu)
       .def_readwrite("direct_cuda_from_allocator", &sdma::SdmaOptions::directCudaFromAllocator)

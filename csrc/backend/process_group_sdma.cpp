@@ -279,6 +279,7 @@ DirectPathOptions ProcessGroupSDMA::directPathOptions() const {
   DirectPathOptions direct;
   direct.enabled = options_.directCuda;
   direct.peerWait = std::chrono::microseconds(options_.directPeerWaitUs);
+  direct.peerLanes = options_.peerLanes;
   return direct;
 }
 

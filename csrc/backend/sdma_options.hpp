@@ -33,6 +33,10 @@ constexpr int kDefaultSlots = 2;
 // long once (ArrivalMailbox), so that the peer catches up. On 2x H200 a 100 us cap let 1 GiB in place fall back in
 // one bench run of two (255.8 GB/s against 381.4).
 constexpr int64_t kDefaultDirectPeerWaitUs = 2000;
+// The streams a rank's pushes to its peers spread over on the direct path (CopyEngineTransport::bindLanes): one, the
+// group's push stream, visiting the peers nearest first. More run different peers' copies at once, on as many copy
+// engines, which the measurements in docs/results/4xH200.md found slower on four H200s.
+constexpr int kDefaultPeerLanes = 1;
 struct SdmaOptions {
   bool disable = false;                                 // TORCH_SDMA_DISABLE
   int64_t stagingBytesCuda = kDefaultStagingBytesCuda;  // TORCH_SDMA_STAGING_BYTES
@@ -52,6 +56,7 @@ struct SdmaOptions {
   // here, not by the user. The members still agree on the knob (unset); the group agrees on staging when it connects.
   bool directCudaFromAllocator = false;
   int64_t directPeerWaitUs = kDefaultDirectPeerWaitUs;  // TORCH_SDMA_DIRECT_PEER_WAIT_US
+  int peerLanes = kDefaultPeerLanes;                    // TORCH_SDMA_PEER_LANES: local, like the wait above
   // TORCH_SDMA_DELEGATE: exchange collectives sent to the inner backend at every size, a comma list of all_to_all
   // (both forms), broadcast, gather, scatter, send and recv (either one: both).
   std::string delegate;

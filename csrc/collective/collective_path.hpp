@@ -17,6 +17,8 @@ struct CollectivePath {
   static constexpr const char* kCaptured = "captured";
   // The variant that copies between the ranks' own buffers, without staging (docs/design.md, "Direct").
   static constexpr const char* kDirect = "direct";
+  // A direct broadcast relayed through the peers (relayed_broadcast.hpp).
+  static constexpr const char* kRelayed = "relayed";
 
   static CollectivePath dma(std::string variant = "") {
     return {Kind::Dma, std::move(variant)};

@@ -1,6 +1,7 @@
 #include "collective/relayed_broadcast.hpp"
 
 #include <algorithm>
+#include <vector>
 
 #include "collective/peer_order.hpp"
 
@@ -32,6 +33,25 @@ void forEachChunk(const ByteRange& range, uint64_t chunkBytes, Visit&& visit) {
   int c = 0;
   for (uint64_t at = 0; at < range.bytes; at += chunkBytes, ++c) {
     visit(c, at, std::min(chunkBytes, range.bytes - at));
+  }
+}
+
+// Calls visit(q, c, offset, bytes) for chunk c of range[q] of every rank q of `ranks`, chunk-major: chunk 0 of each in
+// turn, then chunk 1, ...
+template <class Visit>
+void forEachChunkRound(const std::vector<ByteRange>& range, const std::vector<int>& ranks, uint64_t chunkBytes,
+                       Visit&& visit) {
+  for (uint64_t at = 0, c = 0;; at += chunkBytes, ++c) {
+    bool any = false;
+    for (int q : ranks) {
+      if (at < range[q].bytes) {
+        visit(q, static_cast<int>(c), at, std::min(chunkBytes, range[q].bytes - at));
+        any = true;
+      }
+    }
+    if (!any) {
+      return;
+    }
   }
 }
 
@@ -86,19 +106,20 @@ void scheduleRelayedBroadcast(Transport& t, const ExchangePlan& plan, uint32_t s
   openDirectExchange(t, plan, serial, posted);
 
   if (me == root) {
-    // Each part into its rank, chunk by chunk, each chunk announced on the lane that copied it.
+    // Chunk by chunk, each round to every rank, nearest first, each chunk announced on the lane that copied it: on
+    // one lane too, every rank then has its first chunk to forward after one chunk's time.
+    std::vector<int> to;
     forEachPeerFrom(me, ranks, [&](int q) {
-      const ExchangePeer& peer = peers[q];
-      const ByteRange& to = plan.sendTo[q];
-      if (peer.buffers.pairing == Pairing::kPeerCameLate || to.bytes == 0) {
-        return;  // the peer pulls its part itself
+      if (peers[q].buffers.pairing != Pairing::kPeerCameLate && plan.sendTo[q].bytes > 0) {
+        d.waitPeer(Lane::Push, q, Flag::Arrived, 0, serial);
+        to.push_back(q);  // else the rank pulls its part itself
       }
-      d.waitPeer(Lane::Push, q, Flag::Arrived, 0, serial);
-      forEachChunk(to, chunk, [&](int c, uint64_t at, uint64_t bytes) {
-        d.copyToPeer(Lane::Push, q, peer.buffers.outputBase + peer.ranges.expects.offset + at,
-                     posted.input + to.offset + at, bytes);
-        d.signalPeer(Lane::Push, q, Flag::Ready, c, serial);
-      });
+    });
+    forEachChunkRound(plan.sendTo, to, chunk, [&](int q, int c, uint64_t at, uint64_t bytes) {
+      const ExchangePeer& peer = peers[q];
+      d.copyToPeer(Lane::Push, q, peer.buffers.outputBase + peer.ranges.expects.offset + at,
+                   posted.input + plan.sendTo[q].offset + at, bytes);
+      d.signalPeer(Lane::Push, q, Flag::Ready, c, serial);
     });
     closeDirectExchange(t, plan, serial, posted);
     return;
@@ -127,33 +148,35 @@ void scheduleRelayedBroadcast(Transport& t, const ExchangePlan& plan, uint32_t s
       }
     });
   });
-  // Our part forwarded to each relaying peer, a chunk as soon as it is here; a peer's part pulled from its output
-  // where it enqueued nothing for us.
+  // Our part forwarded to each relaying peer, chunk by chunk, each round to every peer, a chunk as soon as it is here.
+  std::vector<int> to;
+  forEachPeerFrom(me, ranks, [&](int q) {
+    if (q != root && peers[q].buffers.pairing != Pairing::kPeerCameLate && plan.sendTo[q].bytes > 0) {
+      d.waitPeer(Lane::Push, q, Flag::Arrived, 0, serial);
+      to.push_back(q);
+    }
+  });
+  forEachChunkRound(plan.sendTo, to, chunk, [&](int q, int c, uint64_t at, uint64_t bytes) {
+    const ExchangePeer& peer = peers[q];
+    if (!pulled) {
+      d.waitPeerOnLaneOf(Lane::Push, q, root, Flag::Ready, c, serial);
+    }
+    d.copyToPeer(Lane::Push, q, peer.buffers.outputBase + peer.ranges.expects.offset + at,
+                 output + plan.sendTo[q].offset + at, bytes);
+  });
+  // A peer's part pulled from its output where it enqueued nothing for us (we came late to the pair).
   forEachPeerFrom(me, ranks, [&](int q) {
     const ExchangePeer& peer = peers[q];
-    if (q == root || peer.buffers.pairing == Pairing::kPeerCameLate) {
+    const ByteRange& from = plan.recvFrom[q];
+    if (q == root || peer.buffers.pairing != Pairing::kThisCameLate || from.bytes == 0) {
       return;
     }
-    const ByteRange& to = plan.sendTo[q];
-    if (to.bytes > 0) {
-      d.waitPeer(Lane::Push, q, Flag::Arrived, 0, serial);
-      forEachChunk(to, chunk, [&](int c, uint64_t at, uint64_t bytes) {
-        if (!pulled) {
-          d.waitPeerOnLaneOf(Lane::Push, q, root, Flag::Ready, c, serial);
-        }
-        d.copyToPeer(Lane::Push, q, peer.buffers.outputBase + peer.ranges.expects.offset + at, output + to.offset + at,
+    d.waitPeer(Lane::Drain, q, Flag::Arrived, 0, serial);
+    forEachChunk(from, chunk, [&](int c, uint64_t at, uint64_t bytes) {
+      d.waitPeer(Lane::Drain, q, Flag::Credit, c, serial);
+      d.copyFromPeer(Lane::Drain, q, output + from.offset + at, peer.buffers.outputBase + peer.ranges.sends.offset + at,
                      bytes);
-      });
-    }
-    const ByteRange& from = plan.recvFrom[q];
-    if (peer.buffers.pairing == Pairing::kThisCameLate && from.bytes > 0) {
-      d.waitPeer(Lane::Drain, q, Flag::Arrived, 0, serial);
-      forEachChunk(from, chunk, [&](int c, uint64_t at, uint64_t bytes) {
-        d.waitPeer(Lane::Drain, q, Flag::Credit, c, serial);
-        d.copyFromPeer(Lane::Drain, q, output + from.offset + at,
-                       peer.buffers.outputBase + peer.ranges.sends.offset + at, bytes);
-      });
-    }
+    });
   });
   closeDirectExchange(t, plan, serial, posted);
 }

@@ -125,6 +125,7 @@ struct HierarchicalSetup {
 struct DirectPathOptions {
   bool enabled = false;                   // TORCH_SDMA_DIRECT: all_gather_into_tensor takes it
   std::chrono::microseconds peerWait{0};  // TORCH_SDMA_DIRECT_PEER_WAIT_US: see CopyEngineDirect
+  int peerLanes = 1;                      // TORCH_SDMA_PEER_LANES: see CopyEngineRunner::enqueueArrived
 };
 
 // Copy engines, for CUDA tensors (copy_engine_runner.cpp; a build without CUDA says why not).

@@ -472,20 +472,20 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::enqueueArrived(CopyEngineDirect
     keepTensorsForLife(std::move(operands.keepAlive));
     failure_.refuse(info);
   }
-  // Pushes over the links on the peer lanes, a stream per peer; pulls over them on the Drain lane: as many copy engines
-  // at once as there are peers, and one more.
+  // Pushes over the links on the Push lane (the push stream, or peer lanes: TORCH_SDMA_PEER_LANES); pulls over them
+  // on the Drain lane.
   gpu::Stream drain = asyncOp ? drainStream_ : caller;
   forkFromCaller(caller, pushStream_, drain);
-  if (peerLanes_.empty()) {
-    // Each stream beyond the queues' count shares a queue, where one lane's wait on a late peer holds the others
-    // behind it: a quarter of the queues at most, leaving the rest to the caller's streams and the other groups.
-    const int lanes = std::max(1, std::min(size_ - 1, gpu::hardwareQueues() / 4));
+  // Each stream beyond the queues' count shares a queue, where one lane's wait on a late peer holds the others behind
+  // it: a quarter of the queues at most, leaving the rest to the caller's streams and the other groups.
+  const int lanes = std::min({size_ - 1, directOptions_.peerLanes, gpu::hardwareQueues() / 4});
+  if (lanes > 1 && peerLanes_.empty()) {
     for (int i = 0; i < lanes; ++i) {
       peerLanes_.push_back(gpu::createStream());
     }
   }
   CopyEngineTransport& transport = *arrival.transport;
-  transport.bindLanes(pushStream_, drain, &peerLanes_);
+  transport.bindLanes(pushStream_, drain, peerLanes_.empty() ? nullptr : &peerLanes_);
   const auto serial = static_cast<uint32_t>(arrival.serial);
   schedule(transport, serial);
   transport.flush();
@@ -528,7 +528,11 @@ CollectivePath CopyEngineRunner::pathFor(const PlannedExchange& planned) {
   if (size_ > kMaxExchangeRanks) {
     return CollectivePath::inner("a group of more than " + std::to_string(kMaxExchangeRanks) + " ranks");
   }
-  return CollectivePath::dma(CollectivePath::kDirect);
+  return CollectivePath::dma(relayed(planned) ? CollectivePath::kRelayed : CollectivePath::kDirect);
+}
+
+bool CopyEngineRunner::relayed(const PlannedExchange& planned) const {
+  return planned.broadcast && broadcastIsRelayed(planned.agreedBytes, size_);
 }
 
 c10::intrusive_ptr<c10d::Work> CopyEngineRunner::run(PlannedExchange& planned, bool asyncOp,
@@ -543,7 +547,7 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::run(PlannedExchange& planned, b
   if (!direct_) {
     meetPeersBeforeConnecting(info);
   }
-  if (planned.broadcast && broadcastIsRelayed(planned.agreedBytes, size_)) {
+  if (relayed(planned)) {
     char* region = planned.plan.output ? planned.plan.output : const_cast<char*>(planned.plan.input);
     planned.plan = relayedBroadcastPlan(region, planned.agreedBytes, planned.root, rank_, size_);
   }

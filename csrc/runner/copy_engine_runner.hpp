@@ -70,6 +70,8 @@ class CopyEngineRunner : public CollectiveRunner {
   CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int rank, int size, int device,
                    std::vector<MemberIdentity> members, const StagingGeometry& cap,
                    std::shared_ptr<const HierarchicalSetup> hierarchy, const DirectPathOptions& direct);
+  // Whether an eager exchange is a broadcast relayed through the peers (the same on every rank: size and ranks).
+  bool relayed(const PlannedExchange& planned) const;
 
   // Never the Work itself: see gpu_completion.hpp.
   struct InFlight {
@@ -203,8 +205,8 @@ class CopyEngineRunner : public CollectiveRunner {
   std::unique_ptr<CopyEngineDirect> direct_;  // the direct path, from its first all-gather; guarded by mutex_
   gpu::Stream pushStream_ = nullptr;
   gpu::Stream drainStream_ = nullptr;
-  // The direct path's peer lanes (CopyEngineTransport::bindLanes), made at its first collective: one per peer, as
-  // far as the hardware queues allow, so that a rank's copies to different peers run on different copy engines.
+  // The direct path's peer lanes (CopyEngineTransport::bindLanes), made at its first collective where
+  // TORCH_SDMA_PEER_LANES asks for more than one: a rank's copies to different peers then run on different engines.
   std::vector<gpu::Stream> peerLanes_;
   gpu::Stream networkStream_ = nullptr;  // the gathers between nodes (hierarchical)
   gpu::Event callerReady_ = nullptr;
