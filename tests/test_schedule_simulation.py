@@ -1,41 +1,42 @@
 """The all-gather schedules of csrc/collective/ against a fake transport (tests/cpp/schedule_simulation.cpp): W ranks'
 recorded operations run in random interleavings that honour only the flags, as independent GPU streams would. Every form
 (into tensor, in place, list, coalesced), 1 to 5 ranks, 2 or 4 slots, tiny segments and chunks so that messages span
-many chunks, several collectives per group, serials wrapping past 2^32, and the direct schedule with every way the
-mailbox settles a pair (each pushing its own bytes, or one late, in the order the ranks posted) and both things a late
-pair may do (the later rank moving both directions, or the earlier one landing its bytes chunk by chunk in the later
-one's landing area, whose flags start anywhere, near the wrap too), and the captured schedule recorded once and replayed
-three times with new inputs (every flag back at 0 after each replay), and the hierarchical schedule over 1-4 fake nodes
-of 1-4 ranks in any order of ranks to nodes, with a fake inner all-gather per rail, its gathers on a lane of their own,
-beside push and drain on one lane (one GPU stream), or everything of a rank in one queue (the host runner's worker):
-each rank's output must hold every rank's bytes, and no interleaving may deadlock. It also pins the calls a one-chunk
-all-gather makes (its per-call CPU cost). And it model-checks calls in flight across streams (--calls-in-flight):
-several groups' calls on each rank's push, drain and caller streams, none waiting for another, must complete in call
-order with the runner's rule, and must be caught failing without it. With each rank's streams on hardware queues
-(--hardware-queues: FIFOs, all streams on one as with CUDA_DEVICE_MAX_CONNECTIONS=1, one per stream, or a random few),
-calls made in one order on every rank must still complete; two groups' calls interleaved in different orders on
-different ranks (--crossed-orders) must be caught hanging once their streams share a hardware queue, and must pass where
-they share none. And it model-checks the fault protocol (--faults, csrc/collective/fault_release.hpp): two ranks whose
-calls are enqueued apart in time, a rank that stops after a prefix, a watchdog that fails a rank at any moment, calls
-the ranks post apart (the second poster refusing): under the protocol's release no call that ends without error holds a
-wrong byte, no copy touches a buffer after its call ended, and no lane hangs once every rank failed; under the old
-release (every failed rank passing its own waits) the model must catch both a wrong byte and a write after end; with two
-groups in crossed orders on one hardware queue (--shared-queue-crossed) the protocol must be caught hanging, a known
-limitation; with every stream of a rank on one hardware queue (--one-hardware-queue, the service stream that writes the
-releases into failed peers included) every case must pass, a rank whose peer's process ended passing its own waits from
-a context of its own, and must be caught hanging behind its own wait when that release too is a copy on the service
-stream (--own-release-on-queue, the legacy-IPC fallback's). And the exchange schedule (--exchanges):
-all-to-all (uneven splits with zeros, even, lists), broadcast, gather and scatter from any root, over 2-5 ranks, regions
-posted as they are or bounced, every pairing, one queue or two lanes, several calls in a row near the wrap: at each
-call's end every rank's buffers hold exactly the bytes sent to it and nothing else changed, and no copy touches them
-afterwards; wrong variants of the schedule must be caught. Exchanges also run in the calls-in-flight and the fault
-models. And send, recv and batch_isend_irecv (--p2p): the real step formation (pair_steps.hpp) and batch schedule
-(direct_p2p_batch.cpp) on each pair's own transport and serials, over random programs valid under NCCL's rules among the
-group's collectives, with and without faults; wrong batches, a fault release that passes a failed rank's own waits on a
-live peer, and the rules the design needs beyond its words must be caught; batches matched by lone calls that interleave
-among the batch's peers complete, each peer's steps on lanes of its own, and hang on lanes the peers share. And captured
-point-to-point (--captured-p2p): graphs of p2p batches on the pairs' captured transports mixed with captured
-collectives, replayed with new inputs; without the step order every rank shares, rings must be caught hanging."""
+many chunks, several collectives per group, serials wrapping past 2^32, and the direct schedule (2 to 8 ranks, each push
+naming a peer on a peer lane of its own or shared in rotation order) with every way the mailbox settles a pair (each
+pushing its own bytes, or one late, in the order the ranks posted) and both things a late pair may do (the later rank
+moving both directions, or the earlier one landing its bytes chunk by chunk in the later one's landing area, whose flags
+start anywhere, near the wrap too), and the captured schedule recorded once and replayed three times with new inputs
+(every flag back at 0 after each replay), and the hierarchical schedule over 1-4 fake nodes of 1-4 ranks in any order of
+ranks to nodes, with a fake inner all-gather per rail, its gathers on a lane of their own, beside push and drain on one
+lane (one GPU stream), or everything of a rank in one queue (the host runner's worker): each rank's output must hold
+every rank's bytes, and no interleaving may deadlock. It also pins the calls a one-chunk all-gather makes (its per-call
+CPU cost). And it model-checks calls in flight across streams (--calls-in-flight): several groups' calls on each rank's
+push, drain and caller streams, none waiting for another, must complete in call order with the runner's rule, and must
+be caught failing without it. With each rank's streams on hardware queues (--hardware-queues: FIFOs, all streams on one
+as with CUDA_DEVICE_MAX_CONNECTIONS=1, one per stream, or a random few), calls made in one order on every rank must
+still complete; two groups' calls interleaved in different orders on different ranks (--crossed-orders) must be caught
+hanging once their streams share a hardware queue, and must pass where they share none. And it model-checks the fault
+protocol (--faults, csrc/collective/fault_release.hpp): two ranks whose calls are enqueued apart in time, a rank that
+stops after a prefix, a watchdog that fails a rank at any moment, calls the ranks post apart (the second poster
+refusing): under the protocol's release no call that ends without error holds a wrong byte, no copy touches a buffer
+after its call ended, and no lane hangs once every rank failed; under the old release (every failed rank passing its own
+waits) the model must catch both a wrong byte and a write after end; with two groups in crossed orders on one hardware
+queue (--shared-queue-crossed) the protocol must be caught hanging, a known limitation; with every stream of a rank on
+one hardware queue (--one-hardware-queue, the service stream that writes the releases into failed peers included) every
+case must pass, a rank whose peer's process ended passing its own waits from a context of its own, and must be caught
+hanging behind its own wait when that release too is a copy on the service stream (--own-release-on-queue, the
+legacy-IPC fallback's). And the exchange schedule (--exchanges): all-to-all (uneven splits with zeros, even, lists),
+broadcast, gather and scatter from any root, over 2-8 ranks, regions posted as they are or bounced, every pairing, one
+queue or two lanes and peer lanes, several calls in a row near the wrap: at each call's end every rank's buffers hold
+exactly the bytes sent to it and nothing else changed, and no copy touches them afterwards; wrong variants of the
+schedule must be caught. Exchanges also run in the calls-in-flight and the fault models. And send, recv and
+batch_isend_irecv (--p2p): the real step formation (pair_steps.hpp) and batch schedule (direct_p2p_batch.cpp) on each
+pair's own transport and serials, over random programs valid under NCCL's rules among the group's collectives, with and
+without faults; wrong batches, a fault release that passes a failed rank's own waits on a live peer, and the rules the
+design needs beyond its words must be caught; batches matched by lone calls that interleave among the batch's peers
+complete, each peer's steps on lanes of its own, and hang on lanes the peers share. And captured point-to-point
+(--captured-p2p): graphs of p2p batches on the pairs' captured transports mixed with captured collectives, replayed with
+new inputs; without the step order every rank shares, rings must be caught hanging."""
 import re
 import subprocess
 
@@ -64,8 +65,9 @@ def test_schedules_deliver_every_byte_in_any_interleaving(simulation, seed):
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_calls_in_flight_across_streams_complete_in_call_order(simulation, seed):
-    """2-3 ranks, 1-3 groups, up to four calls in flight on a rank's push, drain and two caller streams, with
-    forkFromCaller's fences and sdma::CallOrder's rule: no interleaving hangs, ends a call early or loses a byte."""
+    """2-8 ranks (mostly 2 or 3), 1-3 groups, up to four calls in flight on a rank's push, drain, peer-lane and two
+    caller streams, with forkFromCaller's fences and sdma::CallOrder's rule: no interleaving hangs, ends a call early
+    or loses a byte."""
     p = subprocess.run([str(simulation), str(seed), "10000", "--calls-in-flight"], capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
@@ -95,11 +97,11 @@ def test_calls_in_flight_without_caller_fences_fail(simulation, seed):
 
 
 def test_calls_in_flight_early_completion_is_caught(simulation):
-    """Most unordered seeds hang first; seed 1217's first failure (case 0: an async gather, then a synchronous direct
-    all-gather on a caller stream, of one group of two of three ranks) is a call that ends while a peer still copies
-    into its buffers, which only the early-completion check sees: that interleaving goes on to deliver every byte, so
-    the final outputs are bit-exact."""
-    p = subprocess.run([str(simulation), "1217", "100", "--calls-in-flight", "--unordered"], capture_output=True,
+    """Most unordered seeds hang first (371 of seeds 1-400; 24 end a call early, 5 lose bytes); seed 13's first failure
+    (case 0: four calls of one group of two of three ranks, the first two synchronous direct all-gathers on C1, then
+    C2) is a call that ends on a rank while its peer still has a copy into its buffers queued, which the
+    early-completion check must see."""
+    p = subprocess.run([str(simulation), "13", "100", "--calls-in-flight", "--unordered"], capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 1, p.stdout + p.stderr
     assert "early completion" in p.stderr, p.stderr
@@ -333,6 +335,78 @@ def test_p2p_batches_matched_by_interleaved_lone_calls(simulation, seed):
     # A known limitation on the GPU: peer lanes whose streams share a hardware queue are one FIFO again (6-9 in 1000).
     total, counts = _caught(_p2p(simulation, seed, 1000, "--interleaved-peers", "--peer-lanes-share-queues"), 1000)
     assert counts.get("hang") == total > 0, counts
+
+
+@pytest.mark.parametrize("mode,cases", [([], 1000), (["--exchanges"], 5000), (["--calls-in-flight"], 3000),
+                                        (["--hardware-queues"], 3000)],
+                         ids=["direct", "exchanges", "calls-in-flight", "hardware-queues"])
+def test_peer_lanes_with_3_to_8_ranks(simulation, mode, cases):
+    """The direct all-gather and the exchanges with every push that names a peer on that peer's lane (1 to size - 1
+    lanes, peers sharing them in rotation order), over 3 to 8 ranks: alone, several exchanges queued at once, and
+    calls in flight across the group's streams, on hardware queues too (peer lanes among the streams a queue holds).
+    Every byte where it belongs, no call ending while a copy of it is queued, no hang (about two seconds each)."""
+    p = subprocess.run([str(simulation), "1", str(cases), *mode, "--many-ranks"], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.strip() == f"ok {cases}", p.stdout
+
+
+def _peer_lanes_caught(simulation, seed, cases, *flags):
+    return _caught(subprocess.run([str(simulation), str(seed), str(cases), *flags], capture_output=True, text=True,
+                                  timeout=120), cases)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_unjoined_peer_lanes_are_caught(simulation, seed):
+    """joinLane(Drain, Push) waiting for the Push lane but not the peer lanes: Done goes out while pushes are still
+    queued on the peer lanes, so a peer's call ends before our bytes landed in it (a quarter of the calls-in-flight
+    cases); the fault model catches it too, a call that ended without error holding wrong bytes."""
+    total, counts = _peer_lanes_caught(simulation, seed, 2000, "--calls-in-flight", "--unjoined-peer-lanes")
+    assert total >= 200 and counts.get("early completion", 0) > 0, counts
+    total, counts = _peer_lanes_caught(simulation, seed, 2000, "--faults", "--unjoined-peer-lanes")
+    assert counts.get("wrong bytes in a call that ended without error", 0) > 0, counts
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_unforked_peer_lanes_are_caught(simulation, seed):
+    """Peer lanes that do not first wait for the Push lane: a push starts before the Drain lane copied a bounced
+    input into the bounce area (the direct model, a fifth of its cases), or before the caller's stream wrote the input
+    (calls in flight, about 40%): the bytes sent are the old ones."""
+    total, counts = _peer_lanes_caught(simulation, seed, 1000, "--unforked-peer-lanes")
+    assert total >= 100 and counts.get("wrong bytes") == total, counts
+    total, counts = _peer_lanes_caught(simulation, seed, 2000, "--calls-in-flight", "--unforked-peer-lanes")
+    assert total >= 400 and counts.get("wrong bytes") == total, counts
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_flags_on_peer_lanes_are_caught(simulation, seed):
+    """The direct schedules' flags to a peer written on that peer's lane instead of the Drain lane: its Done no
+    longer follows the Drain lane's pull from a peer we came late for, so the peer's call ends, or its buffers are
+    reused, while we still read them (early completion, some wrong bytes; in the fault model a copy after the call
+    ended)."""
+    total, counts = _peer_lanes_caught(simulation, seed, 2000, "--calls-in-flight", "--flags-on-peer-lanes")
+    assert total >= 50 and counts.get("early completion", 0) > 0, counts
+    total, counts = _peer_lanes_caught(simulation, seed, 2000, "--faults", "--flags-on-peer-lanes")
+    assert total >= 50 and counts.get("write after end") == total, counts
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_drain_flags_behind_peer_lane_waits_hang_on_shared_hardware_queues(simulation, seed):
+    """The direct transport's flag operations submitted as the copy-engine transport collects them, but without
+    issuing the Drain lane's collected signals before an operation on a peer lane: a rank's Arrived then sits on a
+    shared hardware queue behind its peer lane's wait for the peer's Arrived, which sits behind the peer's own wait the
+    same way (a hang in about 14% of the hardware-queue cases; with the signals issued first, none)."""
+    total, counts = _peer_lanes_caught(simulation, seed, 3000, "--hardware-queues", "--drain-flags-behind-peer-lanes")
+    assert total >= 200 and counts.get("hang") == total, counts
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_relay_waiting_on_the_root_lane_is_caught(simulation, seed):
+    """A relaying rank's wait for the root's chunk c on the root's peer lane instead of the lane of the peer it forwards
+    the chunk to: the forward, on that other lane, reads its output before the chunk landed there (wrong bytes in about
+    6% of the exchange cases, the relayed broadcasts among them)."""
+    total, counts = _peer_lanes_caught(simulation, seed, 2000, "--exchanges", "--relay-waits-on-root-lane")
+    assert total >= 50 and counts.get("wrong bytes") == total, counts
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

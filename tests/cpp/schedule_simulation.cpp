@@ -7,6 +7,28 @@
 // of a rank's operations in one queue, as the host runner's single worker runs them. Usage: schedule_simulation SEED
 // CASES; prints "ok <cases>" and exits 0 on success.
 //
+// The direct all-gather and the exchanges run with per-peer push lanes wherever the lanes are GPU streams, as the
+// copy-engine transport runs eager direct collectives: a Push operation that names a peer (copyToPeer, waitPeer,
+// signalPeer, pushChunkToPeer) goes on the lane of the peer at rotation distance k, lane (k - 1) % L for the group's L
+// lanes (drawn from 1 to size - 1), forked from the Push lane at its first use in a call and after every
+// joinLane(Push, Drain); joinLane(Drain, Push) waits for the Push lane and every peer lane forked in the call
+// (FakeTransport::bindPeerLanes). --many-ranks draws 3 to 8 ranks for the direct, exchange and calls-in-flight cases
+// (else 2 to 8). A wrong peer lane, given alone or after --calls-in-flight, --hardware-queues, --exchanges or --faults,
+// runs every case and prints "caught N of CASES cases: <kind> <count>; ..." and exits 1 (alone: the direct cases
+// only): --unjoined-peer-lanes (joinLane(Drain, Push) forgets the peer lanes: Done before the pushes landed),
+// --unforked-peer-lanes (peer lanes not forked from the Push lane: a push of a bounce area not yet filled, or of an
+// input the caller's stream has not yet written), --flags-on-peer-lanes (the direct schedules' flags to a peer on its
+// peer lane instead of the Drain lane: a Done no longer after the Drain lane's pull from that peer),
+// --relay-waits-on-root-lane (a relaying rank's wait for the root's chunk on the root's peer lane: the forward of the
+// chunk on another lane does not wait for it), --drain-flags-behind-peer-lanes (the Drain lane's collected flag
+// operations not issued before a peer lane's: a rank's Arrived behind its own wait on a shared hardware queue). The
+// calls-in-flight model submits the direct transport's flag operations as the copy-engine transport collects them
+// (until the lane's next copy, fork or join point); the staging transport's at once, unless --collect-staging-flags,
+// with which the hardware-queue cases hang: a Push lane's last Ready, collected until the schedule's end, sits behind
+// the Drain lane's wait for the peers' Ready where the two streams share a hardware queue. Half the broadcasts among 3
+// or more ranks of eager exchanges (the exchange and calls-in-flight models) are relayed through the peers
+// (relayed_broadcast.hpp), in chunks of 1 to 3 bytes.
+//
 // schedule_simulation SEED CASES --calls-in-flight [--unordered] [--unforked] runs instead the model of a group's calls
 // in flight across GPU streams (CallsInFlight below, which says what it covers and what not): with the runner's
 // ordering rule (sdma::CallOrder) and its fences from the caller's stream it must print "ok <cases>"; --unordered
@@ -14,12 +36,12 @@
 // (a lane then reads an input before the caller's stream wrote it): what the model exists to catch.
 //
 // schedule_simulation SEED CASES --hardware-queues [--crossed-orders] runs the calls-in-flight model with each rank's
-// streams on hardware queues (FIFOs: a wait at a queue's head holds every stream mapped there), all on one
-// (CUDA_DEVICE_MAX_CONNECTIONS=1), one per stream, or a random few: with the calls made in one order on every rank it
-// must print "ok <cases>"; with --crossed-orders (two groups whose calls the ranks interleave in different orders) it
-// runs every case and prints "caught N of CASES cases: hang <n>; none in the <m> cases whose groups share no hardware
-// queue" and exits 1. A hang where no hardware queue holds both groups' streams, or any failure but a hang, is printed
-// as "FAIL: ..." alone.
+// streams, peer lanes among them, on hardware queues (FIFOs: a wait at a queue's head holds every stream mapped there),
+// all on one (CUDA_DEVICE_MAX_CONNECTIONS=1), one per stream, or a random few: with the calls made in one order on
+// every rank it must print "ok <cases>"; with --crossed-orders (two groups whose calls the ranks interleave in
+// different orders) it runs every case and prints "caught N of CASES cases: hang <n>; none in the <m> cases whose
+// groups share no hardware queue" and exits 1. A hang where no hardware queue holds both groups' streams, or any
+// failure but a hang, is printed as "FAIL: ..." alone.
 //
 // schedule_simulation SEED CASES --faults [--old-release] runs the model of the fault protocol (FaultCase below, with
 // csrc/collective/fault_release.hpp): it must print "ok <cases>"; with --old-release (every failed rank passing its
@@ -28,9 +50,9 @@
 // hardware queue) the protocol is caught hanging, a known limitation: "caught N of CASES cases: hang N;", exit 1.
 //
 // schedule_simulation SEED CASES --exchanges [--skip-done-wait | --arrived-before-pack] runs the exchange schedule
-// (exchangeCase below): it must print "ok <cases>"; with a wrong schedule (its Done waits left out, or its Arrived
-// signals before it packed its input) it runs every case and prints "caught N of CASES cases: <kind> <count>; ..."
-// and exits 1. Exchanges also take part in the calls-in-flight and the fault models.
+// (exchangeCase below, relayed broadcasts among them): it must print "ok <cases>"; with a wrong schedule (its Done
+// waits left out, or its Arrived signals before it packed its input) it runs every case and prints "caught N of CASES
+// cases: <kind> <count>; ..." and exits 1. Exchanges also take part in the calls-in-flight and the fault models.
 //
 // schedule_simulation SEED CASES --p2p [--faults] [<wrong variant>] [--unmatched-batches | --interleaved-peers] runs
 // send, recv and batch_isend_irecv through the real step formation and batch schedule (P2PCase below) among the
@@ -67,6 +89,7 @@
 #include "collective/fault_release.hpp"
 #include "collective/hierarchical_allgather.hpp"
 #include "collective/pair_steps.hpp"
+#include "collective/relayed_broadcast.hpp"
 #include "collective/staging_allgather.hpp"
 #include "runner/call_order.hpp"
 
@@ -77,6 +100,34 @@ namespace {
 // Set where a run counts the cases a wrong schedule is caught in (--exchanges with a mutation): a failure then ends
 // its case only.
 bool failureEndsCase = false;
+
+// Wrong peer lanes that the models must catch (--unjoined-peer-lanes, --unforked-peer-lanes, --flags-on-peer-lanes):
+// joinLane(Drain, Push) not waiting for the peer lanes (Done before the pushes landed), peer lanes not forked from the
+// Push lane (a push of a bounced input before the Drain lane filled it, or of an input before the caller's stream
+// wrote it), a direct schedule's flags written on the peer lanes rather than on the Drain lane, where
+// sdma::CallOrder orders them across calls, or (--relay-waits-on-root-lane) a relaying rank's wait for the root's
+// chunk on the root's peer lane rather than on the lane of the peer it forwards the chunk to, which the forward then
+// does not follow.
+enum class PeerLaneFault {
+  None,
+  Unjoined,
+  Unforked,
+  FlagsOnPeerLanes,
+  RelayWaitsOnRootLane,
+  DrainFlagsBehindPeerLanes
+};
+PeerLaneFault peerLaneFault = PeerLaneFault::None;
+
+// Set by --many-ranks: the direct, exchange and calls-in-flight cases draw 3 to 8 ranks, where several peers share
+// a peer lane and a rank's peer lanes outnumber its other streams.
+bool manyRanks = false;
+int drawRanks(std::mt19937& rng, int lo, int hi) {
+  return std::uniform_int_distribution<int>(manyRanks ? 3 : lo, manyRanks ? 8 : hi)(rng);
+}
+
+// The calls-in-flight model submits the direct transport's flag operations as the copy-engine transport collects
+// them (FakeTransport::collectFlagOps), the staging transport's at once unless --collect-staging-flags.
+bool collectStagingFlags = false;
 
 [[noreturn]] void fail(const std::string& what) {
   if (failureEndsCase)
@@ -100,9 +151,11 @@ struct Op {
   uint64_t fence = 0;            // Gather, Join: runs once this many operations of queue `peer` ran
 };
 
-// The queues a rank's operations go to: one per lane, and the inner all-gathers' own.
-constexpr int kQueues = 3;
+// The queues a rank's operations go to: one per lane, the inner all-gathers' own, and the peer lanes (below).
 constexpr int kGatherQueue = 2;
+constexpr int kFirstPeerLane = 3;
+constexpr int kMaxPeerLanes = 7;  // a peer lane for each peer of 8 ranks
+constexpr int kQueues = kFirstPeerLane + kMaxPeerLanes;
 
 struct World;
 
@@ -149,11 +202,11 @@ class FakeTransport : public Transport, public DirectTransport {
   DirectTransport* direct() override {
     return this;
   }
-  void copyToPeer(Lane lane, int, uint64_t peerDst, const void* src, size_t bytes) override {
-    record(lane, {Op::Copy, reinterpret_cast<char*>(peerDst), static_cast<const char*>(src), bytes});
+  void copyToPeer(Lane lane, int peer, uint64_t peerDst, const void* src, size_t bytes) override {
+    recordOn(laneOf(lane, peer), {Op::Copy, reinterpret_cast<char*>(peerDst), static_cast<const char*>(src), bytes});
   }
-  void copyFromPeer(Lane lane, int, void* dst, uint64_t peerSrc, size_t bytes) override {
-    record(lane, {Op::Copy, static_cast<char*>(dst), reinterpret_cast<const char*>(peerSrc), bytes});
+  void copyFromPeer(Lane lane, int peer, void* dst, uint64_t peerSrc, size_t bytes) override {
+    recordOn(laneOf(lane, peer), {Op::Copy, static_cast<char*>(dst), reinterpret_cast<const char*>(peerSrc), bytes});
   }
   void signalPeer(Lane lane, int peer, Flag flag, int slot, uint32_t value) override {
     const Op op{Op::SignalOne, nullptr, nullptr, 0, flag, slot, value, peer};
@@ -163,25 +216,39 @@ class FakeTransport : public Transport, public DirectTransport {
       ++recorded[q];
       return;
     }
-    record(lane, op);
+    if (peerLaneFault == PeerLaneFault::FlagsOnPeerLanes && lane == Lane::Drain) {
+      recordOn(laneOf(Lane::Push, peer), op);
+      return;
+    }
+    recordOn(laneOf(lane, peer), op);
   }
   void waitPeer(Lane lane, int peer, Flag flag, int slot, uint32_t value) override {
     if (mutation == Mutation::SkipDoneWait && flag == Flag::Done)
       return;
-    record(lane, {Op::WaitOne, nullptr, nullptr, 0, flag, slot, value, peer});
+    recordOn(laneOf(lane, peer), {Op::WaitOne, nullptr, nullptr, 0, flag, slot, value, peer});
+  }
+  void waitPeerOnLaneOf(Lane lane, int lanePeer, int peer, Flag flag, int slot, uint32_t value) override {
+    const int on = peerLaneFault == PeerLaneFault::RelayWaitsOnRootLane ? peer : lanePeer;
+    recordOn(laneOf(lane, on), {Op::WaitOne, nullptr, nullptr, 0, flag, slot, value, peer});
   }
   void joinLane(Lane into, Lane from) override {
-    if (boundJoin) {
-      boundJoin(static_cast<int>(into), static_cast<int>(from));
-      return;
-    }
-    const int fromQueue = queueOf(static_cast<int>(from));
-    if (fromQueue != queueOf(static_cast<int>(into))) {
-      Op join{Op::Join};
-      join.peer = fromQueue;
-      join.fence = recorded[fromQueue];
-      record(into, join);
-    }
+    join(static_cast<int>(into), static_cast<int>(from));
+    if (into == Lane::Push && from == Lane::Drain)
+      peerLaneForked_.assign(peerLaneForked_.size(), false);
+    if (into == Lane::Drain && from == Lane::Push && peerLaneFault != PeerLaneFault::Unjoined)
+      for (size_t j = 0; j < peerLaneUsed_.size(); ++j)
+        if (peerLaneUsed_[j])
+          join(static_cast<int>(Lane::Drain), kFirstPeerLane + static_cast<int>(j));
+  }
+
+  // Per-peer push lanes, as CopyEngineTransport runs a direct collective's Push operations that name a peer once the
+  // runner bound them for the call: `count` of them (0: none, such operations stay on the Push lane), the peer at
+  // rotation distance k on lane (k - 1) % count, so that a push waiting for a late peer holds up no push to another.
+  void bindPeerLanes(int count) {
+    if (count > kMaxPeerLanes)
+      fail("more peer lanes than the model has queues for");
+    peerLaneForked_.assign(count, false);
+    peerLaneUsed_.assign(count, false);
   }
 
   uint32_t& flag(Flag f, int src, int slot) {
@@ -203,6 +270,18 @@ class FakeTransport : public Transport, public DirectTransport {
     return 0;
   }
   void recordOn(int lane, Op op) {
+    if (bound && collectFlagOps) {
+      // As CopyEngineTransport collects flag operations and issues them at the lane's next copy, fork or join point.
+      const int key = pendingKey(lane);
+      if (op.kind == Op::Signal || op.kind == Op::Wait || op.kind == Op::SignalOne || op.kind == Op::WaitOne ||
+          op.kind == Op::Reset) {
+        pending_[key].push_back(op);
+        return;
+      }
+      issue(key);
+      bound(lane, op);
+      return;
+    }
     if (bound) {
       bound(lane, op);
       return;
@@ -211,9 +290,20 @@ class FakeTransport : public Transport, public DirectTransport {
     lanes[q].push_back(op);
     ++recorded[q];
   }
+  // Issues every flag operation still collected, Push lane first, as CopyEngineTransport::flush after a schedule.
+  void flushCollected() {
+    for (int lane = 0; lane < kQueues; ++lane)
+      issue(lane);
+  }
+  // Set by the models that bind the lanes to GPU streams, where a rank's streams may share hardware queues: flag
+  // operations then reach the streams as the copy-engine transport submits them, collected until the lane's next
+  // copy, fork or join point, the Drain lane's issued before any operation on a peer lane (`pushIsDrain`: the Push
+  // and Drain lanes on one stream, with one collection).
+  bool collectFlagOps = false;
+  bool pushIsDrain = false;
   std::deque<Op> lanes[kQueues];
-  uint64_t recorded[kQueues] = {0, 0, 0};
-  uint64_t executed[kQueues] = {0, 0, 0};
+  uint64_t recorded[kQueues] = {};
+  uint64_t executed[kQueues] = {};
   std::map<std::string, int> calls;
   // Set by the calls-in-flight model (CallsInFlight below) for the call being enqueued, as
   // CopyEngineTransport::bindLanes binds the lanes to that call's streams: the lanes' operations and joins go to the
@@ -226,7 +316,7 @@ class FakeTransport : public Transport, public DirectTransport {
   // bounce area that peers read.
   enum class Mutation { None, SkipDoneWait, ArrivedBeforePack };
   Mutation mutation = Mutation::None;
-  size_t callStart[kQueues] = {0, 0, 0};
+  size_t callStart[kQueues] = {};
   void markCallStart() {
     for (int q = 0; q < kQueues; ++q)
       callStart[q] = lanes[q].size();
@@ -236,12 +326,64 @@ class FakeTransport : public Transport, public DirectTransport {
   void record(Lane lane, Op op) {
     recordOn(static_cast<int>(lane), op);
   }
+  // The lane an operation on `lane` naming `peer` runs on; a peer lane's first use since the call began or since the
+  // Push lane last joined the Drain lane first waits for what the Push lane holds.
+  int laneOf(Lane lane, int peer) {
+    if (lane != Lane::Push || peerLaneForked_.empty() || peer == rank_)
+      return static_cast<int>(lane);
+    const int k = (peer - rank_ + g_.worldSize) % g_.worldSize;
+    const int j = (k - 1) % static_cast<int>(peerLaneForked_.size());
+    // A signal collected on the Drain lane (a call's Arrived) submitted behind a peer lane's wait would sit behind
+    // that wait wherever the two streams share a hardware queue, while the peer waits for the signal.
+    if (peerLaneFault != PeerLaneFault::DrainFlagsBehindPeerLanes && !pushIsDrain)
+      issue(static_cast<int>(Lane::Drain));
+    if (!peerLaneForked_[j]) {
+      peerLaneForked_[j] = true;
+      peerLaneUsed_[j] = true;
+      if (peerLaneFault != PeerLaneFault::Unforked) {
+        issue(static_cast<int>(Lane::Push));
+        if (boundJoin)
+          boundJoin(kFirstPeerLane + j, static_cast<int>(Lane::Push));
+        else
+          join(kFirstPeerLane + j, static_cast<int>(Lane::Push));
+      }
+    }
+    return kFirstPeerLane + j;
+  }
+  int pendingKey(int lane) const {
+    return lane == static_cast<int>(Lane::Drain) && pushIsDrain ? static_cast<int>(Lane::Push) : lane;
+  }
+  void issue(int lane) {
+    std::vector<Op> ops;
+    ops.swap(pending_[pendingKey(lane)]);
+    for (const Op& op : ops)
+      bound(lane, op);
+  }
+  void join(int into, int from) {
+    if (boundJoin) {
+      if (collectFlagOps) {
+        issue(from);
+        issue(into);
+      }
+      boundJoin(into, from);
+      return;
+    }
+    const int fromQueue = queueOf(from);
+    if (fromQueue != queueOf(into)) {
+      Op op{Op::Join};
+      op.peer = fromQueue;
+      op.fence = recorded[fromQueue];
+      recordOn(into, op);
+    }
+  }
 
   World* world_;
   int rank_;
   StagingGeometry g_;
   std::vector<char> staging_;
   std::vector<uint32_t> flags_;
+  std::vector<bool> peerLaneForked_, peerLaneUsed_;  // by peer lane
+  std::vector<Op> pending_[kQueues];                 // by lane: flag operations collected, not yet issued
 };
 
 struct World {
@@ -256,7 +398,7 @@ struct World {
       std::vector<std::pair<int, int>> runnable;
       bool anyLeft = false;
       for (int r = 0; r < W; ++r) {
-        for (int l = 0; l < 2; ++l) {
+        for (int l = 0; l < kQueues; ++l) {
           auto& q = ranks[r]->lanes[l];
           if (q.empty())
             continue;
@@ -344,7 +486,7 @@ DrawnTransports drawTransports(std::mt19937& rng, int n, size_t maxSegment, Worl
   d.staging.chunkBytes = std::uniform_int_distribution<size_t>(1, maxSegment)(rng);
   d.staging.pipelineChunkBytes = pick(0, 1) ? 0 : std::uniform_int_distribution<size_t>(1, 40)(rng);
   d.direct.worldSize = n;
-  d.direct.slots = pick(0, 1) ? 2 : 4;
+  d.direct.slots = pick(0, 1) ? kRelayChunksPerPart : 2 * kRelayChunksPerPart;  // a relayed broadcast's at least
   d.direct.chunkBytes = 64;
   d.direct.packs = false;
   d.start = pick(0, 3) == 0 ? 0xFFFFFFF0u : 0;
@@ -373,8 +515,8 @@ void FakeTransport::pushChunkToPeers(Lane lane, int slot, const void* src, size_
 
 void FakeTransport::pushChunkToPeer(Lane lane, int peer, int slot, const void* src, size_t bytes, size_t at) {
   FakeTransport& p = *world_->ranks[peer];
-  record(lane, {Op::Copy, p.staging_.data() + g_.segmentOffset(slot, rank_, peer) + at, static_cast<const char*>(src),
-                bytes});
+  recordOn(laneOf(lane, peer), {Op::Copy, p.staging_.data() + g_.segmentOffset(slot, rank_, peer) + at,
+                                static_cast<const char*>(src), bytes});
   ++calls["pushChunkToPeer"];
 }
 
@@ -540,9 +682,9 @@ void stagingCase(std::mt19937& rng, int caseNo) {
 // The direct schedule: every pair settles one of the ways the arrival mailbox settles it (each pushes its own
 // bytes, or one came late and moves both directions), across collectives, from flags that start anywhere, near the
 // wrap too. A rank posts its own buffers, or a bounce area of its own for either (a buffer its peers cannot map);
-// lanes run apart (two GPU streams) or as one (one stream, or the host runner's worker).
+// lanes run apart (GPU streams: push, drain and 1 to W - 1 peer lanes) or as one (the host runner's worker).
 void directCase(std::mt19937& rng, int caseNo) {
-  const int W = std::uniform_int_distribution<int>(2, 5)(rng);
+  const int W = drawRanks(rng, 2, 8);
   StagingGeometry g;
   g.worldSize = W;
   g.slots = std::uniform_int_distribution<int>(0, 1)(rng) ? 2 : 4;
@@ -552,6 +694,9 @@ void directCase(std::mt19937& rng, int caseNo) {
   const uint32_t flagBase = bases[std::uniform_int_distribution<int>(0, 2)(rng)];
   World world;
   const bool oneQueue = std::uniform_int_distribution<int>(0, 1)(rng);
+  // Peer lanes where the lanes are GPU streams, as the copy-engine runner binds them: as many as the hardware queues'
+  // budget allows, at most one a peer.
+  const int peerLanes = oneQueue ? 0 : std::uniform_int_distribution<int>(1, W - 1)(rng);
   for (int r = 0; r < W; ++r) {
     world.ranks.push_back(std::make_unique<FakeTransport>(&world, r, g, flagBase));
     world.ranks.back()->queues = oneQueue ? FakeTransport::Queues::One : FakeTransport::Queues::PerLane;
@@ -596,12 +741,14 @@ void directCase(std::mt19937& rng, int caseNo) {
                       reinterpret_cast<uint64_t>(posted[q].outputBase)};
         }
       }
+      world.ranks[r]->bindPeerLanes(peerLanes);
       scheduleDirectAllgather(*world.ranks[r], b.plans[r], serial, posted[r], posts);
     }
-    const std::string what = "direct case " + std::to_string(caseNo) + " (W=" + std::to_string(W) + ", " +
-                             std::to_string(g.slots) + " slots, " + formName(form) + ", " + std::to_string(bytes) +
-                             " bytes, serial " + std::to_string(serial) + ", bounced " + bounced +
-                             (oneQueue ? ", one lane" : ", two lanes") + ")";
+    const std::string what =
+        "direct case " + std::to_string(caseNo) + " (W=" + std::to_string(W) + ", " + std::to_string(g.slots) +
+        " slots, " + formName(form) + ", " + std::to_string(bytes) + " bytes, serial " + std::to_string(serial) +
+        ", bounced " + bounced +
+        (oneQueue ? ", one lane" : ", two lanes and " + std::to_string(peerLanes) + " peer lanes") + ")";
     world.run(rng, what);
     checkOutputs(b, original, what);
   }
@@ -697,7 +844,7 @@ std::vector<ByteSpan> layOut(std::vector<char>& arena, const std::vector<uint64_
 // A random exchange of `kind` over W ranks: all-to-all splits uneven, zeros among them, or even; broadcast, gather and
 // scatter from a random root. Each rank's regions posted as they are or (bit by bit of a random pick) bounced, as
 // the CUDA runner does for memory its peers cannot map; packed regions always bounced, as both runners do.
-Exchange makeExchange(ExchangeKind kind, int W, std::mt19937& rng) {
+Exchange makeExchange(ExchangeKind kind, int W, std::mt19937& rng, bool mayRelay = false) {
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   auto size = [&] { return pick(0, 3) == 0 ? uint64_t{0} : static_cast<uint64_t>(pick(1, 48)); };
   Exchange x;
@@ -731,6 +878,12 @@ Exchange makeExchange(ExchangeKind kind, int W, std::mt19937& rng) {
       }
     x.description += " root " + std::to_string(x.root) + ", " + std::to_string(n) + " B";
   }
+  // A broadcast among more than two ranks relayed through the peers half of the time where the runner may relay
+  // (eager calls), in chunks of a few bytes: every part a few chunks, each announced on its own flag slot.
+  const bool relayed = mayRelay && kind == ExchangeKind::Broadcast && W > 2 && n > 0 && pick(0, 1);
+  const uint64_t relayUnit = relayed ? static_cast<uint64_t>(pick(1, 3)) : 0;
+  if (relayed)
+    x.description += " relayed";
   x.plans.resize(W);
   x.inputs.resize(W);
   x.outputs.resize(W);
@@ -810,6 +963,8 @@ Exchange makeExchange(ExchangeKind kind, int W, std::mt19937& rng) {
       p.outputPieces = out;
     else if (!out.empty())
       p.output = out.front().ptr;
+    if (relayed)
+      p = relayedBroadcastPlan(r == x.root ? const_cast<char*>(p.input) : p.output, n, x.root, r, W, relayUnit);
     // Its input's bytes, random; then its posted regions.
     x.sent[r].resize(p.inputBytes);
     for (auto& c : x.sent[r])
@@ -837,8 +992,9 @@ Exchange makeExchange(ExchangeKind kind, int W, std::mt19937& rng) {
       if (from.bytes != to.bytes)
         fail("makeExchange: rank " + std::to_string(q) + " sends rank " + std::to_string(r) + " other bytes than it " +
              "expects");
-      // Rank q's bytes into rank r's output region, at the same places of the arena's copy.
-      const char* src = x.sent[q].data() + to.offset;
+      // Rank q's bytes into rank r's output region, at the same places of the arena's copy; relayed, q's range is
+      // of the root's tensor, which a relaying q forwards from its output.
+      const char* src = x.sent[relayed ? x.root : q].data() + to.offset;
       walkRegion(outputRegion(x.plans[r]), from.offset, from.bytes, [&](char* ptr, uint64_t n) {
         memcpy(x.outputsAfter[r].data() + (ptr - x.outputs[r].data()), src, n);
         src += n;
@@ -863,9 +1019,12 @@ std::vector<ExchangePeer> exchangePeers(const Exchange& x, const std::vector<std
     if (pairing[r][q] == Pairing::kPeerCameLate)
       continue;
     peer.ranges = pairRangesOf(x.plans[q])[r];
-    if (x.plans[r].sendTo[q].bytes > 0)
+    // A relaying peer sends from its output, which r pulls from where it came late to the pair.
+    const bool pullsFromInput = x.plans[r].relayRoot < 0 || q == x.plans[r].relayRoot;
+    const bool pulls = pairing[r][q] == Pairing::kThisCameLate && x.plans[r].recvFrom[q].bytes > 0;
+    if (x.plans[r].sendTo[q].bytes > 0 || (pulls && !pullsFromInput))
       peer.buffers.outputBase = reinterpret_cast<uint64_t>(x.posted[q].outputBase);
-    if (pairing[r][q] == Pairing::kThisCameLate && x.plans[r].recvFrom[q].bytes > 0)
+    if (pulls && pullsFromInput)
       peer.buffers.input = reinterpret_cast<uint64_t>(x.posted[q].input);
   }
   return peers;
@@ -902,24 +1061,25 @@ std::vector<std::vector<Pairing>> settlePairs(int n, std::mt19937& rng) {
   return pairing;
 }
 
-// The exchange schedule (scheduleDirectExchange): 2 to 5 ranks, every kind of exchange, regions posted as they are or
-// bounced, every pair settled as the mailbox may settle it, lanes apart (two GPU streams) or one queue (the host
-// runner's worker), several calls in a row from flags that start anywhere, near the wrap too, each call run to its
-// end before the next is recorded or all of them queued at once (async calls on the group's streams). When a call
-// ends on a rank (its Drain lane's last operation), that rank's arenas must hold exactly what they must
-// (exchangeMismatch), and no copy of that call may touch them afterwards. `mutation`: a wrong schedule that this must
-// catch.
+// The exchange schedule (scheduleDirectExchange): 2 to 8 ranks, every kind of exchange, regions posted as they are or
+// bounced, every pair settled as the mailbox may settle it, lanes apart (GPU streams, peer lanes among them, as
+// directCase) or one queue (the host runner's worker), several calls in a row from flags that start anywhere, near the
+// wrap too, each call run to its end before the next is recorded or all of them queued at once (async calls on the
+// group's streams). When a call ends on a rank (its Drain lane's last operation), that rank's arenas must hold exactly
+// what they must (exchangeMismatch), and no copy of that call may touch them afterwards. `mutation`: a wrong schedule
+// that this must catch.
 void exchangeCase(std::mt19937& rng, int caseNo, FakeTransport::Mutation mutation) {
-  const int W = std::uniform_int_distribution<int>(2, 5)(rng);
+  const int W = drawRanks(rng, 2, 8);
   StagingGeometry g;
   g.worldSize = W;
-  g.slots = 2;
+  g.slots = kRelayChunksPerPart;  // a relayed broadcast's, as CopyEngineDirect sizes them
   g.chunkBytes = 64;
   g.packs = false;
   const uint32_t bases[] = {0, 0xfffffffdu, static_cast<uint32_t>(rng())};
   const uint32_t flagBase = bases[std::uniform_int_distribution<int>(0, 2)(rng)];
   const bool oneQueue = std::uniform_int_distribution<int>(0, 1)(rng);
   const bool queuedAtOnce = std::uniform_int_distribution<int>(0, 1)(rng);
+  const int peerLanes = oneQueue ? 0 : std::uniform_int_distribution<int>(1, W - 1)(rng);  // as directCase
   World world;
   for (int r = 0; r < W; ++r) {
     world.ranks.push_back(std::make_unique<FakeTransport>(&world, r, g, flagBase));
@@ -927,8 +1087,8 @@ void exchangeCase(std::mt19937& rng, int caseNo, FakeTransport::Mutation mutatio
     world.ranks.back()->mutation = mutation;
   }
   std::string what = "exchange case " + std::to_string(caseNo) + " (W=" + std::to_string(W) +
-                     (oneQueue ? ", one queue" : ", two lanes") + (queuedAtOnce ? ", queued at once" : "") +
-                     ", flags from " + std::to_string(flagBase) + "; calls:";
+                     (oneQueue ? ", one queue" : ", two lanes and " + std::to_string(peerLanes) + " peer lanes") +
+                     (queuedAtOnce ? ", queued at once" : "") + ", flags from " + std::to_string(flagBase) + "; calls:";
   std::vector<std::unique_ptr<Exchange>> calls;
   std::vector<std::vector<bool>> ended;  // [call][rank]
   // A call's end on rank r (a Mark whose value is the call's index): its arenas final, and no copy touches them again.
@@ -955,7 +1115,7 @@ void exchangeCase(std::mt19937& rng, int caseNo, FakeTransport::Mutation mutatio
   const int count = std::uniform_int_distribution<int>(2, 4)(rng);
   for (int c = 0; c < count; ++c) {
     const auto kind = static_cast<ExchangeKind>(std::uniform_int_distribution<int>(0, kExchangeKinds - 1)(rng));
-    calls.push_back(std::make_unique<Exchange>(makeExchange(kind, W, rng)));
+    calls.push_back(std::make_unique<Exchange>(makeExchange(kind, W, rng, true)));
     ended.emplace_back(W, false);
     const Exchange& x = *calls.back();
     const std::vector<std::vector<Pairing>> pairing = settlePairs(W, rng);
@@ -968,6 +1128,7 @@ void exchangeCase(std::mt19937& rng, int caseNo, FakeTransport::Mutation mutatio
     for (int r = 0; r < W; ++r) {
       FakeTransport& t = *world.ranks[r];
       t.markCallStart();
+      t.bindPeerLanes(peerLanes);
       scheduleDirectExchange(t, x.plans[r], serial, x.posted[r], exchangePeers(x, pairing, r));
       Op end{Op::Mark};
       end.value = static_cast<uint32_t>(c);
@@ -1238,9 +1399,9 @@ class CaughtCases {
         runCase(c);
       } catch (const std::runtime_error& e) {
         const std::string failure = e.what();
-        add(failure.find("deadlock") != std::string::npos ? "hang"
-            : failure.find(marker) != std::string::npos   ? kind
-                                                          : "wrong bytes",
+        add(failure.find("deadlock") != std::string::npos || failure.find(": hang:") != std::string::npos ? "hang"
+            : failure.find(marker) != std::string::npos                                                   ? kind
+                                                        : "wrong bytes",
             failure);
       }
     }
@@ -2109,18 +2270,20 @@ struct CallInFlightStep : StreamStep {
   int member = -1;      // Produce: the group rank whose input it writes
 };
 
-// Calls in flight across streams: a model check of how a group's collectives are ordered on the GPU. 2 or 3 ranks,
-// 1 to 3 groups, each over every rank or two of them, chunk and direct serials from 0 or near the wrap. Each rank has
-// the queues its GPU streams are: a push stream and a drain stream per group, and two caller streams shared by all
-// of the rank's groups. Every rank enqueues the same sequence of up to four calls, none waiting for another, each on
-// one group, direct (scheduleDirectAllgather, the pairs settled as the arrival mailbox may settle them), through
-// staging (scheduleStagingAllgather) or an exchange of any kind (scheduleDirectExchange, as direct), synchronous (its
-// Drain lane on the caller's stream, C1 or C2) or async (on the group's drain stream), mostly the same choice on every
-// rank, in a quarter of the cases each rank's own; the Push lane is the group's push stream, or the Drain lane's stream
-// where a staging message is one chunk, as CopyEngineRunner::run binds them. Each call's lanes first wait for the
-// caller stream's position at enqueue (forkFromCaller), and, unless the ordering rule is switched off, its Drain lane
-// waits for the group's previous call's end where sdma::CallOrder says so. Before each call the caller's stream writes
-// the call's input (until then it holds other bytes), as the caller's own kernels would. The queues then run in random
+// Calls in flight across streams: a model check of how a group's collectives are ordered on the GPU. 2 to 8 ranks,
+// 1 to 3 groups, each over every rank or 2 or more of them, chunk and direct serials from 0 or near the wrap. Each rank
+// has the queues its GPU streams are: a push stream, a drain stream and 1 to n - 1 peer lanes per group of n (the same
+// for every call of the group, as the runner keeps them), and two caller streams shared by all of the rank's groups.
+// Every rank enqueues the same sequence of up to four calls, none waiting for another, each on one group, direct
+// (scheduleDirectAllgather, the pairs settled as the arrival mailbox may settle them), through staging
+// (scheduleStagingAllgather) or an exchange of any kind (scheduleDirectExchange, as direct), synchronous (its Drain
+// lane on the caller's stream, C1 or C2) or async (on the group's drain stream), mostly the same choice on every rank,
+// in a quarter of the cases each rank's own; the Push lane is the group's push stream, or the Drain lane's stream where
+// a staging message is one chunk, as CopyEngineRunner::run binds them, and a direct call's Push operations that name a
+// peer go on that peer's lane (FakeTransport::bindPeerLanes). Each call's lanes first wait for the caller stream's
+// position at enqueue (forkFromCaller), and, unless the ordering rule is switched off, its Drain lane waits for the
+// group's previous call's end where sdma::CallOrder says so. Before each call the caller's stream writes the call's
+// input (until then it holds other bytes), as the caller's own kernels would. The queues then run in random
 // interleavings honouring only stream order, those fences and the flags. Found as failures: a hang (no queue can run
 // while operations remain), an early completion (a call's end runs on rank r while some rank still has a copy of that
 // call into or out of r's buffers queued, so that r's caller could reuse them under the copy), or an output not
@@ -2146,14 +2309,18 @@ class CallsInFlight : RankStreams<CallInFlightStep> {
   CallsInFlight(std::mt19937& rng, int caseNo, bool ordered, bool forked, bool hardwareQueues = false,
                 bool crossedOrders = false)
       : rng_(rng), ordered_(ordered), forked_(forked), crossedOrders_(crossedOrders) {
-    W_ = pick(2, 3);
+    // Mostly 2 or 3 ranks, where the calls' interleavings are explored most densely; a quarter up to 8, where the
+    // peer lanes are shared by several peers.
+    W_ = pick(0, 3) ? drawRanks(rng_, 2, 3) : drawRanks(rng_, 4, 8);
     const int groups = crossedOrders_ ? 2 : pick(1, 3);
     for (int gi = 0; gi < groups; ++gi) {
       auto g = std::make_unique<Group>();
       for (int r = 0; r < W_; ++r)
         g->members.push_back(r);
-      if (!crossedOrders_ && W_ > 2 && pick(0, 1)) {  // a subset of two
-        g->members.erase(g->members.begin() + pick(0, W_ - 1));
+      if (!crossedOrders_ && W_ > 2 && pick(0, 1)) {  // a subset of 2 .. W - 1 ranks
+        std::shuffle(g->members.begin(), g->members.end(), rng_);
+        g->members.resize(pick(2, W_ - 1));
+        std::sort(g->members.begin(), g->members.end());
       }
       const int n = static_cast<int>(g->members.size());
       const DrawnTransports d = drawTransports(rng_, n, 256, g->staging, g->direct);
@@ -2161,6 +2328,9 @@ class CallsInFlight : RankStreams<CallInFlightStep> {
       g->directSerial.assign(n, d.flagBase);
       g->order.resize(n);
       g->previousEnd.assign(n, {-1, 0});
+      g->firstStream = groupStreams_;
+      g->peerLanes = pick(1, n - 1);
+      groupStreams_ += 2 + g->peerLanes;
       groups_.push_back(std::move(g));
     }
     for (int r = 0; r < W_; ++r)
@@ -2174,6 +2344,8 @@ class CallsInFlight : RankStreams<CallInFlightStep> {
       for (size_t i = 0; i < g->members.size(); ++i)
         what_ += (i ? "," : "") + std::to_string(g->members[i]);
       what_ += "}";
+      if (g->peerLanes)
+        what_ += " with " + std::to_string(g->peerLanes) + " peer lanes";
     }
     what_ += std::string(ordered_ ? ", ordered" : ", unordered") + (forked_ ? "" : ", unforked") + "; calls:";
     for (int c = 0; c < calls; ++c)
@@ -2238,6 +2410,8 @@ class CallsInFlight : RankStreams<CallInFlightStep> {
     std::vector<uint32_t> directSerial;
     std::vector<CallOrder<int>> order;
     std::vector<std::pair<int, uint64_t>> previousEnd;  // queue and count after the previous call's end
+    int firstStream = 0;                                // its push stream; its drain stream and its peer lanes follow
+    int peerLanes = 0;  // the same streams for every call of the group, as the runner keeps them
   };
   using Step = CallInFlightStep;
   struct Call {
@@ -2259,21 +2433,28 @@ class CallsInFlight : RankStreams<CallInFlightStep> {
   int groupCount() const {
     return static_cast<int>(groups_.size());
   }
-  // Per group g: push stream 2g, drain stream 2g + 1; then the two caller streams.
+  // Per group: its push stream, its drain stream and its peer lanes (Group::firstStream); then the two caller streams.
   int queueCount() const {
-    return 2 * groupCount() + 2;
+    return groupStreams_ + 2;
   }
   int callerQueue(int caller) const {
-    return 2 * groupCount() + caller;
+    return groupStreams_ + caller;
   }
   // The group whose calls a stream carries, in crossed orders (each group on a caller stream of its own).
   int groupOfStream(int q) const {
-    return q < 2 * groupCount() ? q / 2 : q - 2 * groupCount();
+    if (q >= groupStreams_)
+      return q - groupStreams_;
+    int gi = 0;
+    while (q >= groups_[gi]->firstStream + 2 + groups_[gi]->peerLanes)
+      ++gi;
+    return gi;
   }
   std::string streamName(int q) const {
-    if (q >= 2 * groupCount())
-      return "C" + std::to_string(q - 2 * groupCount() + 1);
-    return "g" + std::to_string(q / 2) + (q % 2 ? " drain" : " push");
+    if (q >= groupStreams_)
+      return "C" + std::to_string(q - groupStreams_ + 1);
+    const int gi = groupOfStream(q);
+    const int k = q - groups_[gi]->firstStream;
+    return "g" + std::to_string(gi) + (k == 0 ? " push" : k == 1 ? " drain" : " peer lane " + std::to_string(k - 2));
   }
 
   // Each rank's streams on its hardware queues: all on one (CUDA_DEVICE_MAX_CONNECTIONS=1, as Megatron sets it), each
@@ -2352,8 +2533,8 @@ class CallsInFlight : RankStreams<CallInFlightStep> {
     call->group = gi;
     call->bounce.assign(n, {});
     if (exchange) {
-      call->exchange =
-          std::make_unique<Exchange>(makeExchange(static_cast<ExchangeKind>(pick(0, kExchangeKinds - 1)), n, rng_));
+      call->exchange = std::make_unique<Exchange>(
+          makeExchange(static_cast<ExchangeKind>(pick(0, kExchangeKinds - 1)), n, rng_, true));
       // Its input holds other bytes until the caller's stream produces it, as below.
       for (int i = 0; i < n; ++i)
         flipInput(call->exchange->plans[i]);
@@ -2435,9 +2616,9 @@ class CallsInFlight : RankStreams<CallInFlightStep> {
     const std::vector<PostedBuffers>& posted = made.posted;
     const std::vector<std::vector<Pairing>>& pairing = made.pairing;
     const int callerQ = callerQueue(made.caller[i]);
-    const int drainQ = made.sync[i] ? callerQ : 2 * gi + 1;
+    const int drainQ = made.sync[i] ? callerQ : g.firstStream + 1;
     FakeTransport& t = direct ? *g.direct.ranks[i] : *g.staging.ranks[i];
-    const int pushQ = direct || chunkCount(made.buffers.plans[i], t.geometry()) > 1 ? 2 * gi : drainQ;
+    const int pushQ = direct || chunkCount(made.buffers.plans[i], t.geometry()) > 1 ? g.firstStream : drainQ;
     // The caller's own work before the call: it writes the input on the caller's stream.
     Step produce;
     produce.kind = Step::Produce;
@@ -2452,7 +2633,13 @@ class CallsInFlight : RankStreams<CallInFlightStep> {
     }
     if (ordered_ && g.order[i].mustWaitForPrevious(drainQ))
       fence(r, drainQ, g.previousEnd[i].first, g.previousEnd[i].second);
-    const int laneQueue[2] = {pushQ, drainQ};
+    const int peerLane0 = g.firstStream + 2;
+    auto laneQueue = [pushQ, drainQ, peerLane0](int lane) {
+      return lane >= kFirstPeerLane ? peerLane0 + lane - kFirstPeerLane : lane == 0 ? pushQ : drainQ;
+    };
+    t.bindPeerLanes(direct ? g.peerLanes : 0);
+    t.collectFlagOps = direct || collectStagingFlags;
+    t.pushIsDrain = pushQ == drainQ;
     t.bound = [&, r, gi, i, c](int lane, const Op& op) {
       Step s;
       s.op = op;
@@ -2462,9 +2649,9 @@ class CallsInFlight : RankStreams<CallInFlightStep> {
       s.groupRank = i;
       if (op.kind == Op::Copy)
         s.touches = touchesOf(op);
-      add(r, laneQueue[lane], s);
+      add(r, laneQueue(lane), s);
     };
-    t.boundJoin = [&, r](int into, int from) { fenceOn(r, laneQueue[into], laneQueue[from]); };
+    t.boundJoin = [&, r](int into, int from) { fenceOn(r, laneQueue(into), laneQueue(from)); };
     if (exchange) {
       const Exchange& x = *made.exchange;
       scheduleDirectExchange(t, x.plans[i], ++g.directSerial[i], x.posted[i], exchangePeers(x, pairing, i));
@@ -2478,8 +2665,10 @@ class CallsInFlight : RankStreams<CallInFlightStep> {
       scheduleDirectAllgather(t, made.buffers.plans[i], ++g.directSerial[i], posted[i], posts);
     } else {
       scheduleStagingAllgather(t, made.buffers.plans[i], g.chunks[i]);
+      t.flushCollected();
       fenceOn(r, drainQ, pushQ);  // the runner's pushDone_ event
     }
+    t.flushCollected();
     t.bound = nullptr;
     t.boundJoin = nullptr;
     Step end;
@@ -2562,6 +2751,7 @@ class CallsInFlight : RankStreams<CallInFlightStep> {
   bool forked_;
   bool crossedOrders_;
   int W_ = 0;
+  int groupStreams_ = 0;
   std::vector<std::unique_ptr<Group>> groups_;
   std::vector<std::unique_ptr<Call>> calls_;
   std::string what_;
@@ -2569,17 +2759,18 @@ class CallsInFlight : RankStreams<CallInFlightStep> {
 
 // Failures: a model check of the fault protocol (csrc/collective/fault_release.hpp) on the real schedules. Two ranks,
 // one group with a staging and a direct transport each, up to five calls a rank enqueues in turn on its push and
-// drain lanes (async calls; staging or direct, every form staging takes, zero-size calls among them, exchanges of
-// every kind in place of some direct all-gathers, their regions bounced or not). Enqueues,
-// lane operations and the protocol's own steps run in one random interleaving, so a rank's calls may be enqueued
-// long after the peer's (a rank may start late, and may stop for good after some prefix). Faults, each case some:
-// a rank's watchdog declares the group failed at a random moment (its timeout, a size mismatch, a peer that exited);
-// a call the ranks take different paths for (a zero-size call through staging on one rank and direct on the other,
-// or different sizes; for an exchange, splits, roots or sizes apart), of which, as the call board guarantees, the rank
-// that posts second reads the first's post and refuses (it fails; the buffers it posted it keeps for good), and the
-// first may refuse too or go on, its peer then late for it; a rank stuck behind a late peer, which its watchdog ends
-// when nothing else can move; and a rank's process killed at a random moment (nothing of it runs any more, its memory
-// goes with it), which the survivor's watchdog notices. The fake watchdog releases waits by one of two rules:
+// drain lanes and, for a direct call's operations on the Push lane that name the peer, its one peer lane (async calls;
+// staging or direct, every form staging takes, zero-size calls among them, exchanges of every kind in place of some
+// direct all-gathers, their regions bounced or not). Enqueues, lane operations and the protocol's own steps run in one
+// random interleaving, so a rank's calls may be enqueued long after the peer's (a rank may start late, and may stop for
+// good after some prefix). Faults, each case some: a rank's watchdog declares the group failed at a random moment (its
+// timeout, a size mismatch, a peer that exited); a call the ranks take different paths for (a zero-size call through
+// staging on one rank and direct on the other, or different sizes; for an exchange, splits, roots or sizes apart), of
+// which, as the call board guarantees, the rank that posts second reads the first's post and refuses (it fails; the
+// buffers it posted it keeps for good), and the first may refuse too or go on, its peer then late for it; a rank stuck
+// behind a late peer, which its watchdog ends when nothing else can move; and a rank's process killed at a random
+// moment (nothing of it runs any more, its memory goes with it), which the survivor's watchdog notices. The fake
+// watchdog releases waits by one of two rules:
 //   New (the protocol): a failing rank stops enqueueing, errors its calls in flight, publishes "failed"; a healthy
 //   rank refuses to enqueue once a peer published it, and its watchdog fails when it sees it; a failed rank whose
 //   calls all ended writes releaseValue(last serial) into every flag word a failed peer waits on from it; a failed
@@ -2688,11 +2879,11 @@ class FaultCase {
     }
     what_ += ")";
     // Every stream of a rank on one hardware queue in the shared scenarios, else each on its own. The service
-    // stream (queue 2 * groups) carries the releases where they are queued (--one-hardware-queue).
+    // stream (serviceStream()) carries the releases where they are queued (--one-hardware-queue).
     for (int r = 0; r < kW; ++r) {
-      queues_[r].resize(2 * groups + 1);
-      hardwareQueueOf_[r].resize(2 * groups + 1);
-      for (int q = 0; q <= 2 * groups; ++q)
+      queues_[r].resize(serviceStream() + 1);
+      hardwareQueueOf_[r].resize(serviceStream() + 1);
+      for (int q = 0; q <= serviceStream(); ++q)
         hardwareQueueOf_[r][q] = o_.sharedQueueCrossed || o_.oneHardwareQueue ? 0 : q;
     }
     if (o_.oneHardwareQueue)
@@ -2717,7 +2908,7 @@ class FaultCase {
       for (int r = 0; r < kW; ++r) {
         if (gone_[r])
           continue;
-        for (int q = 0; q <= 2 * groups; ++q)
+        for (int q = 0; q <= serviceStream(); ++q)
           if (!queues_[r][q].steps.empty() && ready(r, queues_[r][q].steps.front()) &&
               earlierOnHardwareQueue(queues_[r], hardwareQueueOf_[r], q) < 0)
             moves.push_back([this, r, q] { runHead(r, q); });
@@ -2783,7 +2974,7 @@ class FaultCase {
         if (!quiesced(r, g))
           return "hang: rank " + std::to_string(r) + "'s lanes never run out after every rank failed (" + heads() +
                  "; " + what_ + ")";
-      if (!queues_[r][2 * groups].steps.empty())
+      if (!queues_[r][serviceStream()].steps.empty())
         return "hang: rank " + std::to_string(r) + "'s release never leaves its hardware queue (" + heads() + "; " +
                what_ + ")";
     }
@@ -2849,9 +3040,19 @@ class FaultCase {
   const Group& group(int g) const {
     return *groups_[g];
   }
-  // Rank r's queues of group g: push 2g, drain 2g + 1.
+  // Rank r's queues of group g: its push stream, its drain stream and, two ranks having one peer, its one peer lane.
+  static constexpr int kStreamsPerGroup = 3;
+  static int stream(int g, int lane) {
+    return kStreamsPerGroup * g + std::min(lane, 2);
+  }
+  int serviceStream() const {
+    return kStreamsPerGroup * static_cast<int>(groups_.size());
+  }
   bool quiesced(int r, int g) const {
-    return queues_[r][2 * g].steps.empty() && queues_[r][2 * g + 1].steps.empty();
+    for (int lane = 0; lane < kStreamsPerGroup; ++lane)
+      if (!queues_[r][stream(g, lane)].steps.empty())
+        return false;
+    return true;
   }
   bool failedEveryGroup(int r) const {
     for (const auto& g : groups_)
@@ -2991,7 +3192,7 @@ class FaultCase {
     s.group = g;
     s.peer = peer;
     s.own = own;
-    add(r, static_cast<int>(groups_.size()) * 2, s);
+    add(r, serviceStream(), s);
   }
 
   void release(int r, int g, int peer) {
@@ -3060,12 +3261,13 @@ class FaultCase {
       s.direct = direct;
       if (op.kind == Op::Copy)
         s.touches = touchesOf(g, op);
-      add(r, 2 * g + lane, s);
+      add(r, stream(g, lane), s);
     };
     t.boundJoin = [this, r, g](int into, int from) {
       if (into != from)
-        fence(r, g, into);
+        fence(r, g, into, from);
     };
+    t.bindPeerLanes(direct ? 1 : 0);
     if (p.exchange) {
       std::vector<std::vector<Pairing>> pairing(kW, std::vector<Pairing>(kW));
       pairing[r][1 - r] = p.pairing[r];
@@ -3087,21 +3289,21 @@ class FaultCase {
     end.kind = Step::End;
     end.group = g;
     end.call = c;
-    add(r, 2 * g + 1, end);
+    add(r, stream(g, 1), end);
   }
   void add(int r, int q, Step s) {
     s.submitted = submitted_[r]++;
     queues_[r][q].steps.push_back(std::move(s));
     ++queues_[r][q].recorded;
   }
-  // Group g's lane `into` (drain unless said) waits for what its other lane recorded so far.
-  void fence(int r, int g, int into = 1) {
+  // Group g's lane `into` waits for what its lane `from` recorded so far (by default drain for push).
+  void fence(int r, int g, int into = 1, int from = 0) {
     Step s;
     s.kind = Step::Fence;
     s.group = g;
-    s.after = 2 * g + 1 - into;
+    s.after = stream(g, from);
     s.count = queues_[r][s.after].recorded;
-    add(r, 2 * g + into, s);
+    add(r, stream(g, into), s);
   }
 
   bool ready(int r, const Step& s) {
@@ -3170,9 +3372,10 @@ class FaultCase {
   }
 
   std::string streamName(size_t q) const {
-    if (q == 2 * groups_.size())
+    if (q == static_cast<size_t>(serviceStream()))
       return "service stream";
-    return "g" + std::to_string(q / 2) + (q % 2 ? " drain" : " push");
+    static const char* const kLanes[] = {" push", " drain", " peer lane"};
+    return "g" + std::to_string(q / kStreamsPerGroup) + kLanes[q % kStreamsPerGroup];
   }
 
   // Where each stream with steps left stands (for a hang's report).
@@ -3212,7 +3415,7 @@ class FaultCase {
   int faultRank_ = 0, faultStep_ = -1, faultGroup_ = 0;
   bool gone_[kW] = {false, false};
   int deathRank_ = 0, deathStep_ = -1;
-  std::vector<Queue> queues_[kW];         // per group g: push 2g, drain 2g + 1
+  std::vector<Queue> queues_[kW];         // per group: stream(g, lane); then the service stream
   std::vector<int> hardwareQueueOf_[kW];  // [rank][queue]
   uint64_t submitted_[kW] = {0, 0};       // [rank]: steps submitted so far
   int step_ = 0;
@@ -4644,9 +4847,34 @@ int main(int argc, char** argv) {
   FaultOptions faultOptions;
   P2POptions p2pOptions;
   auto mutation = FakeTransport::Mutation::None;
-  bool usage = argc < 3 || (argc > 3 && !inFlight && !faults && !exchanges && !hardwareQueues && !p2p &&
-                            !capturedExchanges && !capturedP2p);
-  for (int a = 4; a < argc; ++a) {
+  const bool mode = inFlight || faults || exchanges || hardwareQueues || p2p || capturedExchanges || capturedP2p;
+  bool usage = argc < 3;
+  auto parsePeerLaneFault = [](const char* arg) {
+    if (peerLaneFault != PeerLaneFault::None)
+      return false;
+    if (strcmp(arg, "--unjoined-peer-lanes") == 0)
+      peerLaneFault = PeerLaneFault::Unjoined;
+    else if (strcmp(arg, "--unforked-peer-lanes") == 0)
+      peerLaneFault = PeerLaneFault::Unforked;
+    else if (strcmp(arg, "--flags-on-peer-lanes") == 0)
+      peerLaneFault = PeerLaneFault::FlagsOnPeerLanes;
+    else if (strcmp(arg, "--relay-waits-on-root-lane") == 0)
+      peerLaneFault = PeerLaneFault::RelayWaitsOnRootLane;
+    else if (strcmp(arg, "--drain-flags-behind-peer-lanes") == 0)
+      peerLaneFault = PeerLaneFault::DrainFlagsBehindPeerLanes;
+    return peerLaneFault != PeerLaneFault::None;
+  };
+  for (int a = mode ? 4 : 3; a < argc; ++a) {
+    if ((!mode || inFlight || hardwareQueues || exchanges || faults) && parsePeerLaneFault(argv[a]))
+      continue;
+    if ((!mode || inFlight || hardwareQueues || exchanges) && strcmp(argv[a], "--many-ranks") == 0) {
+      manyRanks = true;
+      continue;
+    }
+    if ((inFlight || hardwareQueues) && strcmp(argv[a], "--collect-staging-flags") == 0) {
+      collectStagingFlags = true;
+      continue;
+    }
     if (p2p)
       usage |= !parseP2POption(argv[a], p2pOptions);
     else if (hardwareQueues && strcmp(argv[a], "--crossed-orders") == 0)
@@ -4677,7 +4905,8 @@ int main(int argc, char** argv) {
   if (usage) {
     fprintf(
         stderr,
-        "usage: %s SEED CASES [--calls-in-flight [--unordered] [--unforked] | --hardware-queues "
+        "usage: %s SEED CASES [--many-ranks] [<wrong peer lanes>] [--calls-in-flight [--unordered] [--unforked] | "
+        "--hardware-queues "
         "[--crossed-orders] | --faults [--old-release] [--shared-queue-crossed | --one-hardware-queue "
         "[--own-release-on-queue]] | --exchanges "
         "[--skip-done-wait | "
@@ -4686,7 +4915,11 @@ int main(int argc, char** argv) {
         "--interleaved-peers] [--done-after-every-copy] [--shared-lanes] [--lane-pool=N] [--peer-lanes-share-queues] | "
         "--captured-exchanges "
         "[--without-arrived] | --captured-p2p "
-        "[--listing-order]]\n",
+        "[--listing-order]]\n"
+        "  <wrong peer lanes>, also after --calls-in-flight, --hardware-queues, --exchanges or --faults: "
+        "--unjoined-peer-lanes | --unforked-peer-lanes | --flags-on-peer-lanes | --relay-waits-on-root-lane | "
+        "--drain-flags-behind-peer-lanes\n"
+        "  --many-ranks, also after --calls-in-flight, --hardware-queues or --exchanges: 3 to 8 ranks\n",
         argv[0]);
     return 2;
   }
@@ -4698,7 +4931,8 @@ int main(int argc, char** argv) {
     return runCapturedExchanges(rng, cases, withoutArrived);
   if (capturedP2p)
     return runCapturedP2p(rng, cases, listingOrder);
-  if (exchanges && mutation == FakeTransport::Mutation::None) {
+  const bool peerLanesWrong = peerLaneFault != PeerLaneFault::None;
+  if (exchanges && mutation == FakeTransport::Mutation::None && !peerLanesWrong) {
     for (int c = 0; c < cases; ++c)
       exchangeCase(rng, c, mutation);
     printf("ok %d\n", cases);
@@ -4715,10 +4949,25 @@ int main(int argc, char** argv) {
     // The protocol on its own streams stops at its first failure. The old rule and the shared hardware queues run
     // every case and count what they are caught at.
     const bool counts = faultOptions.rule == ReleaseRule::Old || faultOptions.sharedQueueCrossed ||
-                        (faultOptions.oneHardwareQueue && faultOptions.ownReleaseOnQueue);
+                        (faultOptions.oneHardwareQueue && faultOptions.ownReleaseOnQueue) || peerLanesWrong;
     CaughtCases caught;
     for (int c = 0; c < cases; ++c)
       caught.addResult(FaultCase(rng, c, faultOptions).run(), counts);
+    return caught.report(cases);
+  }
+  if (peerLanesWrong && (inFlight || (hardwareQueues && !crossedOrders) || !mode)) {
+    // Wrong peer lanes: every case runs, and the cases they are caught in are counted by what caught them.
+    failureEndsCase = true;
+    CaughtCases caught;
+    caught.runEach(
+        cases,
+        [&](int c) {
+          if (mode)
+            CallsInFlight(rng, c, !unordered, !unforked, hardwareQueues).run();
+          else
+            directCase(rng, c);
+        },
+        "early completion", "early completion");
     return caught.report(cases);
   }
   if (inFlight || (hardwareQueues && !crossedOrders)) {
