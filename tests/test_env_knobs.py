@@ -26,6 +26,8 @@ BAD = [
     ("TORCH_SDMA_DIRECT_PEER_WAIT_US", "-5"),
     ("TORCH_SDMA_DIRECT_PEER_WAIT_US", "soon"),
     ("TORCH_SDMA_DIRECT", "sometimes"),
+    ("TORCH_SDMA_PEER_LANES", "0"),
+    ("TORCH_SDMA_PEER_LANES", "many"),
 ]
 
 
