@@ -215,6 +215,20 @@ gpu::Stream CopyEngineTransport::issuePending(Lane lane) {
   auto& pending = pendingFor(lane);
   gpu::Stream s = lanes_[static_cast<int>(lane)];
   if (!pending.empty()) {
+    if (lanes_[0] != lanes_[1]) {
+      // The other lane's signals collected so far go first: where the two streams share a hardware queue, a wait of
+      // this lane's queued ahead of them could wait for a peer that waits for them (a staging chunk's Ready, collected
+      // on the Push lane until its next copy, and the Drain lane's wait for the peer's Ready of the same chunk).
+      auto& theirs = pendingFor(lane == Lane::Push ? Lane::Drain : Lane::Push);
+      size_t n = 0;
+      while (n < theirs.size() && theirs[n].write) {
+        ++n;
+      }
+      if (n > 0) {
+        gpu::flagOps(lanes_[lane == Lane::Push ? 1 : 0], theirs.data(), static_cast<int>(n));
+        theirs.erase(theirs.begin(), theirs.begin() + static_cast<std::ptrdiff_t>(n));
+      }
+    }
     gpu::flagOps(s, pending.data(), static_cast<int>(pending.size()));
     pending.clear();
   }

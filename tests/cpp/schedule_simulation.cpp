@@ -23,9 +23,11 @@
 // chunk on another lane does not wait for it), --drain-flags-behind-peer-lanes (the Drain lane's collected flag
 // operations not issued before a peer lane's: a rank's Arrived behind its own wait on a shared hardware queue). The
 // calls-in-flight model submits the direct transport's flag operations as the copy-engine transport collects them
-// (until the lane's next copy, fork or join point); the staging transport's at once, unless --collect-staging-flags,
-// with which the hardware-queue cases hang: a Push lane's last Ready, collected until the schedule's end, sits behind
-// the Drain lane's wait for the peers' Ready where the two streams share a hardware queue. Half the broadcasts among 3
+// (until the lane's next copy, fork or join point, each lane's batch after the other lane's signals collected so
+// far); the staging transport's at once, unless --collect-staging-flags, which must print "ok <cases>" too; with
+// --signals-behind-waits as well (no signal of the other lane first) the hardware-queue cases hang: a Push lane's
+// Ready, collected until its next copy, sits behind the Drain lane's wait for the peers' Ready where the two streams
+// share a hardware queue. Half the broadcasts among 3
 // or more ranks of eager exchanges (the exchange and calls-in-flight models) are relayed through the peers
 // (relayed_broadcast.hpp), in chunks of 1 to 3 bytes.
 //
@@ -128,6 +130,10 @@ int drawRanks(std::mt19937& rng, int lo, int hi) {
 // The calls-in-flight model submits the direct transport's flag operations as the copy-engine transport collects
 // them (FakeTransport::collectFlagOps), the staging transport's at once unless --collect-staging-flags.
 bool collectStagingFlags = false;
+// --signals-behind-waits: a lane's collected signals wait for its own next copy even where the other lane issues a
+// wait first (the transport without CopyEngineTransport::issuePending's rule): caught hanging with
+// --collect-staging-flags.
+bool stagingFlagsBehindWaits = false;
 
 [[noreturn]] void fail(const std::string& what) {
   if (failureEndsCase)
@@ -329,14 +335,16 @@ class FakeTransport : public Transport, public DirectTransport {
   // The lane an operation on `lane` naming `peer` runs on; a peer lane's first use since the call began or since the
   // Push lane last joined the Drain lane first waits for what the Push lane holds.
   int laneOf(Lane lane, int peer) {
-    if (lane != Lane::Push || peerLaneForked_.empty() || peer == rank_)
+    if (lane != Lane::Push || peer == rank_)
+      return static_cast<int>(lane);
+    // A signal collected on the Drain lane (a call's Arrived) submitted behind a push's wait would sit behind that
+    // wait wherever the two streams share a hardware queue, while the peer waits for the signal.
+    if (collectFlagOps && peerLaneFault != PeerLaneFault::DrainFlagsBehindPeerLanes && !pushIsDrain)
+      issue(static_cast<int>(Lane::Drain));
+    if (peerLaneForked_.empty())
       return static_cast<int>(lane);
     const int k = (peer - rank_ + g_.worldSize) % g_.worldSize;
     const int j = (k - 1) % static_cast<int>(peerLaneForked_.size());
-    // A signal collected on the Drain lane (a call's Arrived) submitted behind a peer lane's wait would sit behind
-    // that wait wherever the two streams share a hardware queue, while the peer waits for the signal.
-    if (peerLaneFault != PeerLaneFault::DrainFlagsBehindPeerLanes && !pushIsDrain)
-      issue(static_cast<int>(Lane::Drain));
     if (!peerLaneForked_[j]) {
       peerLaneForked_[j] = true;
       peerLaneUsed_[j] = true;
@@ -353,7 +361,19 @@ class FakeTransport : public Transport, public DirectTransport {
   int pendingKey(int lane) const {
     return lane == static_cast<int>(Lane::Drain) && pushIsDrain ? static_cast<int>(Lane::Push) : lane;
   }
+  // As CopyEngineTransport::issuePending: the other of the Push and Drain lanes' leading collected signals first, so
+  // that no wait of this lane reaches a shared hardware queue ahead of a signal collected before it on the other.
   void issue(int lane) {
+    const int push = static_cast<int>(Lane::Push), drain = static_cast<int>(Lane::Drain);
+    if (!pushIsDrain && (lane == push || lane == drain) && !pending_[lane].empty() && !stagingFlagsBehindWaits) {
+      const int other = lane == push ? drain : push;
+      auto& theirs = pending_[other];
+      size_t n = 0;
+      while (n < theirs.size() &&
+             (theirs[n].kind == Op::Signal || theirs[n].kind == Op::SignalOne || theirs[n].kind == Op::Reset))
+        bound(other, theirs[n++]);
+      theirs.erase(theirs.begin(), theirs.begin() + static_cast<long>(n));
+    }
     std::vector<Op> ops;
     ops.swap(pending_[pendingKey(lane)]);
     for (const Op& op : ops)
@@ -4873,6 +4893,10 @@ int main(int argc, char** argv) {
     }
     if ((inFlight || hardwareQueues) && strcmp(argv[a], "--collect-staging-flags") == 0) {
       collectStagingFlags = true;
+      continue;
+    }
+    if ((inFlight || hardwareQueues) && strcmp(argv[a], "--signals-behind-waits") == 0) {
+      stagingFlagsBehindWaits = true;
       continue;
     }
     if (p2p)
