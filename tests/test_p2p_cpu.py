@@ -155,3 +155,42 @@ def test_p2p_peer_exit_is_named():
     assert err is not None and "group rank 0" in err and "exited" in err, err
     assert dt < 30, f"{dt:.1f} s: {err}"
     assert not touched
+
+
+def refused_batch_body(ctx):
+    """A batch_isend_irecv whose two sides pass different sizes fails; then a lone isend/irecv pair: every call raises
+    (the failed batch failed the group, so the lone calls are refused), none kills its rank with a signal, and nothing
+    of either arrives."""
+    torch.set_num_threads(1)
+    peer = 1 - ctx.rank
+    n = 100 if ctx.rank == 0 else 200
+    errors = []
+    got = torch.zeros(n, dtype=torch.uint8)
+    try:
+        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.ones(n, dtype=torch.uint8), peer),
+                                        dist.P2POp(dist.irecv, got, peer)])
+        for w in works:
+            w.wait()
+        errors.append(None)
+    except Exception as e:  # noqa: BLE001
+        errors.append(f"{type(e).__name__}: {e}")
+    lone = torch.zeros(64, dtype=torch.uint8)
+    try:
+        w = dist.isend(torch.ones(64, dtype=torch.uint8), 1) if ctx.rank == 0 else dist.irecv(lone, 0)
+        w.wait()
+        errors.append(None)
+    except Exception as e:  # noqa: BLE001
+        errors.append(f"{type(e).__name__}: {e}")
+    ctx.barrier_store("refused-batch-done", timeout_s=60)
+    return errors, bool(lone.any())
+
+
+def test_p2p_refused_batch_leaves_no_batch_open():
+    res = run_group(refused_batch_body, 2, "sdma", env=ENV, timeout=120, pg_timeout_s=10, destroy=False,
+                    hard_exit=True, grace=60)
+    assert all(r.status == "ok" and r.exitcode == 0 for r in res.ranks), res.describe()
+    for rank, (errors, touched) in enumerate(res.values()):
+        batch, lone = errors
+        assert batch is not None and "DistBackendError" in batch, f"rank {rank}: {batch}"
+        assert lone is not None and "refused: an earlier collective on this group failed" in lone, (rank, lone)
+        assert not touched, f"rank {rank}: the lone recv after the failed batch got bytes"

@@ -695,31 +695,46 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allgather_coalesced(std::vector
 
 void ProcessGroupSDMA::startCoalescing() {
   refuseIfDestroyed("coalescing");
+  if (innerCuda_) {
+    innerCuda_->startCoalescing();  // first: where it throws, this group has not begun a block either
+  }
   coalescing_ = true;
   coalescedWorks_.clear();
   self_.beginBatch();
   beginP2pBatch();
-  if (innerCuda_) {
-    innerCuda_->startCoalescing();
-  }
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::endCoalescing() {
-  trackCoalesced(endP2pBatch());
+  // The block ends here whatever throws below, on this group and on the inner backend alike: a block left open would
+  // collect the next lone call into a batch that never runs.
+  coalescing_ = false;
   std::vector<c10::intrusive_ptr<c10d::Work>> parts;
   parts.swap(coalescedWorks_);
-  coalescing_ = false;
+  std::exception_ptr failed;
+  std::string why;
+  try {
+    if (auto batch = endP2pBatch()) {
+      parts.push_back(std::move(batch));
+    }
+  } catch (const std::exception& e) {
+    failed = std::current_exception();
+    why = std::string("the batch it was posted in failed: ") + e.what();
+  }
   if (innerCuda_) {
-    c10::intrusive_ptr<c10d::Work> innerWork;
     try {
-      innerWork = innerCuda_->endCoalescing();
+      if (auto innerWork = innerCuda_->endCoalescing()) {
+        parts.push_back(std::move(innerWork));
+      }
     } catch (const std::exception& e) {
-      self_.dropBatch(std::string("the inner backend failed the batch it was posted in: ") + e.what());
-      throw;
+      if (!failed) {
+        failed = std::current_exception();
+        why = std::string("the inner backend failed the batch it was posted in: ") + e.what();
+      }
     }
-    if (innerWork) {
-      parts.push_back(innerWork);
-    }
+  }
+  if (failed) {
+    self_.dropBatch(why);
+    std::rethrow_exception(failed);
   }
   self_.commitBatch();
   if (parts.empty()) {
