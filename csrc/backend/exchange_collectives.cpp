@@ -2,6 +2,7 @@
 // schedule or the inner backend. Every rank takes the same route for a call (docs/design.md, "Exchange"): the route
 // depends only on what every rank passes alike (the op, the agreed bytes, the root, the group's settings), and the
 // call board compares the route, the root and the agreed bytes across ranks.
+#include <ATen/MemoryOverlap.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -31,6 +32,17 @@ int64_t bytesOf(const std::vector<at::Tensor>& ts) {
     n += static_cast<int64_t>(t.numel()) * t.element_size();
   }
   return n;
+}
+
+// all_to_all_single has no in-place form: a peer may write this rank's output while another still reads its input,
+// and NCCL gives no right bytes for it either. An input that shares memory with the output is read from a copy of it,
+// made here on the caller's current stream, so every rank gets the bytes it was sent. A non-contiguous input stays as
+// it is, for the check that refuses it.
+at::Tensor apartFromOutput(const at::Tensor& input, const at::Tensor& output) {
+  if (!input.defined() || !output.defined() || input.numel() == 0 || !input.is_contiguous()) {
+    return input;
+  }
+  return at::get_overlap_status(input, output) == at::MemOverlapStatus::No ? input : input.clone();
 }
 
 }  // namespace
@@ -126,10 +138,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::exchangeCollective(const Collec
   });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::alltoall_base(at::Tensor& output, at::Tensor& input,
+c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::alltoall_base(at::Tensor& output, at::Tensor& given,
                                                                std::vector<int64_t>& outputSplitSizes,
                                                                std::vector<int64_t>& inputSplitSizes,
                                                                const c10d::AllToAllOptions& opts) {
+  at::Tensor input = apartFromOutput(given, output);
   const std::vector<at::Tensor> ins{input}, outs{output};
   const bool even = outputSplitSizes.empty() && inputSplitSizes.empty();
   return exchangeCollective(
