@@ -145,47 +145,58 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::alltoall_base(at::Tensor& outpu
   at::Tensor input = apartFromOutput(given, output);
   const std::vector<at::Tensor> ins{input}, outs{output};
   const bool even = outputSplitSizes.empty() && inputSplitSizes.empty();
-  return exchangeCollective(
-      kAlltoallSingle, c10d::OpType::ALLTOALL_BASE,
-      planAlltoallSingle(output, input, outputSplitSizes, inputSplitSizes, getRank(), getSize()),
-      {kAlltoallSingle, ins, outs, inputSplitSizes, outputSplitSizes, even ? kAlltoall.comms : nullptr}, opts.asyncOp,
-      timeoutOr(opts.timeout, options_.timeout),
-      [&](c10d::Backend& b) { return b.alltoall_base(output, input, outputSplitSizes, inputSplitSizes, opts); });
+  return refusalTakesItsNumber(CallOp::kAlltoallSingle, [&] {
+    return exchangeCollective(
+        kAlltoallSingle, c10d::OpType::ALLTOALL_BASE,
+        planAlltoallSingle(output, input, outputSplitSizes, inputSplitSizes, getRank(), getSize()),
+        {kAlltoallSingle, ins, outs, inputSplitSizes, outputSplitSizes, even ? kAlltoall.comms : nullptr}, opts.asyncOp,
+        timeoutOr(opts.timeout, options_.timeout),
+        [&](c10d::Backend& b) { return b.alltoall_base(output, input, outputSplitSizes, inputSplitSizes, opts); });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::alltoall(std::vector<at::Tensor>& outputs,
                                                           std::vector<at::Tensor>& inputs,
                                                           const c10d::AllToAllOptions& opts) {
-  return exchangeCollective(kAlltoall, c10d::OpType::ALLTOALL, planAlltoall(outputs, inputs, getRank(), getSize()),
-                            {kAlltoall, inputs, outputs}, opts.asyncOp, timeoutOr(opts.timeout, options_.timeout),
-                            [&](c10d::Backend& b) { return b.alltoall(outputs, inputs, opts); });
+  return refusalTakesItsNumber(CallOp::kAlltoall, [&] {
+    return exchangeCollective(kAlltoall, c10d::OpType::ALLTOALL, planAlltoall(outputs, inputs, getRank(), getSize()),
+                              {kAlltoall, inputs, outputs}, opts.asyncOp, timeoutOr(opts.timeout, options_.timeout),
+                              [&](c10d::Backend& b) { return b.alltoall(outputs, inputs, opts); });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::broadcast(std::vector<at::Tensor>& tensors,
                                                            const c10d::BroadcastOptions& opts) {
-  return exchangeCollective(kBroadcast, c10d::OpType::BROADCAST,
-                            planBroadcast(tensors, static_cast<int>(opts.rootRank), getRank(), getSize()),
-                            {kBroadcast, tensors, tensors}, opts.asyncOp, timeoutOr(opts.timeout, options_.timeout),
-                            [&](c10d::Backend& b) { return b.broadcast(tensors, opts); });
+  return refusalTakesItsNumber(CallOp::kBroadcast, [&] {
+    return exchangeCollective(kBroadcast, c10d::OpType::BROADCAST,
+                              planBroadcast(tensors, static_cast<int>(opts.rootRank), getRank(), getSize()),
+                              {kBroadcast, tensors, tensors}, opts.asyncOp, timeoutOr(opts.timeout, options_.timeout),
+                              [&](c10d::Backend& b) { return b.broadcast(tensors, opts); });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                         std::vector<at::Tensor>& inputs,
                                                         const c10d::GatherOptions& opts) {
-  return exchangeCollective(
-      kGather, c10d::OpType::GATHER, planGather(outputs, inputs, static_cast<int>(opts.rootRank), getRank(), getSize()),
-      {kGather, inputs, outputs.empty() ? kNone : outputs[0]}, opts.asyncOp, timeoutOr(opts.timeout, options_.timeout),
-      [&](c10d::Backend& b) { return b.gather(outputs, inputs, opts); });
+  return refusalTakesItsNumber(CallOp::kGather, [&] {
+    return exchangeCollective(kGather, c10d::OpType::GATHER,
+                              planGather(outputs, inputs, static_cast<int>(opts.rootRank), getRank(), getSize()),
+                              {kGather, inputs, outputs.empty() ? kNone : outputs[0]}, opts.asyncOp,
+                              timeoutOr(opts.timeout, options_.timeout),
+                              [&](c10d::Backend& b) { return b.gather(outputs, inputs, opts); });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::scatter(std::vector<at::Tensor>& outputs,
                                                          std::vector<std::vector<at::Tensor>>& inputs,
                                                          const c10d::ScatterOptions& opts) {
-  return exchangeCollective(kScatter, c10d::OpType::SCATTER,
-                            planScatter(outputs, inputs, static_cast<int>(opts.rootRank), getRank(), getSize()),
-                            {kScatter, inputs.empty() ? kNone : inputs[0], outputs}, opts.asyncOp,
-                            timeoutOr(opts.timeout, options_.timeout),
-                            [&](c10d::Backend& b) { return b.scatter(outputs, inputs, opts); });
+  return refusalTakesItsNumber(CallOp::kScatter, [&] {
+    return exchangeCollective(kScatter, c10d::OpType::SCATTER,
+                              planScatter(outputs, inputs, static_cast<int>(opts.rootRank), getRank(), getSize()),
+                              {kScatter, inputs.empty() ? kNone : inputs[0], outputs}, opts.asyncOp,
+                              timeoutOr(opts.timeout, options_.timeout),
+                              [&](c10d::Backend& b) { return b.scatter(outputs, inputs, opts); });
+  });
 }
 
 }  // namespace sdma
