@@ -189,3 +189,59 @@ def test_list_pieces_in_place_and_aliased(world):
     res.check()
     for rank, problems in enumerate(res.values()):
         assert not problems, f"rank {rank}: {problems}"
+
+
+# ------------------------------------------------------------------------------------------------ in place
+def in_place_body(ctx):
+    """all_to_all_single with one tensor as input and output (even and uneven splits, sync and async) and with an
+    output that overlaps the input in part: every rank gets the bytes its peers' inputs held before the call."""
+    from checks.data import assert_bytes_equal, rand
+
+    torch.set_num_threads(1)
+    W, r, n = ctx.world, ctx.rank, 1031
+    problems = []
+
+    def expect(what, got, want):
+        try:
+            assert_bytes_equal(got, want, what)
+        except AssertionError as e:
+            problems.append(f"rank {r}: {e}")
+
+    for async_op in (False, True):
+        name = f"inplace:even:{async_op}"
+        x = rand(name, r, W * n, torch.float32)
+        w = dist.all_to_all_single(x, x, async_op=async_op)
+        if async_op:
+            w.wait()
+        expect(f"even, async_op={async_op}", x,
+               torch.cat([rand(name, q, W * n, torch.float32)[r * n:(r + 1) * n] for q in range(W)]))
+
+    def sends(src, dst):  # elements src sends dst: symmetric, so each rank's input and output sizes agree
+        return (src + dst + 1) * 7
+
+    x = rand("inplace:uneven", r, sum(sends(r, p) for p in range(W)), torch.int32)
+    splits = [sends(r, p) for p in range(W)]
+    dist.all_to_all_single(x, x, output_split_sizes=splits, input_split_sizes=splits)
+    want = []
+    for q in range(W):
+        start = sum(sends(q, p) for p in range(r))
+        theirs = rand("inplace:uneven", q, sum(sends(q, p) for p in range(W)), torch.int32)
+        want.append(theirs[start:start + sends(q, r)])
+    expect("uneven", x, torch.cat(want))
+
+    buf = torch.empty((W + 1) * n, dtype=torch.int32)
+    buf[:W * n].copy_(rand("inplace:shifted", r, W * n, torch.int32))
+    dist.all_to_all_single(buf[n // 2:n // 2 + W * n], buf[:W * n])
+    expect("output shifted half a split past the input", buf[n // 2:n // 2 + W * n],
+           torch.cat([rand("inplace:shifted", q, W * n, torch.int32)[r * n:(r + 1) * n] for q in range(W)]))
+    return problems
+
+
+@pytest.mark.parametrize("route", ["dma", "delegated"])
+@pytest.mark.parametrize("world", [2, 3])
+def test_all_to_all_single_in_place(world, route):
+    env = dict(ENV, TORCH_SDMA_DELEGATE="all_to_all") if route == "delegated" else ENV
+    res = run_group(in_place_body, world, "sdma", env=env, timeout=120, pg_timeout_s=20)
+    res.check()
+    for rank, problems in enumerate(res.values()):
+        assert not problems, f"rank {rank}: {problems}"

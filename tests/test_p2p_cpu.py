@@ -155,3 +155,83 @@ def test_p2p_peer_exit_is_named():
     assert err is not None and "group rank 0" in err and "exited" in err, err
     assert dt < 30, f"{dt:.1f} s: {err}"
     assert not touched
+
+
+def refused_batch_body(ctx):
+    """A batch_isend_irecv whose two sides pass different sizes fails; then a lone isend/irecv pair: every call raises
+    (the failed batch failed the group, so the lone calls are refused), none kills its rank with a signal, and nothing
+    of either arrives."""
+    torch.set_num_threads(1)
+    peer = 1 - ctx.rank
+    n = 100 if ctx.rank == 0 else 200
+    errors = []
+    got = torch.zeros(n, dtype=torch.uint8)
+    try:
+        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.ones(n, dtype=torch.uint8), peer),
+                                        dist.P2POp(dist.irecv, got, peer)])
+        for w in works:
+            w.wait()
+        errors.append(None)
+    except Exception as e:  # noqa: BLE001
+        errors.append(f"{type(e).__name__}: {e}")
+    lone = torch.zeros(64, dtype=torch.uint8)
+    try:
+        w = dist.isend(torch.ones(64, dtype=torch.uint8), 1) if ctx.rank == 0 else dist.irecv(lone, 0)
+        w.wait()
+        errors.append(None)
+    except Exception as e:  # noqa: BLE001
+        errors.append(f"{type(e).__name__}: {e}")
+    ctx.barrier_store("refused-batch-done", timeout_s=60)
+    return errors, bool(lone.any())
+
+
+def test_p2p_refused_batch_leaves_no_batch_open():
+    res = run_group(refused_batch_body, 2, "sdma", env=ENV, timeout=120, pg_timeout_s=10, destroy=False,
+                    hard_exit=True, grace=60)
+    assert all(r.status == "ok" and r.exitcode == 0 for r in res.ranks), res.describe()
+    for rank, (errors, touched) in enumerate(res.values()):
+        batch, lone = errors
+        assert batch is not None and "DistBackendError" in batch, f"rank {rank}: {batch}"
+        assert lone is not None and "refused: an earlier collective on this group failed" in lone, (rank, lone)
+        assert not touched, f"rank {rank}: the lone recv after the failed batch got bytes"
+
+
+def any_source_body(ctx):
+    """Rank 1 receives without a source while rank 0 sends: on the DMA path the recv is refused at once, naming the
+    knob that hands both to the inner backend, and the send still meets the recv from 0 that follows; with
+    TORCH_SDMA_DELEGATE=send,recv the recv from any source gets the bytes and names its source."""
+    import os
+    import time
+
+    torch.set_num_threads(1)
+    n = 4099
+    sent = torch.arange(n, dtype=torch.int32) * 7 + 3
+    if ctx.rank == 0:
+        dist.send(sent, 1)
+        return None
+    got = torch.full((n,), -1, dtype=torch.int32)
+    t0 = time.monotonic()
+    try:
+        src = dist.recv(got)
+        refused = None
+    except Exception as e:  # noqa: BLE001
+        src, refused = None, f"{type(e).__name__}: {e}"
+    dt = time.monotonic() - t0
+    if refused is not None:
+        assert not bool((got != -1).any()), "a refused recv wrote its buffer"
+        dist.recv(got, 0)
+    assert torch.equal(got, sent)
+    return refused, dt, src, os.environ.get("TORCH_SDMA_DELEGATE")
+
+
+@pytest.mark.parametrize("delegate", [None, "send,recv"])
+def test_p2p_recv_from_any_source(delegate):
+    res = run_group(any_source_body, 2, "sdma", env=dict(ENV, TORCH_SDMA_DELEGATE=delegate), timeout=120,
+                    pg_timeout_s=30).check()
+    refused, dt, src, _ = res.values()[1]
+    if delegate is None:
+        assert refused is not None and "NotImplementedError" in refused, refused
+        assert "TORCH_SDMA_DELEGATE=send,recv" in refused and "src=" in refused, refused
+        assert dt < 10, f"refused after {dt:.1f} s"
+    else:
+        assert refused is None and src == 0, (refused, src)

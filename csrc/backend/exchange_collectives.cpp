@@ -2,6 +2,7 @@
 // schedule or the inner backend. Every rank takes the same route for a call (docs/design.md, "Exchange"): the route
 // depends only on what every rank passes alike (the op, the agreed bytes, the root, the group's settings), and the
 // call board compares the route, the root and the agreed bytes across ranks.
+#include <ATen/MemoryOverlap.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -31,6 +32,17 @@ int64_t bytesOf(const std::vector<at::Tensor>& ts) {
     n += static_cast<int64_t>(t.numel()) * t.element_size();
   }
   return n;
+}
+
+// all_to_all_single has no in-place form: a peer may write this rank's output while another still reads its input,
+// and NCCL gives no right bytes for it either. An input that shares memory with the output is read from a copy of it,
+// made here on the caller's current stream, so every rank gets the bytes it was sent. A non-contiguous input stays as
+// it is, for the check that refuses it.
+at::Tensor apartFromOutput(const at::Tensor& input, const at::Tensor& output) {
+  if (!input.defined() || !output.defined() || input.numel() == 0 || !input.is_contiguous()) {
+    return input;
+  }
+  return at::get_overlap_status(input, output) == at::MemOverlapStatus::No ? input : input.clone();
 }
 
 }  // namespace
@@ -126,53 +138,65 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::exchangeCollective(const Collec
   });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::alltoall_base(at::Tensor& output, at::Tensor& input,
+c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::alltoall_base(at::Tensor& output, at::Tensor& given,
                                                                std::vector<int64_t>& outputSplitSizes,
                                                                std::vector<int64_t>& inputSplitSizes,
                                                                const c10d::AllToAllOptions& opts) {
+  at::Tensor input = apartFromOutput(given, output);
   const std::vector<at::Tensor> ins{input}, outs{output};
   const bool even = outputSplitSizes.empty() && inputSplitSizes.empty();
-  return exchangeCollective(
-      kAlltoallSingle, c10d::OpType::ALLTOALL_BASE,
-      planAlltoallSingle(output, input, outputSplitSizes, inputSplitSizes, getRank(), getSize()),
-      {kAlltoallSingle, ins, outs, inputSplitSizes, outputSplitSizes, even ? kAlltoall.comms : nullptr}, opts.asyncOp,
-      timeoutOr(opts.timeout, options_.timeout),
-      [&](c10d::Backend& b) { return b.alltoall_base(output, input, outputSplitSizes, inputSplitSizes, opts); });
+  return refusalTakesItsNumber(CallOp::kAlltoallSingle, [&] {
+    return exchangeCollective(
+        kAlltoallSingle, c10d::OpType::ALLTOALL_BASE,
+        planAlltoallSingle(output, input, outputSplitSizes, inputSplitSizes, getRank(), getSize()),
+        {kAlltoallSingle, ins, outs, inputSplitSizes, outputSplitSizes, even ? kAlltoall.comms : nullptr}, opts.asyncOp,
+        timeoutOr(opts.timeout, options_.timeout),
+        [&](c10d::Backend& b) { return b.alltoall_base(output, input, outputSplitSizes, inputSplitSizes, opts); });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::alltoall(std::vector<at::Tensor>& outputs,
                                                           std::vector<at::Tensor>& inputs,
                                                           const c10d::AllToAllOptions& opts) {
-  return exchangeCollective(kAlltoall, c10d::OpType::ALLTOALL, planAlltoall(outputs, inputs, getRank(), getSize()),
-                            {kAlltoall, inputs, outputs}, opts.asyncOp, timeoutOr(opts.timeout, options_.timeout),
-                            [&](c10d::Backend& b) { return b.alltoall(outputs, inputs, opts); });
+  return refusalTakesItsNumber(CallOp::kAlltoall, [&] {
+    return exchangeCollective(kAlltoall, c10d::OpType::ALLTOALL, planAlltoall(outputs, inputs, getRank(), getSize()),
+                              {kAlltoall, inputs, outputs}, opts.asyncOp, timeoutOr(opts.timeout, options_.timeout),
+                              [&](c10d::Backend& b) { return b.alltoall(outputs, inputs, opts); });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::broadcast(std::vector<at::Tensor>& tensors,
                                                            const c10d::BroadcastOptions& opts) {
-  return exchangeCollective(kBroadcast, c10d::OpType::BROADCAST,
-                            planBroadcast(tensors, static_cast<int>(opts.rootRank), getRank(), getSize()),
-                            {kBroadcast, tensors, tensors}, opts.asyncOp, timeoutOr(opts.timeout, options_.timeout),
-                            [&](c10d::Backend& b) { return b.broadcast(tensors, opts); });
+  return refusalTakesItsNumber(CallOp::kBroadcast, [&] {
+    return exchangeCollective(kBroadcast, c10d::OpType::BROADCAST,
+                              planBroadcast(tensors, static_cast<int>(opts.rootRank), getRank(), getSize()),
+                              {kBroadcast, tensors, tensors}, opts.asyncOp, timeoutOr(opts.timeout, options_.timeout),
+                              [&](c10d::Backend& b) { return b.broadcast(tensors, opts); });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                         std::vector<at::Tensor>& inputs,
                                                         const c10d::GatherOptions& opts) {
-  return exchangeCollective(
-      kGather, c10d::OpType::GATHER, planGather(outputs, inputs, static_cast<int>(opts.rootRank), getRank(), getSize()),
-      {kGather, inputs, outputs.empty() ? kNone : outputs[0]}, opts.asyncOp, timeoutOr(opts.timeout, options_.timeout),
-      [&](c10d::Backend& b) { return b.gather(outputs, inputs, opts); });
+  return refusalTakesItsNumber(CallOp::kGather, [&] {
+    return exchangeCollective(kGather, c10d::OpType::GATHER,
+                              planGather(outputs, inputs, static_cast<int>(opts.rootRank), getRank(), getSize()),
+                              {kGather, inputs, outputs.empty() ? kNone : outputs[0]}, opts.asyncOp,
+                              timeoutOr(opts.timeout, options_.timeout),
+                              [&](c10d::Backend& b) { return b.gather(outputs, inputs, opts); });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::scatter(std::vector<at::Tensor>& outputs,
                                                          std::vector<std::vector<at::Tensor>>& inputs,
                                                          const c10d::ScatterOptions& opts) {
-  return exchangeCollective(kScatter, c10d::OpType::SCATTER,
-                            planScatter(outputs, inputs, static_cast<int>(opts.rootRank), getRank(), getSize()),
-                            {kScatter, inputs.empty() ? kNone : inputs[0], outputs}, opts.asyncOp,
-                            timeoutOr(opts.timeout, options_.timeout),
-                            [&](c10d::Backend& b) { return b.scatter(outputs, inputs, opts); });
+  return refusalTakesItsNumber(CallOp::kScatter, [&] {
+    return exchangeCollective(kScatter, c10d::OpType::SCATTER,
+                              planScatter(outputs, inputs, static_cast<int>(opts.rootRank), getRank(), getSize()),
+                              {kScatter, inputs.empty() ? kNone : inputs[0], outputs}, opts.asyncOp,
+                              timeoutOr(opts.timeout, options_.timeout),
+                              [&](c10d::Backend& b) { return b.scatter(outputs, inputs, opts); });
+  });
 }
 
 }  // namespace sdma

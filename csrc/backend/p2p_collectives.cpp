@@ -2,7 +2,7 @@
 // inner backend (docs/design.md, "Point-to-point"). Both members of a pair take the same route: it depends only on
 // the group's settings, agreed at creation, on the bytes both sides pass, and on the pair's connect, which the two
 // members settle together. A send or recv to oneself keeps its own path (self_exchange.hpp); recvAnysource goes to
-// the inner backend.
+// the inner backend where a send of its bytes would, and is refused where a send would take the DMA path.
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -47,6 +47,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::recv(std::vector<at::Tensor>& t
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
   refuseIfDestroyed("recvAnysource");
+  TORCH_CHECK_VALUE(tensors.size() == 1, "torch_sdma: recv takes exactly one tensor, got ", tensors.size());
+  // A send of these bytes takes the DMA path, where a recv names its peer (the pair's mailbox): it would never meet a
+  // recv from any source on the inner backend, and both would wait out the group's timeout. Refused at once, as NCCL
+  // refuses it.
+  const CollectivePath route = p2pRoute(tensors[0]);
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      !route.isDma(), "torch_sdma: recv without a source (recv_anysource) on group '", options_.groupName,
+      "': a send of ", bytesOf(tensors[0]),
+      " bytes takes the DMA path, which matches a recv with the rank it names; pass src=, or set "
+      "TORCH_SDMA_DELEGATE=send,recv on every rank to hand both to the inner backend, which receives from any source");
   return delegateP2p(kRecvAnysource, {kRecvAnysource, kNoTensors, tensors}, tensors,
                      [&](c10d::Backend& b) { return b.recvAnysource(tensors, tag); });
 }

@@ -197,6 +197,13 @@ void ProcessGroupSDMA::postCall(const CollectiveInfo& info, bool awaitPeers) {
     }
     // Nothing was enqueued: a peer that did not read this rank's post finds this one, and says the same.
     reason = info.describe() + " failed: " + board_->describe(info.seq, info.post, d);
+    if (d.post.route == CallPost::kRefused) {
+      const std::string key = refusalKey(info.seq, board_->groupRankOf(d.peer));
+      if (sdmaStore_->check({key})) {  // set before the refusal was posted
+        const std::vector<uint8_t> why = sdmaStore_->get(key);
+        reason += "; its error: " + std::string(why.begin(), why.end());
+      }
+    }
   } catch (const CallBoard::PeerNeverPosted& e) {
     reason = info.describe() + " timed out after " + std::to_string(e.waited.count()) +
              " ms waiting for group ranks [" + std::to_string(board_->groupRankOf(e.peer)) +
@@ -206,6 +213,51 @@ void ProcessGroupSDMA::postCall(const CollectiveInfo& info, bool awaitPeers) {
   }
   board_->fail(info.seq, reason);
   C10_THROW_ERROR(DistBackendError, "torch_sdma: " + reason);
+}
+
+std::string ProcessGroupSDMA::refusalKey(uint64_t seq, int groupRank) const {
+  return "refused/" + std::to_string(seq) + "/" + std::to_string(groupRank);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::refusalTakesItsNumber(
+    CallOp op, const std::function<c10::intrusive_ptr<c10d::Work>()>& call) {
+  const uint64_t before = seq_;
+  try {
+    return call();
+  } catch (const std::exception& e) {
+    if (seq_ != before || !board_ || destroyed_ || !board_->failure().empty()) {
+      throw;  // the call posted itself (its own failure is on the board), or no peer waits for this rank's post
+    }
+    CallPost post;
+    post.op = op;
+    post.route = CallPost::kRefused;
+    const CollectiveInfo info = describeCall(callOpName(op), c10d::OpType::UNKNOWN, options_.timeout, post);
+    std::string why = messageOf(e);
+    if (const auto nl = why.find('\n'); nl != std::string::npos) {
+      why.resize(nl);  // the first line: c10's errors append the C++ frames below it
+    }
+    try {
+      sdmaStore_->set(refusalKey(info.seq, getRank()), why);
+      const auto stop = [this] { return boardStopReason(); };
+      CallBoard::Differing d = board_->post(info.seq, post, info.timeout, stop);
+      if (!d) {
+        // Until every peer posted this number too: one that called validly fails its call and its group, and this
+        // rank's next call, on a path that may not read the peers' failure marks, would wait for it until the timeout.
+        d = board_->awaitPeers(info.seq, post, info.timeout, stop);
+      }
+      if (d) {
+        // A peer posted the call itself and may have enqueued it: its watcher finds this post and fails it. This rank
+        // fails the group too, so that its next call does not wait for a peer that no longer goes on.
+        board_->fail(info.seq,
+                     info.describe() + " failed: " + board_->describe(info.seq, post, d) + "; its error: " + why);
+      }
+    } catch (const std::exception& posting) {
+      LOG(WARNING) << "torch_sdma: " << info.describe()
+                   << ": this rank's refusal did not meet every peer's call: " << messageOf(posting);
+      board_->fail(info.seq, info.describe() + " was refused on this rank: " + why);
+    }
+    throw;
+  }
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::watchDelegated(const CollectiveInfo& info,
@@ -382,8 +434,10 @@ const std::vector<at::Tensor> kNoTensors;
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allreduce(std::vector<at::Tensor>& tensors,
                                                            const c10d::AllreduceOptions& opts) {
-  return delegate(kAllreduce, {kAllreduce, tensors, tensors}, tensorBytes(tensors),
-                  [&](c10d::Backend& b) { return b.allreduce(tensors, opts); });
+  return refusalTakesItsNumber(CallOp::kAllreduce, [&] {
+    return delegate(kAllreduce, {kAllreduce, tensors, tensors}, tensorBytes(tensors),
+                    [&](c10d::Backend& b) { return b.allreduce(tensors, opts); });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allreduce_sparse(std::vector<at::Tensor>& tensors,
@@ -394,34 +448,45 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allreduce_sparse(std::vector<at
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                      const c10d::AllreduceCoalescedOptions& opts) {
-  return delegate(kAllreduceCoalesced, {kAllreduceCoalesced, tensors, tensors}, tensorBytes(tensors),
-                  [&](c10d::Backend& b) { return b.allreduce_coalesced(tensors, opts); });
+  return refusalTakesItsNumber(CallOp::kAllreduceCoalesced, [&] {
+    return delegate(kAllreduceCoalesced, {kAllreduceCoalesced, tensors, tensors}, tensorBytes(tensors),
+                    [&](c10d::Backend& b) { return b.allreduce_coalesced(tensors, opts); });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::reduce(std::vector<at::Tensor>& tensors,
                                                         const c10d::ReduceOptions& opts) {
-  return delegate(kReduce, {kReduce, tensors, tensors}, tensorBytes(tensors),
-                  [&](c10d::Backend& b) { return b.reduce(tensors, opts); });
+  return refusalTakesItsNumber(CallOp::kReduce, [&] {
+    return delegate(kReduce, {kReduce, tensors, tensors}, tensorBytes(tensors),
+                    [&](c10d::Backend& b) { return b.reduce(tensors, opts); });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                                 std::vector<std::vector<at::Tensor>>& inputs,
                                                                 const c10d::ReduceScatterOptions& opts) {
-  return delegate(kReduceScatter, {kReduceScatter, inputs.empty() ? kNoTensors : inputs[0], outputs},
-                  tensorBytes(outputs), [&](c10d::Backend& b) { return b.reduce_scatter(outputs, inputs, opts); });
+  return refusalTakesItsNumber(CallOp::kReduceScatter, [&] {
+    return delegate(kReduceScatter, {kReduceScatter, inputs.empty() ? kNoTensors : inputs[0], outputs},
+                    tensorBytes(outputs), [&](c10d::Backend& b) { return b.reduce_scatter(outputs, inputs, opts); });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                       const c10d::ReduceScatterOptions& opts) {
   const std::vector<at::Tensor> ins{input}, outs{output};
-  return delegate(kReduceScatterTensor, {kReduceScatterTensor, ins, outs}, tensorBytes(outs),
-                  [&](c10d::Backend& b) { return b._reduce_scatter_base(output, input, opts); });
+  return refusalTakesItsNumber(CallOp::kReduceScatterTensor, [&] {
+    return delegate(kReduceScatterTensor, {kReduceScatterTensor, ins, outs}, tensorBytes(outs),
+                    [&](c10d::Backend& b) { return b._reduce_scatter_base(output, input, opts); });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
-  return delegate(kReduceScatterTensorCoalesced, {kReduceScatterTensorCoalesced, inputs, outputs}, tensorBytes(outputs),
-                  [&](c10d::Backend& b) { return b.reduce_scatter_tensor_coalesced(outputs, inputs, opts); });
+  return refusalTakesItsNumber(CallOp::kReduceScatterTensorCoalesced, [&] {
+    return delegate(kReduceScatterTensorCoalesced, {kReduceScatterTensorCoalesced, inputs, outputs},
+                    tensorBytes(outputs),
+                    [&](c10d::Backend& b) { return b.reduce_scatter_tensor_coalesced(outputs, inputs, opts); });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::barrier(const c10d::BarrierOptions& opts) {
@@ -643,52 +708,61 @@ std::vector<at::Tensor> tracedOutputs(const std::vector<std::vector<at::Tensor>>
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                  const c10d::AllgatherOptions& opts) {
   const std::vector<at::Tensor> ins{input}, outs{output};
-  return allgatherCollective(
-      kAllgatherIntoTensor, c10d::OpType::_ALLGATHER_BASE, planAllgatherIntoTensor(output, input, getRank(), getSize()),
-      {kAllgatherIntoTensor, ins, outs}, opts, [&](c10d::Backend& b, const InnerOperands& operands) {
-        at::Tensor out = operands(output), in = operands(input);
-        return b._allgather_base(out, in, opts);
-      });
+  return refusalTakesItsNumber(CallOp::kAllgatherIntoTensor, [&] {
+    return allgatherCollective(kAllgatherIntoTensor, c10d::OpType::_ALLGATHER_BASE,
+                               planAllgatherIntoTensor(output, input, getRank(), getSize()),
+                               {kAllgatherIntoTensor, ins, outs}, opts,
+                               [&](c10d::Backend& b, const InnerOperands& operands) {
+                                 at::Tensor out = operands(output), in = operands(input);
+                                 return b._allgather_base(out, in, opts);
+                               });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                            std::vector<at::Tensor>& inputs,
                                                            const c10d::AllgatherOptions& opts) {
   const std::vector<at::Tensor> outs = tracedOutputs(outputs);
-  return allgatherCollective(kAllgatherList, c10d::OpType::ALLGATHER,
-                             planAllgatherList(outputs, inputs, getRank(), getSize()), {kAllgatherList, inputs, outs},
-                             opts, [&](c10d::Backend& b, const InnerOperands& operands) {
-                               auto outs = operands(outputs);
-                               auto ins = operands(inputs);
-                               return b.allgather(outs, ins, opts);
-                             });
+  return refusalTakesItsNumber(CallOp::kAllgather, [&] {
+    return allgatherCollective(kAllgatherList, c10d::OpType::ALLGATHER,
+                               planAllgatherList(outputs, inputs, getRank(), getSize()), {kAllgatherList, inputs, outs},
+                               opts, [&](c10d::Backend& b, const InnerOperands& operands) {
+                                 auto outs = operands(outputs);
+                                 auto ins = operands(inputs);
+                                 return b.allgather(outs, ins, opts);
+                               });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                                  std::vector<at::Tensor>& inputs,
                                                                                  const c10d::AllgatherOptions& opts) {
-  return allgatherCollective(kAllgatherIntoTensorCoalesced, c10d::OpType::COALESCED,
-                             planAllgatherIntoTensorCoalesced(outputs, inputs, getRank(), getSize()),
-                             {kAllgatherIntoTensorCoalesced, inputs, outputs}, opts,
-                             [&](c10d::Backend& b, const InnerOperands& operands) {
-                               auto outs = operands(outputs);
-                               auto ins = operands(inputs);
-                               return b.allgather_into_tensor_coalesced(outs, ins, opts);
-                             });
+  return refusalTakesItsNumber(CallOp::kAllgatherIntoTensorCoalesced, [&] {
+    return allgatherCollective(kAllgatherIntoTensorCoalesced, c10d::OpType::COALESCED,
+                               planAllgatherIntoTensorCoalesced(outputs, inputs, getRank(), getSize()),
+                               {kAllgatherIntoTensorCoalesced, inputs, outputs}, opts,
+                               [&](c10d::Backend& b, const InnerOperands& operands) {
+                                 auto outs = operands(outputs);
+                                 auto ins = operands(inputs);
+                                 return b.allgather_into_tensor_coalesced(outs, ins, opts);
+                               });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputLists,
                                                                      std::vector<at::Tensor>& inputs,
                                                                      const c10d::AllgatherOptions& opts) {
   const std::vector<at::Tensor> outs = tracedOutputs(outputLists);
-  return allgatherCollective(kAllgatherCoalesced, c10d::OpType::ALLGATHER_COALESCED,
-                             planAllgatherCoalesced(outputLists, inputs, getRank(), getSize()),
-                             {kAllgatherCoalesced, inputs, outs}, opts,
-                             [&](c10d::Backend& b, const InnerOperands& operands) {
-                               auto outs = operands(outputLists);
-                               auto ins = operands(inputs);
-                               return b.allgather_coalesced(outs, ins, opts);
-                             });
+  return refusalTakesItsNumber(CallOp::kAllgatherCoalesced, [&] {
+    return allgatherCollective(kAllgatherCoalesced, c10d::OpType::ALLGATHER_COALESCED,
+                               planAllgatherCoalesced(outputLists, inputs, getRank(), getSize()),
+                               {kAllgatherCoalesced, inputs, outs}, opts,
+                               [&](c10d::Backend& b, const InnerOperands& operands) {
+                                 auto outs = operands(outputLists);
+                                 auto ins = operands(inputs);
+                                 return b.allgather_coalesced(outs, ins, opts);
+                               });
+  });
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -696,31 +770,46 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allgather_coalesced(std::vector
 
 void ProcessGroupSDMA::startCoalescing() {
   refuseIfDestroyed("coalescing");
+  if (innerCuda_) {
+    innerCuda_->startCoalescing();  // first: where it throws, this group has not begun a block either
+  }
   coalescing_ = true;
   coalescedWorks_.clear();
   self_.beginBatch();
   beginP2pBatch();
-  if (innerCuda_) {
-    innerCuda_->startCoalescing();
-  }
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::endCoalescing() {
-  trackCoalesced(endP2pBatch());
+  // The block ends here whatever throws below, on this group and on the inner backend alike: a block left open would
+  // collect the next lone call into a batch that never runs.
+  coalescing_ = false;
   std::vector<c10::intrusive_ptr<c10d::Work>> parts;
   parts.swap(coalescedWorks_);
-  coalescing_ = false;
+  std::exception_ptr failed;
+  std::string why;
+  try {
+    if (auto batch = endP2pBatch()) {
+      parts.push_back(std::move(batch));
+    }
+  } catch (const std::exception& e) {
+    failed = std::current_exception();
+    why = std::string("the batch it was posted in failed: ") + e.what();
+  }
   if (innerCuda_) {
-    c10::intrusive_ptr<c10d::Work> innerWork;
     try {
-      innerWork = innerCuda_->endCoalescing();
+      if (auto innerWork = innerCuda_->endCoalescing()) {
+        parts.push_back(std::move(innerWork));
+      }
     } catch (const std::exception& e) {
-      self_.dropBatch(std::string("the inner backend failed the batch it was posted in: ") + e.what());
-      throw;
+      if (!failed) {
+        failed = std::current_exception();
+        why = std::string("the inner backend failed the batch it was posted in: ") + e.what();
+      }
     }
-    if (innerWork) {
-      parts.push_back(innerWork);
-    }
+  }
+  if (failed) {
+    self_.dropBatch(why);
+    std::rethrow_exception(failed);
   }
   self_.commitBatch();
   if (parts.empty()) {

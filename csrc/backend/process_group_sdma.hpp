@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -232,6 +233,13 @@ class ProcessGroupSDMA : public c10d::Backend {
   // Posts the call; with `awaitPeers` waits for every peer's post too. Throws, naming both calls, where a peer posted
   // another; the group then makes no further collectives.
   void postCall(const CollectiveInfo& info, bool awaitPeers);
+  // Runs a collective's `call`. Where it throws before the call took its sequence number (this rank refused it on
+  // its own arguments), the refusal takes the number: it is posted on the call board, so that the peers' call of
+  // that number fails naming this rank instead of meeting this rank's next call; then the error goes on.
+  c10::intrusive_ptr<c10d::Work> refusalTakesItsNumber(CallOp op,
+                                                       const std::function<c10::intrusive_ptr<c10d::Work>()>& call);
+  // Where the peers' calls learn why a rank refused its call `seq` (the group's store).
+  std::string refusalKey(uint64_t seq, int groupRank) const;
   // Throws once a collective of this group differed across ranks (or the board could not go on).
   void refuseIfCallsDiffered(const CollectiveInfo& info) const;
   // Why a wait on the board must end ("" to go on): a member exited, or the group failed meanwhile.

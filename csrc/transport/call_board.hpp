@@ -86,14 +86,16 @@ inline const char* callOpName(CallOp op) {
 // decide alike on every rank that passes the same arguments; the DMA schedule within the route (direct, staging,
 // captured, hierarchical) follows from the form and settings alone, so it is not posted.
 struct CallPost {
-  enum Route : uint8_t { kInnerCpu = 0, kInnerCuda = 1, kDmaCpu = 2, kDmaCuda = 3 };
+  // kRefused: the rank refused the call on its own arguments, before it took any route; its peers' calls of that
+  // sequence number fail instead of meeting the rank's next call.
+  enum Route : uint8_t { kInnerCpu = 0, kInnerCuda = 1, kDmaCpu = 2, kDmaCuda = 3, kRefused = 4 };
   CallOp op = CallOp::kNone;
   uint8_t route = kInnerCpu;
   uint8_t dtype = 0;   // an all-gather's input dtype (c10::ScalarType), named in the words only
   uint64_t bytes = 0;  // an all-gather's bytes per rank; compared where a DMA route takes the call
   int32_t root = -1;   // broadcast's src, gather's dst, scatter's src (group ranks); -1 for the others
   bool isDma() const {
-    return route >= kDmaCpu;
+    return route == kDmaCpu || route == kDmaCuda;
   }
   bool operator==(const CallPost& o) const {
     return op == o.op && route == o.route && bytes == o.bytes && root == o.root;
@@ -317,6 +319,16 @@ class CallBoard {
     const auto& [ra, a] = peerFirst ? std::pair<int, CallPost>{peer, d.post} : std::pair<int, CallPost>{me, mine};
     const auto& [rb, b] = peerFirst ? std::pair<int, CallPost>{me, mine} : std::pair<int, CallPost>{peer, d.post};
     const std::string where = ", sequence number " + std::to_string(seq) + " of group '" + groupName_ + "'";
+    if (a.route == CallPost::kRefused || b.route == CallPost::kRefused) {
+      const bool aRefused = a.route == CallPost::kRefused;
+      const int refuser = aRefused ? ra : rb;
+      const CallPost& refused = aRefused ? a : b;
+      const CallPost& other = aRefused ? b : a;
+      return "group rank " + std::to_string(refuser) + " refused its " + callOpName(refused.op) +
+             " on its own arguments (its error says why) while group rank " + std::to_string(aRefused ? rb : ra) +
+             (other.route == CallPost::kRefused ? " refused its " : " called ") + callOpName(other.op) + where +
+             "; a call one rank refuses fails on every rank";
+    }
     if (a.op != b.op) {
       return std::string("the ranks called different collectives: ") + callOpName(a.op) + " on rank " +
              std::to_string(ra) + " vs " + callOpName(b.op) + " on rank " + std::to_string(rb) + where +
@@ -374,6 +386,8 @@ class CallBoard {
         return "DMA on CPU tensors";
       case CallPost::kDmaCuda:
         return "DMA on CUDA tensors";
+      case CallPost::kRefused:
+        return "refused on its own arguments";
       default:
         return "(unknown)";
     }
