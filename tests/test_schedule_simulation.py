@@ -480,4 +480,4 @@ def test_collected_signals_behind_the_other_lanes_waits_hang(simulation):
     p = subprocess.run([str(simulation), "1", "3000", "--hardware-queues", "--collect-staging-flags",
                         "--signals-behind-waits"], capture_output=True, text=True, timeout=300)
     assert p.returncode != 0, p.stdout
-    assert "hang" in p.stdout, p.stdout
+    assert "hang" in p.stdout + p.stderr, p.stdout + p.stderr
