@@ -3,7 +3,8 @@
 #   make test     installs what is missing, builds the extension in place, runs the test suite
 #   make bench    checks the node (python -m torch_sdma.check), then the all-gather and exchange benchmarks (sdma
 #                 against the inner backend) over every local GPU, or 2 CPU ranks; writes results/ with its plots
-# Each step says what it does in one line; the build is quiet unless it fails (its log: build/build.log).
+# Each step says what it does in one line, the build what it compiles and about how long; the compiler's output goes
+# to build/build.log, shown when the build fails. Every build from one checkout shares its objects (setup.py).
 #
 # The interpreter: $(PYTHON) (python3 on PATH: an activated venv) when it imports torch, used as it is. Otherwise a
 # venv $(VENV) is made with torch $(TORCH_VERSION) from $(TORCH_INDEX) (PyPI's CUDA-13 build unless set, so that the
@@ -40,8 +41,10 @@ deps:
 	    echo "make: installing torch $(TORCH_VERSION) into $(VENV) ($(if $(TORCH_INDEX),from $(TORCH_INDEX),CUDA build, 5.5 GB): minutes, once)"; \
 	    $(PY) -m pip install -q --progress-bar off $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "torch==$(TORCH_VERSION)"; }; \
 	fi
-	@$(PY) -c "import pytest, ninja, numpy" >/dev/null 2>&1 || { \
-	  echo "make: installing pytest, ninja, numpy"; $(PY) -m pip install -q --progress-bar off pytest ninja numpy; }
+	@$(PY) -c "import pytest, numpy" >/dev/null 2>&1 || { \
+	  echo "make: installing pytest, numpy"; $(PY) -m pip install -q --progress-bar off pytest numpy; }
+	@command -v ninja >/dev/null || [ -x $(dir $(PY))ninja ] || { \
+	  echo "make: installing ninja (none on PATH)"; $(PY) -m pip install -q --progress-bar off ninja; }
 
 # The README's install, into the interpreter the other targets use, as a user runs it (without the PYTHONPATH set
 # above). It builds in build/ too: the objects are shared with `make build`, and the package's metadata stays there
@@ -54,7 +57,7 @@ install: deps
 build: deps
 	@mkdir -p build
 	@echo "make: building torch_sdma._C for $(PY) with $(JOBS) jobs (log: build/build.log)"
-	@MAX_JOBS=$(JOBS) $(PY) setup.py -q build_ext --inplace >build/build.log 2>&1 \
+	@MAX_JOBS=$(JOBS) $(PY) setup.py -q build_ext --inplace 2>&1 | tee build/build.log | { grep '^torch_sdma: ' || true; } \
 	  || { tail -n 40 build/build.log; echo "make: the build failed; the whole log is build/build.log"; exit 1; }
 
 test: build
@@ -76,14 +79,21 @@ format: lint-deps
 	$(PY) -m ruff check --fix .
 	$(dir $(PY))clang-format -i $(CXX_FILES)
 
-# torch 2.9-2.13 need the default-backend workaround: check it on the CPU build of 2.13 too.
+# The whole CPU suite on the oldest torch CI can install, the CPU build of 2.13 (2.9-2.13 need the default-backend
+# workaround too). Its extension goes to build/torch213, out of the checkout that the other targets import; its
+# objects to build/temp-torch2.13.0+cpu (setup.py), which the wheels its tests build share.
 VENV213 ?= .venv213
+TORCH213_TESTS ?= tests
 test-torch213:
-	[ -x $(VENV213)/bin/python ] || $(PYTHON) -m venv $(VENV213)
-	$(VENV213)/bin/python -c "import torch" >/dev/null 2>&1 || $(VENV213)/bin/python -m pip install -q "torch==2.13.0" pytest ninja numpy
-	rm -rf build/torch213 && MAX_JOBS=$(JOBS) $(VENV213)/bin/python setup.py -q build_ext --build-lib build/torch213 --build-temp build/torch213-tmp
-	cp -r torch_sdma/*.py build/torch213/torch_sdma/
-	PYTHONPATH=$(CURDIR)/build/torch213 $(VENV213)/bin/pytest tests/test_registration.py $(PYTEST_ARGS)
+	@[ -x $(VENV213)/bin/python ] || $(PYTHON) -m venv $(VENV213)
+	@$(VENV213)/bin/python -c "import torch" >/dev/null 2>&1 || { echo "make: installing torch 2.13.0 (CPU) into $(VENV213)"; \
+	  $(VENV213)/bin/python -m pip install -q --progress-bar off "torch==2.13.0" pytest ninja numpy; }
+	@mkdir -p build && echo "make: building torch_sdma._C for torch 2.13 (log: build/build213.log)"
+	@MAX_JOBS=$(JOBS) $(VENV213)/bin/python setup.py -q build_ext --build-lib build/torch213 2>&1 | tee build/build213.log \
+	  | { grep '^torch_sdma: ' || true; } || { tail -n 40 build/build213.log; exit 1; }
+	@cp torch_sdma/*.py build/torch213/torch_sdma/
+	@echo "make: running the tests on torch 2.13 ($(TORCH213_TESTS))"
+	PYTHONPATH=$(CURDIR)/build/torch213 $(VENV213)/bin/pytest $(TORCH213_TESTS) $(PYTEST_ARGS)
 
 # The HIP build of the GPU layer, compiled host-only as AMD's platform against Debian's HIP headers
 # (libamdhip64-dev, HIP 5.2; installed when missing, which needs root) and torch's, warnings as errors. It shows

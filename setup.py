@@ -6,6 +6,7 @@ choice. The module never links libcuda: driver entry points are resolved at run 
 driver. On ROCm torch hipifies the sources and the HIP layer replaces the CUDA one (docs/amd.md).
 """
 import os
+import sys
 
 # torch looks for the toolkit next to the first nvcc on PATH; a wrapper script in /usr/local/bin then points it at
 # /usr/local, which has no CUDA headers. Prefer the conventional install when the caller did not choose.
@@ -139,6 +140,96 @@ def extension():
     return cpp_extension.CUDAExtension(**kwargs) if cuda else cpp_extension.CppExtension(**kwargs)
 
 
+# The ninja that compiled a build directory must compile it again: ninja's build logs differ between versions (1.11
+# writes v5, 1.13 v7), and one that finds another's log starts over and recompiles every object. `pip install .`
+# finds the system's ninja, a `make` that installed PyPI's ninja into an activated venv finds that one, so each
+# would undo the other's objects. The first ninja found is remembered under build/ and put first on PATH (alone,
+# through a link: no compiler moves with it) for every later build from this checkout.
+NINJA_RECORD = os.path.join(ROOT, "build", "ninja-path")
+NINJA_SHIM = os.path.join(ROOT, "build", "ninja-bin")
+
+
+def _pin_ninja():
+    import shutil
+
+    def runnable(path):
+        return bool(path) and os.path.isfile(path) and os.access(path, os.X_OK)
+
+    try:
+        with open(NINJA_RECORD) as f:
+            chosen = f.read().strip()
+    except OSError:
+        chosen = ""
+    if not runnable(chosen):
+        path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
+                               if os.path.abspath(p) != NINJA_SHIM)
+        # Else the interpreter's own (pip install ninja into a venv that is not activated).
+        beside = os.path.join(os.path.dirname(sys.executable), "ninja")
+        chosen = shutil.which("ninja", path=path) or (beside if runnable(beside) else "")
+        if not chosen:
+            return None  # torch falls back to its serial build and says so
+        os.makedirs(os.path.dirname(NINJA_RECORD), exist_ok=True)
+        with open(NINJA_RECORD, "w") as f:
+            f.write(chosen + "\n")
+    os.makedirs(NINJA_SHIM, exist_ok=True)
+    link = os.path.join(NINJA_SHIM, "ninja")
+    if not (os.path.islink(link) and os.readlink(link) == chosen):
+        if os.path.lexists(link):
+            os.remove(link)
+        os.symlink(chosen, link)
+    if os.environ.get("PATH", "").split(os.pathsep)[0] != NINJA_SHIM:
+        os.environ["PATH"] = NINJA_SHIM + os.pathsep + os.environ.get("PATH", "")
+    return chosen
+
+
+# CPU seconds one source takes to compile (torch's headers dominate), from builds on x86 servers; only for the one
+# line below, which tells a waiting user what is happening before pip's silence.
+SECONDS_PER_FILE = 10
+
+
+def _stale_objects(ninja, build_temp, total):
+    """How many objects ninja will compile: what it would run now in the build file of the last build (headers
+    included, through its deps log), or all of them where none was built."""
+    import subprocess
+
+    if not ninja or not os.path.exists(os.path.join(build_temp, "build.ninja")):
+        return total
+    try:
+        out = subprocess.run([ninja, "-n", "-C", build_temp], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return total
+    return min(total, sum(1 for line in out.splitlines() if line.startswith("[")))
+
+
+def _say(line):
+    """To the terminal where there is one: pip hides a build's output unless -v, and this line is for the person
+    waiting at it. Else to stderr (make build shows it from its log)."""
+    try:
+        with open("/dev/tty", "w") as tty:
+            tty.write(line + "\n")
+            return
+    except OSError:
+        pass
+    print(line, file=sys.stderr, flush=True)
+
+
+class BuildExtension(cpp_extension.BuildExtension):
+    def build_extensions(self):
+        if self.use_ninja:
+            total = sum(len(e.sources) for e in self.extensions)
+            stale = _stale_objects(NINJA, self.build_temp, total)
+            jobs = int(os.environ.get("MAX_JOBS") or 0) or (os.cpu_count() or 1) + 2
+            cores = min(jobs, os.cpu_count() or 1)
+            minutes = max(1, round(stale * SECONDS_PER_FILE / cores / 60))
+            what = "the CUDA transport included" if want_cuda() else "no CUDA code: CPU ranks only"
+            if stale:  # nothing when nothing compiles: the tests build wheels from up-to-date objects
+                _say(f"torch_sdma: compiling {stale} of {total} C++ files ({what}) with {jobs} jobs: about "
+                     f"{minutes} min on {cores} idle core{'s' if cores > 1 else ''}, more on a busy machine")
+        super().build_extensions()
+
+
+NINJA = _pin_ninja()
+
 # pip builds in the checkout, and setuptools writes the package's metadata (torch_sdma.egg-info) beside setup.py by
 # default. There, on a PYTHONPATH that holds the checkout (make test), it reads as an installed torch_sdma with an
 # entry point, and a later pip install of the wheel into an environment that sees it does nothing. So the metadata
@@ -149,6 +240,10 @@ os.makedirs(EGG_BASE, exist_ok=True)
 # Name, version, packages and the entry point are in pyproject.toml.
 setup(
     ext_modules=[extension()],
-    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
-    options={"egg_info": {"egg_base": os.path.relpath(EGG_BASE)}},
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    # Objects compiled against one torch are no use to another (other headers, other flags): each torch gets a folder
+    # of its own, so that a second interpreter's build (make test-torch213, the wheels its tests build) neither
+    # recompiles nor overwrites the first's.
+    options={"egg_info": {"egg_base": os.path.relpath(EGG_BASE)},
+             "build": {"build_temp": os.path.join("build", f"temp-torch{torch.__version__}")}},
 )

@@ -247,3 +247,100 @@ def _options_body(ctx):
     b = dist.group.WORLD._get_backend(torch.device("cpu"))
     o = b.options
     return {"type": type(o).__name__, "timeout_s": o._timeout.total_seconds(), "group": o.group_name}
+
+
+# ------------------------------------------------------------------------------------------- init again
+# Every string that runs on CPU ranks, with the backend each device's collectives go to.
+SERVES = {
+    "sdma": {"cpu": "sdma", "cuda": "sdma"},
+    "cpu:sdma": {"cpu": "sdma", "cuda": None},
+    "cpu:gloo,cuda:sdma": {"cpu": "gloo", "cuda": "sdma"},
+    "gloo": {"cpu": "gloo", "cuda": "gloo"},
+}
+
+
+def _init_pairs_body(ctx):
+    import datetime
+
+    from init_again_child import init_each
+
+    def make():  # a store of its own per group, as a script that rendezvouses afresh each time has
+        return {"store": ctx.fresh_store(), "rank": ctx.rank, "world_size": ctx.world,
+                "timeout": datetime.timedelta(seconds=ctx.pg_timeout_s)}
+
+    return init_each([s for first in SERVES for second in SERVES for s in (first, second)], make=make)
+
+
+def _check_inits(results, count):
+    assert len(results) == count, results
+    for r in results:
+        assert r["served"] == SERVES[r["backend"]] and r["gathered"] == "right", r
+
+
+def test_init_again_serves_the_new_strings_devices():
+    """After destroy_process_group, init_process_group with any string serves exactly the devices it names: every
+    ordered pair of strings, in one pair of processes (whatever a group leaves in the process is there for the
+    next)."""
+    res = run_group(_init_pairs_body, 2, init=None, timeout=300, pg_timeout_s=30, env={"TORCH_SDMA_LOG": "0"})
+    res.check()
+    for results in res.values():
+        _check_inits(results, 2 * len(SERVES) ** 2)
+
+
+# Under torchrun, through the agent's store that every init shares: each pair of sdma strings in turn. torch's own
+# gloo comes once ("cpu:gloo,cuda:sdma"): a gloo that torch makes again under the same name in a store that kept the
+# first one's addresses may connect to them (torch's behaviour, not the backend's).
+TORCHRUN_SEQUENCE = ["sdma", "cpu:gloo,cuda:sdma", "sdma", "sdma", "cpu:sdma", "cpu:sdma", "sdma"]
+
+
+def test_init_again_under_torchrun():
+    import json
+
+    child = os.path.join(os.path.dirname(os.path.abspath(__file__)), "init_again_child.py")
+    env = dict(os.environ, TORCH_SDMA_LOG="0", OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", child,
+                        ";".join(TORCHRUN_SEQUENCE)], capture_output=True, text=True, timeout=300, env=env,
+                       cwd=tempfile.gettempdir())
+    lines = [json.loads(line.split("INIT-AGAIN ", 1)[1]) for line in p.stdout.splitlines() if "INIT-AGAIN " in line]
+    assert p.returncode == 0 and len(lines) == 2, p.stdout[-4000:] + p.stderr[-4000:]
+    for line in lines:
+        _check_inits(line["results"], len(TORCHRUN_SEQUENCE))
+
+
+def test_first_served_device_ignores_an_earlier_groups_probe():
+    """The creator learns the device it serves from the prefix torch gives its store; a probe left by an earlier
+    group of the same name under the other device's prefix must not count."""
+    import torch.distributed as dist
+
+    from torch_sdma._registration import _first_served_device
+
+    store = dist.HashStore()
+    group_store = dist.PrefixStore("0/", store)
+    assert _first_served_device(dist.PrefixStore("cuda/", group_store)) == "cuda"
+    assert _first_served_device(dist.PrefixStore("cpu/", group_store)) == "cpu"
+    assert _first_served_device(dist.PrefixStore("cuda/", group_store)) == "cuda"
+
+
+# ------------------------------------------------------------------------------------------- group_path
+def _group_path_body(ctx):
+    import torch_sdma
+
+    return {"any": torch_sdma.group_path(), "cpu": torch_sdma.group_path(device="cpu"),
+            "cuda": torch_sdma.group_path(device="cuda"),
+            "op": torch_sdma.group_path(device="cuda", op="all_to_all_single")}
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA device serves the string here")
+def test_group_path_says_why_a_device_has_no_path():
+    """"cpu:gloo,cuda:sdma" where this process has no CUDA: the sdma backend serves no device, and group_path
+    says why (this torch's build, or no visible device), never a bare "unknown"."""
+    import torch
+
+    res = run_group(_group_path_body, 2, init="cpu:gloo,cuda:sdma", timeout=120, env={"TORCH_SDMA_LOG": "0"})
+    res.check()
+    no_cuda = ("this torch has no CUDA (a CPU-only build)" if torch.version.cuda is None and torch.version.hip is None
+               else "no CUDA device is visible to this process")
+    for v in res.values():
+        assert v["any"] == f"unavailable:{no_cuda}; CPU tensors go to gloo, as the backend string says", v
+        assert v["cuda"] == v["op"] == f"unavailable:{no_cuda}", v
+        assert v["cpu"] == "unavailable:CPU tensors go to gloo, as the backend string says", v

@@ -293,6 +293,62 @@ def test_an_allocator_difference_is_not_a_knob_difference():
     assert [tuple(v["direct"]) for v in values] == [(True, False), (False, True)], values
 
 
+def non_contiguous_body(ctx):
+    """One non-contiguous tensor per call, the same on every rank (so no peer waits for a call that never posted):
+    each call raises at once, naming which tensor; then the group still gathers right."""
+    ctx.init_pg("sdma")
+    W, rank = ctx.world, ctx.rank
+
+    def strided(n):  # n elements, every other one of a buffer
+        return torch.zeros(2 * n)[::2]
+
+    ok = torch.zeros(8)
+    calls = {
+        "the input": lambda: dist.all_gather_into_tensor(torch.zeros(W * 8), strided(8)),
+        "the output": lambda: dist.all_gather_into_tensor(strided(W * 8), ok),
+        "entry 1 of the output list": lambda: dist.all_gather([torch.zeros(8), strided(8)], ok),
+        "the input of all_to_all_single": lambda: dist.all_to_all_single(torch.zeros(W * 4), strided(W * 4)),
+        "entry 1 of the input list": lambda: dist.all_to_all([torch.zeros(4) for _ in range(W)],
+                                                             [torch.zeros(4), strided(4)]),
+    }
+    errors = {what: _error_of(call)["error"] for what, call in calls.items()}
+    x = rand("after", rank, (3000,), torch.float32)
+    expected = torch.cat([raw(rand("after", q, (3000,), torch.float32)) for q in range(W)])
+    out = poison_(torch.empty(W * 3000), expected)
+    dist.all_gather_into_tensor(out, x)
+    assert_bytes_equal(out, expected, "after the refused calls")
+    return errors
+
+
+def test_a_non_contiguous_tensor_is_named():
+    for rank, errors in enumerate(run_mistake(non_contiguous_body, env={"TORCH_SDMA_MIN_BYTES": "0"})):
+        for what, err in errors.items():
+            which = "the input" if what == "the input of all_to_all_single" else what
+            assert err is not None and f"Tensors must be contiguous: {which} is not" in err, (rank, what, err)
+            assert err.startswith("ValueError"), (rank, what, err)
+            one_paragraph(err)
+
+
+def splits_disagree_body(ctx):
+    """Rank 0 sends rank 1 three rows of 16 bytes; rank 1 expects one row from it. Every other pair agrees."""
+    ctx.init_pg("sdma")
+    send = [1, 3] if ctx.rank == 0 else [1, 1]
+    recv = [1, 1]
+    out = torch.zeros(sum(recv), 4)
+    return _error_of(lambda: dist.all_to_all_single(out, torch.zeros(sum(send), 4), recv, send))
+
+
+def test_splits_that_disagree_are_named_on_both_ranks():
+    """Whichever rank reads the other's post first finds the pair disagreeing; the other learns of it from the
+    group's failure: both name the pair and its sizes."""
+    words = "group rank 0 sends 48 bytes to group rank 1, which expects 16 bytes from it"
+    for rank, v in enumerate(run_mistake(splits_disagree_body, env={"TORCH_SDMA_MIN_BYTES": "0"})):
+        err = v["error"]
+        assert err is not None and "all_to_all_single" in err and words in err, (rank, err)
+        one_paragraph(err)
+        assert v["elapsed"] < PG_TIMEOUT_S + SLACK_S, (rank, v)
+
+
 @pytest.mark.parametrize("form,async_op,direct", [
     ("into_tensor", False, "0"), ("into_tensor", True, "0"), ("list", False, "0"), ("into_tensor", False, "1"),
 ])

@@ -1,6 +1,7 @@
 """The creator torch.distributed calls for every group whose backend string names "sdma"."""
 import logging
 import sys
+import uuid
 
 import torch
 import torch.distributed as dist
@@ -21,21 +22,33 @@ def _first_served_device(store) -> str:
     Devices are registered as ["cpu", "cuda"], so "cpu" means this group's CPU tensors come here (backend string
     "sdma" or "cpu:sdma") and "cuda" means only CUDA tensors do ("cpu:gloo,cuda:sdma", "cuda:sdma").
     """
+    # A key of this call's own: a store outlives destroy_process_group (torchrun's agent store, a store the caller
+    # passes again), and a probe left there by an earlier group under the other device's prefix would make this
+    # group serve that earlier string's devices.
+    key = f"{_DEVICE_PROBE_KEY}/{uuid.uuid4().hex}"
     try:
-        store.set(_DEVICE_PROBE_KEY, "1")
+        store.set(key, "1")
         parent = store.underlying_store
-        for device in ("cuda", "cpu"):
-            # PrefixStore joins prefix and key with "/", and torch's prefix already ends in one.
-            if any(parent.check([f"{device}{sep}{_DEVICE_PROBE_KEY}"]) for sep in ("//", "/")):
-                return device
+        try:
+            for device in ("cuda", "cpu"):
+                # PrefixStore joins prefix and key with "/", and torch's prefix already ends in one.
+                if any(parent.check([f"{device}{sep}{key}"]) for sep in ("//", "/")):
+                    return device
+        finally:
+            try:
+                store.delete_key(key)
+            except Exception:  # a store without deletion keeps a few bytes: harmless, the key is never read again
+                pass
     except Exception:  # an unusual store: serve both, which is always correct
         pass
     return "cpu"
 
 
 def _cuda_unavailable_reason() -> str:
+    if torch.version.cuda is None and torch.version.hip is None:
+        return "this torch has no CUDA (a CPU-only build)"
     if not dist.is_nccl_available():
-        return "this torch build has no NCCL (a CPU-only torch?)"
+        return "this torch has no NCCL"
     if not torch.cuda.is_available():
         return "no CUDA device is visible to this process"
     return ""
@@ -100,10 +113,24 @@ def _options(opts, backend_options):
     return options
 
 
+def _store_of_this_instance(store, size: int):
+    """A prefix of its own for this group's keys. A group made again under the same name after
+    destroy_process_group gets the same store prefix from torch, in a store that may outlive the first (torchrun's
+    agent store): the keys the first left there (shared-memory names, the inner backends' addresses) would be read
+    as the new group's. Every member adds one to a counter at creation, and all members of one creation add before
+    any finishes it (the settings agreement waits for all), so the count tells each the same generation."""
+    try:
+        n = int(store.add("torch_sdma_creations", 1))
+    except Exception:  # a store without add: the keys stay where torch put them
+        return store
+    return PrefixStore(f"g{(n - 1) // size}/", store)
+
+
 def create_backend(opts, backend_options):
     options = _options(opts, backend_options)
-    store = opts.store
-    inner_cpu = _inner_gloo(store, opts) if _first_served_device(store) == "cpu" else None
+    served = _first_served_device(opts.store)
+    store = _store_of_this_instance(opts.store, opts.group_size)
+    inner_cpu = _inner_gloo(store, opts) if served == "cpu" else None
     cuda_unavailable = _cuda_unavailable_reason()
     inner_cuda = None if cuda_unavailable else _inner_nccl(store, opts, backend_options)
     pg = _C.ProcessGroupSDMA(store, opts.group_rank, opts.group_size, options, inner_cpu, inner_cuda,

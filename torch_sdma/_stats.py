@@ -56,23 +56,48 @@ def group_path(group: Optional[dist.ProcessGroup] = None, device: Optional[str] 
     "unknown" before the first one. Without a device: the device whose all-gathers the group serves, CUDA where it
     serves both (backend string "sdma" on a machine with GPUs).
     With `op` (all_to_all_single, all_to_all, broadcast, gather, scatter, send, recv): the path that op last took on
-    that device, "dma:direct" or "inner:<reason>", "unknown" before its first call."""
+    that device, "dma:direct" or "inner:<reason>", "unknown" before its first call.
+    "unavailable:<reason>" where the group's sdma backend serves no such device, e.g. "cpu:gloo,cuda:sdma" on a torch
+    without CUDA: "unavailable:this torch has no CUDA (a CPU-only build)"."""
     backends = _sdma_backends(group)
     if op is not None:
         for backend in backends:
             for served in ((device,) if device else ("cuda", "cpu")):
                 if backend._sdma_creation_verdict(served)[0]:
                     return backend._sdma_op_path(served, op)
-        return "unknown"
+        return "unavailable:" + _why_unserved(group, backends, device)
     for backend in backends:
         for served in ((device,) if device else ("cuda", "cpu")):
             # The verdict's kind is "" for a device this backend does not serve.
             if backend._sdma_creation_verdict(served)[0]:
                 return backend._sdma_path(served)
-    if device:  # not served by an sdma backend of this group: what it would say, as before
-        for backend in backends:
-            return backend._sdma_path(device)
-    return "unknown"
+    return "unavailable:" + _why_unserved(group, backends, device)
+
+
+def _why_unserved(group, backends, device: Optional[str]) -> str:
+    """Why no sdma backend of `group` runs `device`'s collectives (all devices when None): the reader of "unknown"
+    could not tell a missing GPU from a backend string that sends the device elsewhere."""
+    from ._registration import _cuda_unavailable_reason
+
+    if not backends:
+        return "this group has no sdma backend (its backend string does not name sdma)"
+    cuda_served = any(b._sdma_creation_verdict("cuda")[0] for b in backends)
+    cpu_served = any(b._sdma_creation_verdict("cpu")[0] for b in backends)
+    reasons = []
+    if device in (None, "cuda") and not cuda_served:
+        reasons.append(_cuda_unavailable_reason() or "no CUDA backend was created for this group")
+    if device in (None, "cpu") and not cpu_served:
+        other = _backend_name(group, "cpu")
+        reasons.append("CPU tensors go to " + (other or "no backend") + ", as the backend string says")
+    return "; ".join(reasons) or "the group's sdma backend does not serve " + (device or "any device")
+
+
+def _backend_name(group, device: str) -> str:
+    try:
+        backend = (group or dist.distributed_c10d._get_default_group())._get_backend(torch.device(device))
+    except RuntimeError:
+        return ""
+    return "" if hasattr(backend, "_sdma_stats") else type(backend).__name__.replace("ProcessGroup", "").lower()
 
 
 def node_layout(group: Optional[dist.ProcessGroup] = None) -> str:

@@ -4,16 +4,24 @@
 
 namespace sdma {
 
-void checkSingleTensor(const at::Tensor& t, const at::Device& device) {
+void checkSingleTensor(const at::Tensor& t, const at::Device& device, const std::string& what) {
   if (t.device().type() != device.type() || t.is_sparse()) {
-    C10_THROW_ERROR(ValueError, device.is_cuda() ? "Tensors must be CUDA and dense" : "Tensors must be CPU and dense");
+    C10_THROW_ERROR(ValueError,
+                    std::string(device.is_cuda() ? "Tensors must be CUDA and dense" : "Tensors must be CPU and dense") +
+                        ": " + what + " is " + (t.is_sparse() ? "sparse" : t.device().str()));
   }
   if (!t.is_contiguous(t.suggest_memory_format())) {
-    C10_THROW_ERROR(ValueError, "Tensors must be contiguous");
+    C10_THROW_ERROR(ValueError, "Tensors must be contiguous: " + what + " is not (sizes " + c10::str(t.sizes()) +
+                                    ", strides " + c10::str(t.strides()) + ")");
   }
   if (t.device() != device) {
-    C10_THROW_ERROR(ValueError, "Expected list of tensors on the same device");
+    C10_THROW_ERROR(ValueError, "Expected list of tensors on the same device: " + what + " is on " + t.device().str() +
+                                    ", the first on " + device.str());
   }
+}
+
+std::string entryOf(size_t i, const std::string& list) {
+  return "entry " + std::to_string(i) + " of " + list;
 }
 
 namespace {
@@ -112,8 +120,8 @@ std::vector<std::vector<at::Tensor>> InnerOperands::operator()(
 PlannedAllgather planAllgatherIntoTensor(const at::Tensor& output, const at::Tensor& input, int rank, int size) {
   (void)rank;
   const at::Device device = input.device();
-  checkSingleTensor(input, device);
-  checkSingleTensor(output, device);
+  checkSingleTensor(input, device, "the input");
+  checkSingleTensor(output, device, "the output");
   checkSameType(output, input);
   if (input.numel() * size != output.numel()) {
     C10_THROW_ERROR(ValueError, "output tensor size must be equal to world_size times input tensor size");
@@ -140,14 +148,14 @@ PlannedAllgather planAllgatherList(const std::vector<std::vector<at::Tensor>>& o
               "thread.");
   const at::Tensor& input = inputs[0];
   const at::Device device = input.device();
-  checkSingleTensor(input, device);
+  checkSingleTensor(input, device, "the input");
   const auto& outs = outputs[0];
   TORCH_CHECK_WITH(ValueError, static_cast<int>(outs.size()) == size, "all_gather: the output list has ", outs.size(),
                    " tensors but the group has ", size, " ranks; pass one output tensor per rank");
   PlannedAllgather p = planOneInput(input, device);
   const size_t n = p.plan.bytesPerRank;
   for (const auto& out : outs) {
-    checkSingleTensor(out, device);
+    checkSingleTensor(out, device, entryOf(&out - outs.data(), "the output list"));
     checkSameType(out, input);
     if (out.numel() != input.numel()) {
       // NCCL gathers uneven lists with a broadcast per rank; so does the inner backend. Gloo, the inner backend of
@@ -178,8 +186,8 @@ PlannedAllgather planAllgatherIntoTensorCoalesced(const std::vector<at::Tensor>&
   p.innerGathersBytes = anyDtypeGatheredAsBytes(inputs);
   p.plan.outputByRank.resize(size);
   for (size_t i = 0; i < inputs.size(); ++i) {
-    checkSingleTensor(inputs[i], device);
-    checkSingleTensor(outputs[i], device);
+    checkSingleTensor(inputs[i], device, entryOf(i, "the input list"));
+    checkSingleTensor(outputs[i], device, entryOf(i, "the output list"));
     checkSameType(outputs[i], inputs[i]);
     if (inputs[i].numel() * size != outputs[i].numel()) {
       C10_THROW_ERROR(ValueError, "output tensor size must be equal to world_size times input tensor size");
@@ -211,7 +219,7 @@ PlannedAllgather planAllgatherCoalesced(const std::vector<std::vector<at::Tensor
   p.innerLacksForm = device.is_cuda();
   p.plan.outputByRank.resize(size);
   for (const auto& in : inputs) {
-    checkSingleTensor(in, device);
+    checkSingleTensor(in, device, entryOf(&in - inputs.data(), "the input list"));
     p.plan.input.push_back({bytesOf(in), nbytes(in)});
     p.plan.bytesPerRank += nbytes(in);
     p.keepAlive.push_back(in);
@@ -221,7 +229,7 @@ PlannedAllgather planAllgatherCoalesced(const std::vector<std::vector<at::Tensor
     TORCH_CHECK_WITH(ValueError, outs.size() == inputs.size(), "allgather_coalesced: output list ", q, " has ",
                      outs.size(), " tensors but there are ", inputs.size(), " input tensors");
     for (size_t i = 0; i < outs.size(); ++i) {
-      checkSingleTensor(outs[i], device);
+      checkSingleTensor(outs[i], device, entryOf(i, "output list " + std::to_string(q)));
       checkSameType(outs[i], inputs[i]);
       if (outs[i].numel() != inputs[i].numel()) {
         C10_THROW_ERROR(ValueError, "output tensor size must be equal to world_size times input tensor size");

@@ -38,8 +38,11 @@ class InnerOperands {
   bool asBytes_;
 };
 
-// ProcessGroupNCCL's words for one tensor operand that is not dense, contiguous and on `device`.
-void checkSingleTensor(const at::Tensor& t, const at::Device& device);
+// ProcessGroupNCCL's words for one tensor operand that is not dense, contiguous and on `device`, followed by which
+// operand it is (`what`: "the input", "entry 3 of the output list"): a call passes several, often of one shape.
+void checkSingleTensor(const at::Tensor& t, const at::Device& device, const std::string& what);
+// "entry <i> of <list>": `list` as checkSingleTensor's `what` names it ("the output list").
+std::string entryOf(size_t i, const std::string& list);
 // ProcessGroupNCCL's words when a call passes more than one input tensor.
 void checkOneInput(const std::vector<at::Tensor>& inputs);
 // A contiguous tensor's bytes, as a flat uint8 view of the same memory.

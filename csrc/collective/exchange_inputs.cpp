@@ -72,9 +72,9 @@ void checkRoot(int root, int size) {
   TORCH_CHECK(root >= 0 && root < size, "Invalid rootRank ", root, " for a group of ", size, " ranks");
 }
 
-void checkList(const std::vector<at::Tensor>& list, const at::Device& device) {
-  for (const auto& t : list) {
-    checkSingleTensor(t, device);
+void checkList(const std::vector<at::Tensor>& list, const at::Device& device, const std::string& what) {
+  for (size_t i = 0; i < list.size(); ++i) {
+    checkSingleTensor(list[i], device, entryOf(i, what));
   }
 }
 
@@ -84,8 +84,8 @@ PlannedExchange planAlltoallSingle(const at::Tensor& output, const at::Tensor& i
                                    const std::vector<int64_t>& outputSplitSizes,
                                    const std::vector<int64_t>& inputSplitSizes, int rank, int size) {
   const at::Device device = input.device();
-  checkSingleTensor(input, device);
-  checkSingleTensor(output, device);
+  checkSingleTensor(input, device, "the input");
+  checkSingleTensor(output, device, "the output");
   if (output.dtype() != input.dtype()) {
     C10_THROW_ERROR(TypeError, "output tensor must have the same type as input tensor");
   }
@@ -115,8 +115,8 @@ PlannedExchange planAlltoall(const std::vector<at::Tensor>& outputs, const std::
   const at::Device device = inputs.front().device();
   TORCH_CHECK(inputs.size() == static_cast<size_t>(size) && outputs.size() == static_cast<size_t>(size),
               "Number of tensor splits not equal to group size");
-  checkList(inputs, device);
-  checkList(outputs, device);
+  checkList(inputs, device, "the input list");
+  checkList(outputs, device, "the output list");
   PlannedExchange p = emptyPlan(device, size);
   p.plan.sendTo = packedRanges(inputs, &p.plan.inputPieces, &p.plan.inputBytes);
   p.plan.recvFrom = packedRanges(outputs, &p.plan.outputPieces, &p.plan.outputBytes);
@@ -132,7 +132,7 @@ PlannedExchange planAlltoall(const std::vector<at::Tensor>& outputs, const std::
 PlannedExchange planBroadcast(const std::vector<at::Tensor>& tensors, int root, int rank, int size) {
   checkOneInput(tensors);
   const at::Tensor& t = tensors.front();
-  checkSingleTensor(t, t.device());
+  checkSingleTensor(t, t.device(), "the tensor");
   checkRoot(root, size);
   PlannedExchange p = emptyPlan(t.device(), size);
   const uint64_t n = nbytes(t);
@@ -163,7 +163,7 @@ PlannedExchange planGather(const std::vector<std::vector<at::Tensor>>& outputs, 
   checkOneInput(inputs);
   const at::Tensor& input = inputs.front();
   const at::Device device = input.device();
-  checkSingleTensor(input, device);
+  checkSingleTensor(input, device, "the input");
   checkRoot(root, size);
   PlannedExchange p = emptyPlan(device, size);
   const uint64_t n = nbytes(input);
@@ -176,7 +176,7 @@ PlannedExchange planGather(const std::vector<std::vector<at::Tensor>>& outputs, 
     const auto& list = outputs.front();
     TORCH_CHECK(list.size() == static_cast<size_t>(size), "gather: Incorrect output list size ", list.size(),
                 ". Output list size should be ", size, ", same as size of the process group.");
-    checkList(list, device);
+    checkList(list, device, "the output list");
     for (const auto& t : list) {
       TORCH_CHECK(t.numel() == input.numel() && t.dtype() == input.dtype(),
                   "gather: every output tensor must have the input's size and dtype");
@@ -199,7 +199,7 @@ PlannedExchange planScatter(const std::vector<at::Tensor>& outputs, const std::v
   checkOneInput(outputs);
   const at::Tensor& output = outputs.front();
   const at::Device device = output.device();
-  checkSingleTensor(output, device);
+  checkSingleTensor(output, device, "the output");
   checkRoot(root, size);
   PlannedExchange p = emptyPlan(device, size);
   const uint64_t n = nbytes(output);
@@ -213,7 +213,7 @@ PlannedExchange planScatter(const std::vector<at::Tensor>& outputs, const std::v
     const auto& list = inputs.front();
     TORCH_CHECK(list.size() == static_cast<size_t>(size), "scatter: Incorrect input list size ", list.size(),
                 ". Input list size should be ", size, ", same as size of the process group.");
-    checkList(list, device);
+    checkList(list, device, "the input list");
     for (const auto& t : list) {
       TORCH_CHECK(t.numel() == output.numel() && t.dtype() == output.dtype(),
                   "scatter: every input tensor must have the output's size and dtype");

@@ -131,8 +131,8 @@ struct DirectPathOptions {
 // Copy engines, for CUDA tensors (copy_engine_runner.cpp; a build without CUDA says why not).
 // Collective, at group creation: "" when the group's CUDA all-gathers can take the copy engines, else why not.
 std::string copyEnginePathProblem(c10d::Store& store, int rank, int size);
-// Whether this process's CUDA caching allocator makes expandable segments, which peers cannot map (false without
-// CUDA): the direct path is then not on by default.
+// Whether this process's CUDA caching allocator is set to make expandable segments, which peers cannot map (the
+// setting as c10 parsed it, in a build without CUDA too): the direct path is then not on by default.
 bool cachingAllocatorUsesExpandableSegments();
 // Collective, at the group's first eligible CUDA all-gather: null, with the reason in *whyNot, when the
 // transport cannot connect (every member then agrees). The direct path is on only where every member asked for it.

@@ -170,9 +170,19 @@ c10::intrusive_ptr<c10d::Work> SharedMemoryRunner::run(PlannedAllgather& planned
 }
 
 c10::intrusive_ptr<c10d::Work> SharedMemoryRunner::enqueue(c10::intrusive_ptr<HostWork> work, bool postedBuffers,
-                                                           bool asyncOp, const CollectiveInfo& info, bool exchange) {
+                                                           bool asyncOp, const CollectiveInfo& info, bool exchange,
+                                                           uint64_t mailboxSerial, std::vector<PairRanges> pairs) {
   std::unique_lock<std::mutex> lock(mutex_);
-  Job job{transport_->takeRecorded(), work, order_.issue(), postedBuffers, info.board, info.seq, info.post, exchange};
+  Job job{transport_->takeRecorded(),
+          work,
+          order_.issue(),
+          postedBuffers,
+          info.board,
+          info.seq,
+          info.post,
+          exchange,
+          mailboxSerial,
+          std::move(pairs)};
   if (syncOnCaller_ && !asyncOp) {
     runInTurn(job, lock);
     return work;
@@ -253,7 +263,20 @@ c10::intrusive_ptr<c10d::Work> SharedMemoryRunner::run(PlannedExchange& planned,
   }
   scheduleDirectExchange(*transport_, plan, static_cast<uint32_t>(serial), posted, peers);
   return enqueue(c10::make_intrusive<HostWork>(info, std::move(planned.outputs), std::move(planned.keepAlive)),
-                 /*postedBuffers=*/true, asyncOp, info, /*exchange=*/true);
+                 /*postedBuffers=*/true, asyncOp, info, /*exchange=*/true, serial, mine);
+}
+
+std::string SharedMemoryRunner::pairDisagreementOf(const Job& job, int peer) const {
+  BufferPost post;
+  PairRanges theirs;
+  // The peer's post stays until it posts `depth` exchanges more, which a failed peer never does.
+  if (job.pairs.empty() || static_cast<size_t>(peer) >= job.pairs.size() ||
+      !transport_->mailbox()->readPeerPost(peer, job.mailboxSerial, &post, &theirs)) {
+    return "";
+  }
+  const PairRanges& mine = job.pairs[peer];
+  return pairDisagreement(transport_->rank(), peer, mine.sends.bytes, mine.expects.bytes, theirs.sends.bytes,
+                          theirs.expects.bytes);
 }
 
 void SharedMemoryRunner::runInTurn(Job& job, std::unique_lock<std::mutex>& lock) {
@@ -267,7 +290,7 @@ void SharedMemoryRunner::runInTurn(Job& job, std::unique_lock<std::mutex>& lock)
         "torch_sdma: " + job.work->description() + " not run: an earlier collective on this group failed: " + broken));
   } else {
     try {
-      transport_->execute(job.ops, job.work->deadline(), job.work->description(), [&job] {
+      transport_->execute(job.ops, job.work->deadline(), job.work->description(), [this, &job] {
         if (!job.board) {
           return std::string();
         }
@@ -282,9 +305,13 @@ void SharedMemoryRunner::runInTurn(Job& job, std::unique_lock<std::mutex>& lock)
         // had read its post) never comes; one that failed a later call has enqueued this one. Other collectives keep
         // waiting for what they wait on, so that a peer that exited is named as such.
         const auto [peer, at] = job.board->failedPeer();
-        return peer < 0 || at > job.seq ? std::string()
-                                        : "group rank " + std::to_string(job.board->groupRankOf(peer)) +
-                                              " failed its collective of sequence number " + std::to_string(at);
+        if (peer < 0 || at > job.seq) {
+          return std::string();
+        }
+        const std::string differs = at == job.seq ? pairDisagreementOf(job, peer) : "";
+        return "group rank " + std::to_string(job.board->groupRankOf(peer)) +
+               " failed its collective of sequence number " + std::to_string(at) +
+               (differs.empty() ? "" : " because the pair's sizes differ: " + differs);
       });
     } catch (const std::exception& e) {
       error = std::current_exception();

@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "runner/call_ticket.hpp"
 #include "runner/collective_runner.hpp"
@@ -56,10 +57,18 @@ class SharedMemoryRunner : public CollectiveRunner {
     CallPost post;
     // An exchange: its waits also give up on a peer that failed this call or an earlier one (see runInTurn).
     bool exchange = false;
+    // The direct exchange's mailbox serial and this rank's pair ranges: a peer that failed this call because its
+    // pair disagreed posted its side there, so this rank can name the pair and sizes too, not only the peer.
+    uint64_t mailboxSerial = 0;
+    std::vector<PairRanges> pairs;
   };
   // Queues the operations recorded since the last job as `work`'s job, in call order (or runs them here, see above).
   c10::intrusive_ptr<c10d::Work> enqueue(c10::intrusive_ptr<HostWork> work, bool postedBuffers, bool asyncOp,
-                                         const CollectiveInfo& info, bool exchange = false);
+                                         const CollectiveInfo& info, bool exchange = false, uint64_t mailboxSerial = 0,
+                                         std::vector<PairRanges> pairs = {});
+  // What a peer that failed `job` posted about its pair with this rank, where it disagrees with this rank's side
+  // (pairDisagreement's words), else "".
+  std::string pairDisagreementOf(const Job& job, int peer) const;
   void workerLoop();
   // Runs `job` on the calling thread once its turn came (`lock` held; held again on return), and completes its work.
   void runInTurn(Job& job, std::unique_lock<std::mutex>& lock);
