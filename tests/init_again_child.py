@@ -51,4 +51,8 @@ def init_each(strings, **init_kwargs):
 
 if __name__ == "__main__":
     results = init_each(sys.argv[1].split(";"))
-    print("INIT-AGAIN " + json.dumps({"rank": int(__import__("os").environ["RANK"]), "results": results}), flush=True)
+    # One write with its newline: the ranks share torchrun's stdout, and print's separate newline let two ranks' lines
+    # run together.
+    line = "INIT-AGAIN " + json.dumps({"rank": int(__import__("os").environ["RANK"]), "results": results}) + "\n"
+    sys.stdout.write(line)
+    sys.stdout.flush()

@@ -301,7 +301,8 @@ def test_init_again_under_torchrun():
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", child,
                         ";".join(TORCHRUN_SEQUENCE)], capture_output=True, text=True, timeout=300, env=env,
                        cwd=tempfile.gettempdir())
-    lines = [json.loads(line.split("INIT-AGAIN ", 1)[1]) for line in p.stdout.splitlines() if "INIT-AGAIN " in line]
+    # Each rank's report after its marker, wherever the ranks' output met on one line.
+    lines = [json.loads(part) for line in p.stdout.splitlines() for part in line.split("INIT-AGAIN ")[1:]]
     assert p.returncode == 0 and len(lines) == 2, p.stdout[-4000:] + p.stderr[-4000:]
     for line in lines:
         _check_inits(line["results"], len(TORCHRUN_SEQUENCE))
