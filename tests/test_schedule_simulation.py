@@ -383,11 +383,13 @@ def test_flags_on_peer_lanes_are_caught(simulation, seed):
     """The direct schedules' flags to a peer written on that peer's lane instead of the Drain lane: its Done no
     longer follows the Drain lane's pull from a peer we came late for, so the peer's call ends, or its buffers are
     reused, while we still read them (early completion, some wrong bytes; in the fault model a copy after the call
-    ended)."""
+    ended, or a call that ended without error holding wrong bytes)."""
     total, counts = _peer_lanes_caught(simulation, seed, 2000, "--calls-in-flight", "--flags-on-peer-lanes")
     assert total >= 50 and counts.get("early completion", 0) > 0, counts
     total, counts = _peer_lanes_caught(simulation, seed, 2000, "--faults", "--flags-on-peer-lanes")
-    assert total >= 50 and counts.get("write after end") == total, counts
+    after_end = counts.get("write after end", 0)
+    assert total >= 50 and after_end > 0, counts
+    assert after_end + counts.get("wrong bytes in a call that ended without error", 0) == total, counts
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

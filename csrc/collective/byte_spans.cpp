@@ -53,4 +53,22 @@ std::vector<SpanCursor> cursorsOver(const std::vector<std::vector<ByteSpan>>& sp
   return cursors;
 }
 
+std::vector<ByteSpan> piecesOf(const std::vector<ByteSpan>& region, uint64_t offset, uint64_t bytes) {
+  std::vector<ByteSpan> out;
+  for (const ByteSpan& s : region) {
+    if (bytes == 0) {
+      break;
+    }
+    if (offset >= s.bytes) {
+      offset -= s.bytes;
+      continue;
+    }
+    const uint64_t n = std::min<uint64_t>(bytes, s.bytes - offset);
+    out.push_back({s.ptr + offset, n});
+    offset = 0;
+    bytes -= n;
+  }
+  return out;
+}
+
 }  // namespace sdma

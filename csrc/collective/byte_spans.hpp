@@ -24,6 +24,9 @@ class SpanCursor {
 // One cursor per rank's output spans, each starting at its first byte.
 std::vector<SpanCursor> cursorsOver(const std::vector<std::vector<ByteSpan>>& spansByRank);
 
+// The contiguous pieces of bytes [offset, offset + bytes) of a region laid out as `region`.
+std::vector<ByteSpan> piecesOf(const std::vector<ByteSpan>& region, uint64_t offset, uint64_t bytes);
+
 // Copies src pieces into dst pieces of the same total length on `lane`, skipping ranges that already alias
 // (in place).
 void copyPieces(Transport& t, Lane lane, const std::vector<ByteSpan>& dst, const std::vector<ByteSpan>& src);

@@ -8,39 +8,6 @@
 namespace sdma {
 namespace {
 
-// The contiguous pieces of bytes [offset, offset + bytes) of a region laid out as `region`.
-std::vector<ByteSpan> piecesOf(const std::vector<ByteSpan>& region, uint64_t offset, uint64_t bytes) {
-  std::vector<ByteSpan> out;
-  for (const ByteSpan& s : region) {
-    if (bytes == 0) {
-      break;
-    }
-    if (offset >= s.bytes) {
-      offset -= s.bytes;
-      continue;
-    }
-    const uint64_t n = std::min<uint64_t>(bytes, s.bytes - offset);
-    out.push_back({s.ptr + offset, n});
-    offset = 0;
-    bytes -= n;
-  }
-  return out;
-}
-
-std::vector<ByteSpan> inputRegion(const ExchangePlan& p) {
-  if (p.inputPacked()) {
-    return p.inputPieces;
-  }
-  return {{const_cast<char*>(p.input), p.inputBytes}};
-}
-
-std::vector<ByteSpan> outputRegion(const ExchangePlan& p) {
-  if (p.outputPacked()) {
-    return p.outputPieces;
-  }
-  return {{p.output, p.outputBytes}};
-}
-
 // How one pair's stream is cut: both of its ranks derive it from the pair's byte count alone.
 struct PairChunks {
   size_t chunkBytes = 0;

@@ -6,18 +6,22 @@
 
 namespace sdma {
 
-void openDirectExchange(Transport& t, const ExchangePlan& plan, uint32_t serial, const PostedBuffers& posted) {
+void openDirectExchange(Transport& t, const ExchangePlan& plan, uint32_t serial, const PostedBuffers& posted,
+                        const std::vector<ExchangePeer>& peers) {
   DirectTransport& d = *t.direct();
-  char* input = const_cast<char*>(posted.input);
-  // Peers may read our input and write our output once our stream is here: a bounced input first.
-  if (input != plan.input && plan.inputBytes > 0) {
-    copyPieces(t, Lane::Drain, {ByteSpan{input, plan.inputBytes}},
-               plan.inputPacked() ? plan.inputPieces
-                                  : std::vector<ByteSpan>{ByteSpan{const_cast<char*>(plan.input), plan.inputBytes}});
-    d.joinLane(Lane::Push, Lane::Drain);  // our pushes below read the bounce area
+  const int me = t.rank();
+  const int size = t.geometry().worldSize;
+  // A bounced input is read only by the peers that pull from it (this rank enqueued nothing for them: they came late
+  // to the pair); this rank's own copies read the input's tensors where they are. So it is packed only for such a
+  // peer, and before Arrived, which that peer's pull waits for.
+  bool pulledFrom = false;
+  for (int q = 0; q < size; ++q) {
+    pulledFrom = pulledFrom || (q != me && peers[q].buffers.pairing == Pairing::kPeerCameLate && plan.sendTo[q].bytes > 0);
   }
-  forEachPeerFrom(t.rank(), t.geometry().worldSize,
-                  [&](int q) { d.signalPeer(Lane::Drain, q, Flag::Arrived, 0, serial); });
+  if (posted.input != plan.input && plan.inputBytes > 0 && pulledFrom) {
+    copyPieces(t, Lane::Drain, {ByteSpan{const_cast<char*>(posted.input), plan.inputBytes}}, inputRegion(plan));
+  }
+  forEachPeerFrom(me, size, [&](int q) { d.signalPeer(Lane::Drain, q, Flag::Arrived, 0, serial); });
 }
 
 void closeDirectExchange(Transport& t, const ExchangePlan& plan, uint32_t serial, const PostedBuffers& posted) {
@@ -45,12 +49,13 @@ void scheduleDirectExchange(Transport& t, const ExchangePlan& plan, uint32_t ser
   DirectTransport& d = *t.direct();
   const int me = t.rank();
   const int size = t.geometry().worldSize;
-  const char* input = posted.input;
+  const std::vector<ByteSpan> input = inputRegion(plan);
   char* output = posted.outputBase;
-  openDirectExchange(t, plan, serial, posted);
+  openDirectExchange(t, plan, serial, posted, peers);
   const ByteRange& toSelf = plan.sendTo[me];
   if (toSelf.bytes > 0) {
-    t.copyLocal(Lane::Drain, output + plan.recvFrom[me].offset, input + toSelf.offset, toSelf.bytes);
+    copyPieces(t, Lane::Drain, {ByteSpan{output + plan.recvFrom[me].offset, toSelf.bytes}},
+               piecesOf(input, toSelf.offset, toSelf.bytes));
   }
   // Each peer on the Push lane of its own, nearest first (peer_order.hpp).
   forEachPeerFrom(me, size, [&](int q) {
@@ -61,7 +66,11 @@ void scheduleDirectExchange(Transport& t, const ExchangePlan& plan, uint32_t ser
     const ByteRange& to = plan.sendTo[q];
     if (to.bytes > 0) {
       d.waitPeer(Lane::Push, q, Flag::Arrived, 0, serial);
-      d.copyToPeer(Lane::Push, q, peer.buffers.outputBase + peer.ranges.expects.offset, input + to.offset, to.bytes);
+      uint64_t at = peer.buffers.outputBase + peer.ranges.expects.offset;
+      for (const ByteSpan& piece : piecesOf(input, to.offset, to.bytes)) {
+        d.copyToPeer(Lane::Push, q, at, piece.ptr, piece.bytes);
+        at += piece.bytes;
+      }
     }
     const ByteRange& from = plan.recvFrom[q];
     if (peer.buffers.pairing == Pairing::kThisCameLate && from.bytes > 0) {

@@ -21,15 +21,17 @@ struct ExchangePeer {
 };
 
 // `posted`: this rank's regions as it posted them (plan.input / plan.output, or the bounce area standing in for
-// them: then the schedule packs before and unpacks after, locally). `serial`: the group's direct serial, which this
+// them: then the schedule packs the input before, where a peer pulls from it, and unpacks the output after, locally). `serial`: the group's direct serial, which this
 // collective's Arrived and Done flags carry. Pushes on the Push lane, pulls and local copies on the Drain lane, which
 // writes every flag and ends the collective.
 void scheduleDirectExchange(Transport& transport, const ExchangePlan& plan, uint32_t serial,
                             const PostedBuffers& posted, const std::vector<ExchangePeer>& peers);
 
-// What every direct exchange begins and ends with: a bounced input packed and Arrived signalled to every peer; then,
-// after the copies, the Push lane joined, Done to and from every peer, and a bounced output unpacked.
-void openDirectExchange(Transport& transport, const ExchangePlan& plan, uint32_t serial, const PostedBuffers& posted);
+// What every direct exchange begins and ends with: a bounced input packed where a peer pulls from it, and Arrived
+// signalled to every peer; then, after the copies, the Push lane joined, Done to and from every peer, and a bounced
+// output unpacked. The schedule's own pushes and local copies read the input's tensors, never the bounce area.
+void openDirectExchange(Transport& transport, const ExchangePlan& plan, uint32_t serial, const PostedBuffers& posted,
+                        const std::vector<ExchangePeer>& peers);
 void closeDirectExchange(Transport& transport, const ExchangePlan& plan, uint32_t serial, const PostedBuffers& posted);
 
 }  // namespace sdma

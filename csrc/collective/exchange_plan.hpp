@@ -39,6 +39,21 @@ struct ExchangePlan {
   }
 };
 
+// A region as the pieces it is made of: the tensor's bytes, or the list form's tensors in region order.
+inline std::vector<ByteSpan> inputRegion(const ExchangePlan& p) {
+  if (p.inputPacked()) {
+    return p.inputPieces;
+  }
+  return {{const_cast<char*>(p.input), p.inputBytes}};
+}
+
+inline std::vector<ByteSpan> outputRegion(const ExchangePlan& p) {
+  if (p.outputPacked()) {
+    return p.outputPieces;
+  }
+  return {{p.output, p.outputBytes}};
+}
+
 // Per peer, what this rank posts about their pair: the ranges it sends and expects.
 inline std::vector<PairRanges> pairRangesOf(const ExchangePlan& plan) {
   std::vector<PairRanges> out(plan.sendTo.size());

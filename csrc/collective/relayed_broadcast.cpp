@@ -103,7 +103,7 @@ void scheduleRelayedBroadcast(Transport& t, const ExchangePlan& plan, uint32_t s
   const int ranks = t.geometry().worldSize;
   const int root = plan.relayRoot;
   const uint64_t chunk = plan.relayChunkBytes;
-  openDirectExchange(t, plan, serial, posted);
+  openDirectExchange(t, plan, serial, posted, peers);
 
   if (me == root) {
     // Chunk by chunk, each round to every rank, nearest first, each chunk announced on the lane that copied it: on
@@ -118,7 +118,7 @@ void scheduleRelayedBroadcast(Transport& t, const ExchangePlan& plan, uint32_t s
     forEachChunkRound(plan.sendTo, to, chunk, [&](int q, int c, uint64_t at, uint64_t bytes) {
       const ExchangePeer& peer = peers[q];
       d.copyToPeer(Lane::Push, q, peer.buffers.outputBase + peer.ranges.expects.offset + at,
-                   posted.input + plan.sendTo[q].offset + at, bytes);
+                   plan.input + plan.sendTo[q].offset + at, bytes);
       d.signalPeer(Lane::Push, q, Flag::Ready, c, serial);
     });
     closeDirectExchange(t, plan, serial, posted);

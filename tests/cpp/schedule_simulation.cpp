@@ -812,14 +812,6 @@ struct Exchange {
   std::string description;
 };
 
-// The spans of a region, in region order.
-std::vector<ByteSpan> inputRegion(const ExchangePlan& p) {
-  return p.inputPacked() ? p.inputPieces : std::vector<ByteSpan>{{const_cast<char*>(p.input), p.inputBytes}};
-}
-std::vector<ByteSpan> outputRegion(const ExchangePlan& p) {
-  return p.outputPacked() ? p.outputPieces : std::vector<ByteSpan>{{p.output, p.outputBytes}};
-}
-
 // Calls visit(pointer, bytes) for each contiguous part of bytes [offset, offset + bytes) of a region.
 template <class Visit>
 void walkRegion(const std::vector<ByteSpan>& region, uint64_t offset, uint64_t bytes, Visit&& visit) {
