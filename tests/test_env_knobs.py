@@ -120,7 +120,7 @@ def knobs_body(ctx):
     def min_bytes_across_nodes():
         # Its own variable: it sets the threshold of groups that span nodes and leaves the one-node threshold alone.
         o = group_with("TORCH_SDMA_MIN_BYTES_ACROSS_NODES", "64K")._get_backend(CPU)._sdma_options
-        assert (o.min_bytes_cuda_across_nodes, o.min_bytes_cuda, o.min_bytes_cpu) == (64 << 10, 0, 0), (
+        assert (o.min_bytes_cuda_across_nodes, o.min_bytes_cuda, o.min_bytes_cpu) == (64 << 10, -1, 0), (
             o.min_bytes_cuda_across_nodes, o.min_bytes_cuda, o.min_bytes_cpu)
         o = group_with("TORCH_SDMA_MIN_BYTES", "8M")._get_backend(CPU)._sdma_options
         assert (o.min_bytes_cuda_across_nodes, o.min_bytes_cuda) == (16 << 20, 8 << 20), (
@@ -150,7 +150,7 @@ def knobs_body(ctx):
     def options_as_pg_options():
         # The knobs as an object instead of the environment: the environment is then not read.
         o = torch_sdma.ProcessGroupSDMA.Options()
-        assert (o.staging_bytes_cuda, o.min_bytes_cuda, o.slots) == (256 << 20, 0, 2), "C++ defaults moved"
+        assert (o.staging_bytes_cuda, o.min_bytes_cuda, o.slots) == (256 << 20, -1, 2), "C++ defaults moved"
         assert o.min_bytes_cuda_across_nodes == 16 << 20, "C++ default of the across-nodes threshold moved"
         assert (o.direct_cuda, o.direct_cpu) == (True, False), "C++ defaults of the direct path moved"
         o.min_bytes_cpu = 4096
@@ -196,4 +196,35 @@ def test_env_knobs():
     res = run_group(knobs_body, 2, "sdma", timeout=180, pg_timeout_s=20,
                     env={"TORCH_SDMA_STAGING_BYTES": None, "TORCH_SDMA_DISABLE": None, "TORCH_SDMA_MIN_BYTES": None,
                          "TORCH_SDMA_MIN_BYTES_ACROSS_NODES": None, "TORCH_SDMA_DIRECT": None})
+    res.check()
+
+
+def min_bytes_by_size_body(ctx):
+    """TORCH_SDMA_MIN_BYTES unset: none below three ranks, 32 MiB for CUDA collectives from three (sdma_options.hpp),
+    none for CPU; set, what it says, whatever the size. Subgroups of 2 and 3 of the 3 ranks, as every member sees them."""
+    pair = dist.new_group(ranks=[0, 1])
+    whole = dist.new_group()
+    os.environ["TORCH_SDMA_MIN_BYTES"] = "1M"
+    try:
+        set_whole = dist.new_group()
+    finally:
+        os.environ.pop("TORCH_SDMA_MIN_BYTES")
+    seen = {}
+    if ctx.rank < 2:
+        b = pair._get_backend(CPU)
+        seen["pair"] = (b._sdma_options.min_bytes_cuda, b._sdma_collective_min_bytes("cuda"),
+                        b._sdma_collective_min_bytes("cpu"))
+        assert seen["pair"] == (-1, 0, 0), seen
+    b = whole._get_backend(CPU)
+    seen["whole"] = (b._sdma_collective_min_bytes("cuda"), b._sdma_collective_min_bytes("cpu"))
+    assert seen["whole"] == (32 << 20, 0), seen
+    b = set_whole._get_backend(CPU)
+    seen["set"] = (b._sdma_collective_min_bytes("cuda"), b._sdma_collective_min_bytes("cpu"))
+    assert seen["set"] == (1 << 20, 1 << 20), seen
+    return seen
+
+
+def test_min_bytes_default_by_group_size():
+    res = run_group(min_bytes_by_size_body, 3, "sdma", timeout=120, pg_timeout_s=20,
+                    env={"TORCH_SDMA_MIN_BYTES": None})
     res.check()

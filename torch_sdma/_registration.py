@@ -172,7 +172,7 @@ def _to_inner_backend(min_bytes: int) -> str:
     return f"outputs below {_human_bytes(min_bytes)} go to the inner backend"
 
 
-def _device_part(device: str, verdict, options, layout: str) -> str:
+def _device_part(device: str, verdict, options, layout: str, collective_min_bytes: int) -> str:
     """What one device's all-gathers do in this group, with only that device's settings."""
     cuda = device == "cuda"
     dma, between = ("copy engines", "NCCL") if cuda else ("shared memory", "gloo")
@@ -180,9 +180,11 @@ def _device_part(device: str, verdict, options, layout: str) -> str:
     if verdict[0] != "dma":
         return part
     staging = options.staging_bytes_cuda if cuda else options.staging_bytes_cpu
-    # A CUDA group that spans nodes compares with TORCH_SDMA_MIN_BYTES_ACROSS_NODES instead (docs/multinode.md).
-    min_bytes = options.min_bytes_cpu if not cuda else \
-        options.min_bytes_cuda_across_nodes if layout else options.min_bytes_cuda
+    # TORCH_SDMA_MIN_BYTES as this group applies it (unset: by its size, for CUDA); a CUDA group that spans nodes
+    # compares with TORCH_SDMA_MIN_BYTES_ACROSS_NODES as well (docs/multinode.md).
+    min_bytes = collective_min_bytes
+    if cuda and layout:
+        min_bytes = max(min_bytes, options.min_bytes_cuda_across_nodes)
     direct = options.direct_cuda if cuda else options.direct_cpu
     part += (f" (staging {staging >> 20} MiB per rank, {_to_inner_backend(min_bytes)}"
              + f", direct path {'on' if direct else 'off'})")
@@ -196,7 +198,7 @@ def _log_group_paths(pg, opts, options) -> None:
     for device in ("cuda", "cpu"):
         verdict = pg._sdma_creation_verdict(device)
         if verdict[0]:
-            parts.append(_device_part(device, verdict, options, layout))
+            parts.append(_device_part(device, verdict, options, layout, pg._sdma_collective_min_bytes(device)))
     if not pg._sdma_creation_verdict("cuda")[0] and pg._inner_cpu is None:
         parts.append("CUDA collectives unavailable in this process: " + _cuda_unavailable_reason())
     line = f"torch_sdma: group '{opts.group_id}' ({opts.group_size} ranks): " + "; ".join(parts)

@@ -166,6 +166,10 @@ PYBIND11_MODULE(_C, m) {
       .def("_sdma_staging_bytes", &sdma::ProcessGroupSDMA::stagingBytesInUse)
       .def("_sdma_peer_mapped_bytes", &sdma::ProcessGroupSDMA::peerMappedBytes)
       .def("_sdma_node_layout", &sdma::ProcessGroupSDMA::nodeLayoutDescription)
+      .def("_sdma_collective_min_bytes",
+           [](const sdma::ProcessGroupSDMA& self, const std::string& device) {
+             return self.collectiveMinBytes(device == "cuda");
+           })
       // torch <= 2.13's split_group (and so DeviceMesh) deep-copies `parent_backend.options` as the child's options,
       // as ProcessGroupNCCL binds it. These are the inner NCCL's (gloo's on a CPU-only group): a split then
       // carries the caller's NCCL settings on to the child's inner NCCL.

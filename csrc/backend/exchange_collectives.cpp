@@ -75,7 +75,7 @@ CollectivePath ProcessGroupSDMA::exchangeRoute(const PlannedExchange& planned, C
     return CollectivePath::inner("TORCH_SDMA_DELEGATE");
   }
   const bool cuda = planned.device.is_cuda();
-  if (planned.routeBytes >= 0 && planned.routeBytes < (cuda ? options_.minBytesCuda : options_.minBytesCpu)) {
+  if (planned.routeBytes >= 0 && planned.routeBytes < collectiveMinBytes(cuda)) {
     return CollectivePath::inner("below TORCH_SDMA_MIN_BYTES");
   }
   const CollectivePath& decided = (cuda ? cudaPath_ : hostPath_).decided;

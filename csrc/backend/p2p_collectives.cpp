@@ -84,7 +84,7 @@ CollectivePath ProcessGroupSDMA::p2pRoute(const at::Tensor& tensor) const {
     return CollectivePath::inner("TORCH_SDMA_DELEGATE");
   }
   const bool cuda = tensor.is_cuda();
-  if (bytesOf(tensor) < (cuda ? options_.minBytesCuda : options_.minBytesCpu)) {
+  if (bytesOf(tensor) < (cuda ? std::max<int64_t>(0, options_.minBytesCuda) : options_.minBytesCpu)) {
     return CollectivePath::inner("below TORCH_SDMA_MIN_BYTES");
   }
   if (cuda) {

@@ -515,6 +515,16 @@ void ProcessGroupSDMA::monitoredBarrier(const c10d::BarrierOptions& opts, bool w
   inner->monitoredBarrier(opts, waitAllRanks);
 }
 
+int64_t ProcessGroupSDMA::collectiveMinBytes(bool cuda) const {
+  if (!cuda) {
+    return options_.minBytesCpu;
+  }
+  if (options_.minBytesCuda >= 0) {
+    return options_.minBytesCuda;
+  }
+  return getSize() > 2 ? kManyRanksMinBytesCuda : 0;
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // All-gather.
 
@@ -526,7 +536,7 @@ CallPost ProcessGroupSDMA::callPostOf(const CollectiveNames& names, const Planne
   if (!inner && !planned.innerLacksForm) {
     const auto bytes = static_cast<int64_t>(planned.outputBytes);
     inner = (cuda && spansNodes() && bytes < options_.minBytesCudaAcrossNodes) ||
-            bytes < (cuda ? options_.minBytesCuda : options_.minBytesCpu);
+            bytes < collectiveMinBytes(cuda);
   }
   const DevicePath& path = cuda ? cudaPath_ : hostPath_;
   inner = inner || path.decided.isInner();  // connecting failed on every member alike
@@ -607,7 +617,7 @@ CollectivePath ProcessGroupSDMA::choosePath(const PlannedAllgather& planned, con
     if (cuda && spansNodes() && bytes < options_.minBytesCudaAcrossNodes) {
       return CollectivePath::inner("below TORCH_SDMA_MIN_BYTES_ACROSS_NODES");
     }
-    if (bytes < (cuda ? options_.minBytesCuda : options_.minBytesCpu)) {
+    if (bytes < collectiveMinBytes(cuda)) {
       return CollectivePath::inner("below TORCH_SDMA_MIN_BYTES");
     }
   }

@@ -146,6 +146,8 @@ class ProcessGroupSDMA : public c10d::Backend {
   DirectPairCounts directPairs() const;
   // "2 nodes x 2 ranks (rails [0,2],[1,3])" when the members span several nodes, else "".
   std::string nodeLayoutDescription() const;
+  // TORCH_SDMA_MIN_BYTES as the collectives of this group apply it (sdma_options.hpp: automatic by group size).
+  int64_t collectiveMinBytes(bool cuda) const;
 
  private:
   // One device's side of the DMA path: the verdict at creation, the path decided at the first eligible

@@ -15,10 +15,13 @@ namespace sdma {
 // copies serially, so a small area loses nothing.
 constexpr int64_t kDefaultStagingBytesCuda = int64_t{256} << 20;
 constexpr int64_t kDefaultStagingBytesCpu = int64_t{32} << 20;
-// Below this many output bytes a CUDA all-gather of a group on one node goes to NCCL. None by default: on 2x H200
-// (docs/results/2xH200.md) the direct path beat every other all-gather in place from 64 KiB to 8 MiB
-// in three benchmark runs of three, tied NCCL out of place (0.92-1.11x), and cost the CPU a third less per call.
-constexpr int64_t kDefaultMinBytesCuda = 0;
+// Below this many bytes a CUDA collective of a group on one node goes to NCCL. Automatic (-1) by default: none on two
+// ranks, where the direct path beat every other all-gather in place from 64 KiB (docs/results/2xH200.md);
+// kManyRanksMinBytesCuda from three, where each call's flags between every pair of ranks cost more than the copies
+// gain below it (on four H200s 0.60-0.87x NCCL from 64 KiB to 16 MiB, 1.00x at 32 MiB: docs/results/4xH200.md).
+// Point-to-point moves one pair's bytes whatever the group's size: automatic is none there.
+constexpr int64_t kDefaultMinBytesCuda = -1;
+constexpr int64_t kManyRanksMinBytesCuda = int64_t{32} << 20;
 constexpr int64_t kDefaultMinBytesCpu = 0;
 // The same for a group that spans nodes, whose small all-gathers would add a node-local step to NCCL's over the
 // network: never measured across real hosts, so NCCL keeps them up to where the copy engines won on one node
