@@ -5,6 +5,18 @@
 #include "collective/relayed_broadcast.hpp"
 
 namespace sdma {
+namespace {
+
+// The bytes of range `r` of this rank's input where they lie: in the list form's tensors, or at that offset from the
+// region's start (a tensor, or pieces a host runner posted in place, whose ranges it rebased on the first).
+std::vector<ByteSpan> inputSpans(const ExchangePlan& plan, const ByteRange& r) {
+  if (plan.inputPacked()) {
+    return piecesOf(plan.inputPieces, r.offset, r.bytes);
+  }
+  return {{const_cast<char*>(plan.input) + r.offset, r.bytes}};
+}
+
+}  // namespace
 
 void openDirectExchange(Transport& t, const ExchangePlan& plan, uint32_t serial, const PostedBuffers& posted,
                         const std::vector<ExchangePeer>& peers) {
@@ -49,13 +61,12 @@ void scheduleDirectExchange(Transport& t, const ExchangePlan& plan, uint32_t ser
   DirectTransport& d = *t.direct();
   const int me = t.rank();
   const int size = t.geometry().worldSize;
-  const std::vector<ByteSpan> input = inputRegion(plan);
   char* output = posted.outputBase;
   openDirectExchange(t, plan, serial, posted, peers);
   const ByteRange& toSelf = plan.sendTo[me];
   if (toSelf.bytes > 0) {
     copyPieces(t, Lane::Drain, {ByteSpan{output + plan.recvFrom[me].offset, toSelf.bytes}},
-               piecesOf(input, toSelf.offset, toSelf.bytes));
+               inputSpans(plan, toSelf));
   }
   // Each peer on the Push lane of its own, nearest first (peer_order.hpp).
   forEachPeerFrom(me, size, [&](int q) {
@@ -67,7 +78,7 @@ void scheduleDirectExchange(Transport& t, const ExchangePlan& plan, uint32_t ser
     if (to.bytes > 0) {
       d.waitPeer(Lane::Push, q, Flag::Arrived, 0, serial);
       uint64_t at = peer.buffers.outputBase + peer.ranges.expects.offset;
-      for (const ByteSpan& piece : piecesOf(input, to.offset, to.bytes)) {
+      for (const ByteSpan& piece : inputSpans(plan, to)) {
         d.copyToPeer(Lane::Push, q, at, piece.ptr, piece.bytes);
         at += piece.bytes;
       }
