@@ -853,9 +853,36 @@ std::vector<ByteSpan> layOut(std::vector<char>& arena, const std::vector<uint64_
   return spans;
 }
 
+// The list form's pieces posted where they are, as the shared-memory runner posts them (postPiecesInPlace): the region
+// starts at the lowest piece and each range is rebased on it, past the packed byte count where pieces lie apart.
+bool rebaseOnFirstPiece(const std::vector<ByteSpan>& pieces, std::vector<ByteRange>& ranges, char** base) {
+  *base = nullptr;
+  for (const ByteSpan& piece : pieces)
+    if (piece.bytes > 0 && (!*base || piece.ptr < *base))
+      *base = piece.ptr;
+  if (!*base)
+    return false;
+  for (ByteRange& range : ranges) {
+    if (range.bytes == 0) {
+      range.offset = 0;
+      continue;
+    }
+    uint64_t start = 0;
+    for (const ByteSpan& piece : pieces) {
+      if (range.offset >= start && range.offset + range.bytes <= start + piece.bytes) {
+        range.offset = static_cast<uint64_t>(piece.ptr - *base) + (range.offset - start);
+        break;
+      }
+      start += piece.bytes;
+    }
+  }
+  return true;
+}
+
 // A random exchange of `kind` over W ranks: all-to-all splits uneven, zeros among them, or even; broadcast, gather and
 // scatter from a random root. Each rank's regions posted as they are or (bit by bit of a random pick) bounced, as
-// the CUDA runner does for memory its peers cannot map; packed regions always bounced, as both runners do.
+// the CUDA runner does for memory its peers cannot map; packed regions bounced, as the CUDA runner does, or posted in
+// place with their ranges rebased, as the shared-memory runner does.
 Exchange makeExchange(ExchangeKind kind, int W, std::mt19937& rng, bool mayRelay = false) {
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   auto size = [&] { return pick(0, 3) == 0 ? uint64_t{0} : static_cast<uint64_t>(pick(1, 48)); };
@@ -1011,6 +1038,22 @@ Exchange makeExchange(ExchangeKind kind, int W, std::mt19937& rng, bool mayRelay
         memcpy(x.outputsAfter[r].data() + (ptr - x.outputs[r].data()), src, n);
         src += n;
       });
+    }
+  }
+  // Half of the list forms' regions posted in place (every byte where it was expected above: only the ranges'
+  // offsets change, and the pieces stay the region).
+  for (int r = 0; r < W && !relayed; ++r) {
+    ExchangePlan& p = x.plans[r];
+    char* base = nullptr;
+    if (p.inputPacked() && pick(0, 1) && rebaseOnFirstPiece(p.inputPieces, p.sendTo, &base)) {
+      p.input = base;
+      x.posted[r].input = base;
+      x.description += " in-place-input" + std::to_string(r);
+    }
+    if (p.outputPacked() && pick(0, 1) && rebaseOnFirstPiece(p.outputPieces, p.recvFrom, &base)) {
+      p.output = base;
+      x.posted[r].outputBase = base;
+      x.description += " in-place-output" + std::to_string(r);
     }
   }
   return x;
