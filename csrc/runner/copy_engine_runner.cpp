@@ -44,6 +44,10 @@ constexpr auto kLivenessCheckAfter = std::chrono::milliseconds(1000);
 // Staging grows in powers of two from here, so a group connects a handful of times at most.
 constexpr size_t kSmallestSegment = size_t{1} << 20;
 
+// What a failure that keeps the process adds to its words.
+constexpr const char* kAfterFailure =
+    " This group runs no further collectives; its GPU streams run on until every peer has failed it too.";
+
 // What the exit on a failure found after the calls returned names (async_error_exit.hpp).
 template <typename Calls>
 std::vector<std::string> describeCalls(const Calls& calls) {
@@ -665,8 +669,8 @@ void CopyEngineRunner::watchdogLoop() {
       if (exitsOnAsyncError()) {
         exitOnAsyncError(reason, describeCalls(inFlight_));
       }
-      LOG(ERROR) << "torch_sdma: " << reason;
-      failGroupLocked(reason);
+      LOG(ERROR) << "torch_sdma: " << reason << kAfterFailure;
+      failGroupLocked(reason + kAfterFailure);
       continue;
     }
     wake_.wait_for(lock, kPollInterval);
@@ -706,7 +710,7 @@ std::string CopyEngineRunner::describeFailure(const InFlight& stuck, const std::
     why << " (of this node; the gathers between nodes run on the NCCL of " << hierarchy_->railName()
         << ", whose own watchdog reports a rank missing there)";
   }
-  why << ". This group runs no further collectives; its GPU streams run on until every peer has failed it too.";
+  why << ".";
   return why.str();
 }
 
@@ -874,8 +878,8 @@ bool CopyEngineRunner::drainOnShutdown() {
       if (exitsOnAsyncError()) {
         exitOnAsyncError(reason, describeCalls(inFlight_));
       }
-      LOG(ERROR) << "torch_sdma: " << reason;
-      failGroupLocked(reason);
+      LOG(ERROR) << "torch_sdma: " << reason << kAfterFailure;
+      failGroupLocked(reason + kAfterFailure);
       break;
     }
     std::this_thread::sleep_for(kPollInterval);
