@@ -78,7 +78,13 @@ SOURCES = {
         "direct_p2p_batch.cpp",
     ],
     "transport": ["peer_rendezvous.cpp", "group_timeout_store.cpp", "host_shared_memory.cpp", "host_shm_transport.cpp"],
-    "runner": ["shared_memory_runner.cpp", "host_rail_allgather.cpp", "kept_for_life.cpp", "host_p2p_runner.cpp"],
+    "runner": [
+        "shared_memory_runner.cpp",
+        "host_rail_allgather.cpp",
+        "kept_for_life.cpp",
+        "host_p2p_runner.cpp",
+        "async_error_exit.cpp",
+    ],
     "work": ["host_work.cpp", "self_p2p_work.cpp", "interpreter_exit.cpp"],
 }
 GPU_SOURCES = {

@@ -40,6 +40,7 @@ import zlib
 from dataclasses import dataclass, field
 
 DEFAULT_PG_TIMEOUT_S = 60.0
+ASYNC_ERROR_HANDLING = "TORCH_SDMA_ASYNC_ERROR_HANDLING"
 
 
 # --------------------------------------------------------------------------------------------- child side
@@ -418,7 +419,9 @@ def run_group(
     """Run fn(ctx, **kwargs) in `world` spawned processes.
 
     init: backend string for init_process_group before fn runs (None: fn does it itself with ctx.init_pg).
-    env: environment set in every child before anything runs (None values unset a variable);
+    env: environment set in every child before anything runs (None values unset a variable); over
+         TORCH_SDMA_ASYNC_ERROR_HANDLING=0, so that a rank outlives a failure found after its call returned unless
+         env names the variable;
     per_rank_env: {rank: {...}} on top of env.
     timeout: hard limit for the whole run; every child still alive then is SIGKILLed.
     grace: after a rank ends with an error or a signal, the others get this long before being SIGKILLed
@@ -442,7 +445,11 @@ def run_group(
     procs = []
     t0 = time.monotonic()
     for rank in range(world):
-        e = dict(env or {})
+        # The tests check errors on every rank after a failure, so their ranks outlive one found after the call
+        # returned (TORCH_SDMA_ASYNC_ERROR_HANDLING=0); a test of the default exit names the variable itself (None:
+        # unset, the default).
+        e = {ASYNC_ERROR_HANDLING: "0"}
+        e.update(env or {})
         e.update((per_rank_env or {}).get(rank, {}))
         p = ctx_mp.Process(
             target=_child_main,

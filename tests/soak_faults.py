@@ -344,6 +344,8 @@ def run_episode(seed, episode, fault, calls=8, timeout_s=2.5, device="cpu", env=
     failed call's output gave back])."""
     e = {"TORCH_SDMA_MIN_BYTES": "1M" if fault.get("inner_allgathers") else "0", "TORCH_SDMA_DISABLE": None,
          "TORCH_SDMA_TEST_FAULT": None,
+         # Every rank must outlive the fault to report what its calls returned (docs/api.md).
+         "TORCH_SDMA_ASYNC_ERROR_HANDLING": "0",
          "TORCH_SDMA_DIRECT": "1" if fault["direct"] else "0"}
     e.update(env or {})
     limit = 60 + 6 * timeout_s

@@ -28,6 +28,8 @@ BAD = [
     ("TORCH_SDMA_DIRECT", "sometimes"),
     ("TORCH_SDMA_PEER_LANES", "0"),
     ("TORCH_SDMA_PEER_LANES", "many"),
+    ("TORCH_SDMA_ASYNC_ERROR_HANDLING", "2"),
+    ("TORCH_SDMA_ASYNC_ERROR_HANDLING", "yes"),
 ]
 
 

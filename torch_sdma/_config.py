@@ -25,6 +25,7 @@ KNOWN_VARIABLES = (
     "TORCH_SDMA_DIRECT_PEER_WAIT_US",
     "TORCH_SDMA_PEER_LANES",
     "TORCH_SDMA_DELEGATE",
+    "TORCH_SDMA_ASYNC_ERROR_HANDLING",
     "TORCH_SDMA_TEST_PSEUDO_NODES",
     "TORCH_SDMA_TEST_FAULT",
     "TORCH_SDMA_TEST_SYNC_ON_CALLER",
@@ -119,6 +120,22 @@ def options_from_env(group_size: int) -> "_C.ProcessGroupSDMA.Options":
     o.delegate = _parse_delegate("TORCH_SDMA_DELEGATE")
     validate(o, group_size)
     return o
+
+
+ASYNC_ERROR_HANDLING = "TORCH_SDMA_ASYNC_ERROR_HANDLING"
+
+
+def check_async_error_handling() -> None:
+    """TORCH_SDMA_ASYNC_ERROR_HANDLING is the process's, not a group's: the C++ side reads it from the environment
+    the first time a failure asks (csrc/runner/async_error_exit.hpp). Checked at every group's creation, so that a
+    bad value is refused before any call can fail."""
+    raw = os.environ.get(ASYNC_ERROR_HANDLING)
+    if raw is None or raw.strip() in ("", "0", "1"):
+        return
+    raise ValueError(
+        f"{ASYNC_ERROR_HANDLING}={raw!r} is not 0 or 1: 1 (the default) ends the process, naming the failure, when "
+        "a call fails after it returned; 0 keeps it running with that call's outputs undefined"
+    )
 
 
 def pseudo_node(global_rank: int) -> str:

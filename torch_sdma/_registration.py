@@ -100,6 +100,7 @@ def _rail_backend(store, rank, size, device, timeout, name):
 
 def _options(opts, backend_options):
     """The group's knobs: a ProcessGroupSDMA.Options passed as pg_options as it is, else the environment's."""
+    _config.check_async_error_handling()
     if isinstance(backend_options, _C.ProcessGroupSDMA.Options):
         _config.validate(backend_options, opts.group_size)
         options = backend_options

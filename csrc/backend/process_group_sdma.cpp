@@ -12,6 +12,7 @@
 #include <algorithm>
 
 #include "backend/settings_agreement.hpp"
+#include "runner/async_error_exit.hpp"
 #include "runner/group_failure.hpp"
 #include "work/coalesced_work.hpp"
 
@@ -291,8 +292,13 @@ void ProcessGroupSDMA::onDelegatedDiffering(const DelegatedWatch::Call& call, co
       c10d::OpType::UNKNOWN, callOpName(call.post.op), call.seq, options_.groupName, getRank(), getSize(),
       options_.timeout};
   const std::string reason = info.describe() + " failed: " + words;
-  LOG(ERROR) << "torch_sdma: " << reason << "; the inner backend's communicator is aborted";
   board_->fail(call.seq, reason);
+  // An NCCL call returned when its kernel was enqueued, and aborting its communicator ends that kernel with its output
+  // unwritten: the caller's stream would run on into whatever reads it. A gloo call's wait() raises instead.
+  if (call.inner && call.inner != innerCpu_ && exitsOnAsyncError()) {
+    exitOnAsyncError(reason + ".", {info.describe()});
+  }
+  LOG(ERROR) << "torch_sdma: " << reason << "; the inner backend's communicator is aborted";
   if (call.work) {
     call.work->fail(std::make_exception_ptr(C10_BUILD_ERROR(DistBackendError, "torch_sdma: " + reason)));
   }

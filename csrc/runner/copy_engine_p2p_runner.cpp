@@ -21,6 +21,7 @@
 #include <optional>
 
 #include "collective/direct_p2p_batch.hpp"
+#include "runner/async_error_exit.hpp"
 #include "runner/captured_p2p_pairs.hpp"
 #include "runner/copy_engine_direct.hpp"
 #include "runner/graph_held_transports.hpp"
@@ -35,6 +36,16 @@ namespace {
 
 // What a release writes, past any serial the peer may still wait for (docs/design.md, "Failures").
 constexpr uint32_t kReleaseAhead = 1u << 30;
+
+// What the exit on a failure found after the batches returned names (async_error_exit.hpp).
+template <typename Batches>
+std::vector<std::string> describeBatches(const Batches& batches) {
+  std::vector<std::string> out;
+  for (const auto& b : batches) {
+    out.push_back(b.info.describe());
+  }
+  return out;
+}
 
 class CopyEngineP2pRunner : public P2pRunner {
  public:
@@ -345,6 +356,11 @@ class CopyEngineP2pRunner : public P2pRunner {
         for (const auto& f : inFlight_) {
           const std::string why = stuck(f, now);
           if (!why.empty()) {
+            // Before the board says so: a peer that reads this rank's failure there releases its waits, and its
+            // streams run on into whatever reads the outputs.
+            if (exitsOnAsyncError()) {
+              exitOnAsyncError(why + ".", describeBatches(inFlight_));
+            }
             if (board_) {
               board_->fail(f.failAt, why);
             }
@@ -400,6 +416,9 @@ class CopyEngineP2pRunner : public P2pRunner {
 
   void abandon(const std::string& why) {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (exitsOnAsyncError() && !inFlight_.empty()) {
+      exitOnAsyncError("the point-to-point watchdog failed: " + why + ".", describeBatches(inFlight_));
+    }
     failGroupLocked("the point-to-point watchdog failed: " + why);
   }
 

@@ -22,6 +22,7 @@
 #include "collective/rank_list.hpp"
 #include "collective/relayed_broadcast.hpp"
 #include "collective/staging_allgather.hpp"
+#include "runner/async_error_exit.hpp"
 #include "runner/captured_lanes.hpp"
 #include "runner/graph_held_transports.hpp"
 #include "runner/kept_for_life.hpp"
@@ -42,6 +43,20 @@ constexpr auto kIdlePoll = std::chrono::milliseconds(50);
 constexpr auto kLivenessCheckAfter = std::chrono::milliseconds(1000);
 // Staging grows in powers of two from here, so a group connects a handful of times at most.
 constexpr size_t kSmallestSegment = size_t{1} << 20;
+
+// What a failure that keeps the process adds to its words.
+constexpr const char* kAfterFailure =
+    " This group runs no further collectives; its GPU streams run on until every peer has failed it too.";
+
+// What the exit on a failure found after the calls returned names (async_error_exit.hpp).
+template <typename Calls>
+std::vector<std::string> describeCalls(const Calls& calls) {
+  std::vector<std::string> out;
+  for (const auto& c : calls) {
+    out.push_back(c.info.describe());
+  }
+  return out;
+}
 
 // The largest chunk `plan` is cut into at `geometry` (a message smaller than a segment is one chunk of its size).
 size_t largestChunk(const AllgatherPlan& plan, const StagingGeometry& geometry) {
@@ -649,8 +664,13 @@ void CopyEngineRunner::watchdogLoop() {
       continue;
     }
     if (!reason.empty()) {
-      LOG(ERROR) << "torch_sdma: " << reason;
-      failGroupLocked(reason);
+      // Before failGroupLocked publishes the failure, after which the peers release this rank's waits and its
+      // streams run on into whatever reads the outputs.
+      if (exitsOnAsyncError()) {
+        exitOnAsyncError(reason, describeCalls(inFlight_));
+      }
+      LOG(ERROR) << "torch_sdma: " << reason << kAfterFailure;
+      failGroupLocked(reason + kAfterFailure);
       continue;
     }
     wake_.wait_for(lock, kPollInterval);
@@ -690,7 +710,7 @@ std::string CopyEngineRunner::describeFailure(const InFlight& stuck, const std::
     why << " (of this node; the gathers between nodes run on the NCCL of " << hierarchy_->railName()
         << ", whose own watchdog reports a rank missing there)";
   }
-  why << ". This group runs no further collectives; its GPU streams run on until every peer has failed it too.";
+  why << ".";
   return why.str();
 }
 
@@ -806,8 +826,12 @@ std::string CopyEngineRunner::sizeMismatchOf(const InFlight& inFlight) const {
   if (words.empty()) {
     return "";
   }
-  // The whole group fails with it, delegated collectives included.
-  inFlight.info.board->fail(inFlight.info.seq, inFlight.info.describe() + " failed: " + words);
+  // The whole group fails with it, delegated collectives included. Not where the watchdog is about to end the
+  // process: a peer that reads this rank's failure mark releases its waits on this rank's point-to-point pairs, and
+  // finds it gone a moment later anyway.
+  if (!exitsOnAsyncError()) {
+    inFlight.info.board->fail(inFlight.info.seq, inFlight.info.describe() + " failed: " + words);
+  }
   return "failed: " + words + ",";
 }
 
@@ -815,6 +839,10 @@ void CopyEngineRunner::abandonInFlight(const std::string& why) {
   std::deque<InFlight> failed;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (exitsOnAsyncError() && !inFlight_.empty()) {
+      exitOnAsyncError("the copy-engine watchdog on GPU " + std::to_string(device_) + " failed: " + why + ".",
+                       describeCalls(inFlight_));
+    }
     failure_.record("its watchdog failed: " + why);
     failed.swap(inFlight_);
     watchdogGone_ = true;
@@ -846,9 +874,12 @@ bool CopyEngineRunner::drainOnShutdown() {
     }
     if (std::chrono::steady_clock::now() > oldest.deadline()) {
       const std::string reason = describeFailure(oldest, "was still pending when the group was destroyed");
-      LOG(ERROR) << "torch_sdma: " << reason;
       std::lock_guard<std::mutex> lock(mutex_);
-      failGroupLocked(reason);
+      if (exitsOnAsyncError()) {
+        exitOnAsyncError(reason, describeCalls(inFlight_));
+      }
+      LOG(ERROR) << "torch_sdma: " << reason << kAfterFailure;
+      failGroupLocked(reason + kAfterFailure);
       break;
     }
     std::this_thread::sleep_for(kPollInterval);

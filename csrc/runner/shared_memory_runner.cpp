@@ -298,14 +298,12 @@ void SharedMemoryRunner::runInTurn(Job& job, std::unique_lock<std::mutex>& lock)
         if (d) {
           return job.board->describe(job.seq, job.post, d);
         }
-        if (!job.exchange) {
-          return std::string();
-        }
-        // An exchange's peer that failed this call or an earlier one (it found its pair disagreeing after this rank
-        // had read its post) never comes; one that failed a later call has enqueued this one. Other collectives keep
-        // waiting for what they wait on, so that a peer that exited is named as such.
+        // A peer that failed an earlier call makes no further ones, and an exchange's peer that failed this one (it
+        // found its pair disagreeing after this rank had read its post) never comes either; one that failed a later
+        // call has enqueued this one. An all-gather whose peer failed this very call keeps waiting for what it waits
+        // on, so that a peer that exited is named as such.
         const auto [peer, at] = job.board->failedPeer();
-        if (peer < 0 || at > job.seq) {
+        if (peer < 0 || at > job.seq || (at == job.seq && !job.exchange)) {
           return std::string();
         }
         const std::string differs = at == job.seq ? pairDisagreementOf(job, peer) : "";
