@@ -72,6 +72,15 @@ def routing_body(ctx, delegated):
     def even(name, n):
         return ex.all_to_all_single(name, torch.uint8, split_matrix("", W, f"even:{n // W}"), cols=None, splits="none")
 
+    # Older torch's gloo has no list all_to_all: delegated there, the call gets gloo's own refusal, as with gloo.
+    try:
+        dist.all_to_all([torch.empty(1) for _ in range(W)], [torch.zeros(1) for _ in range(W)],
+                        group=dist.new_group(backend="gloo"))
+        gloo_lists = True
+    except RuntimeError as e:
+        assert "does not support alltoall" in str(e), e
+        gloo_lists = False
+
     u8 = torch.uint8
     steps = [  # (call, the key it must be counted on); broadcast: the tensor's bytes, gather and scatter: per rank x
         # size, even all_to_all_single: the input's bytes; uneven all_to_all_single and all_to_all lists: any size
@@ -92,6 +101,13 @@ def routing_body(ctx, delegated):
     def case(call, key):
         def fn():
             torch_sdma.reset_stats(g)
+            if key == "all_to_all:inner:TORCH_SDMA_DELEGATE" and not gloo_lists:
+                try:
+                    call()
+                except RuntimeError as e:
+                    assert "does not support alltoall" in str(e), e
+                    return
+                raise AssertionError("a delegated list all_to_all ran where gloo has none")
             check(call())
             s = torch_sdma.stats(g)
             op = key.split(":")[0]

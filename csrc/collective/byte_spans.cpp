@@ -71,4 +71,15 @@ std::vector<ByteSpan> piecesOf(const std::vector<ByteSpan>& region, uint64_t off
   return out;
 }
 
+bool spansOverlap(const std::vector<ByteSpan>& a, const std::vector<ByteSpan>& b) {
+  for (const ByteSpan& x : a) {
+    for (const ByteSpan& y : b) {
+      if (x.bytes > 0 && y.bytes > 0 && x.ptr < y.ptr + y.bytes && y.ptr < x.ptr + x.bytes) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
 }  // namespace sdma

@@ -27,6 +27,9 @@ std::vector<SpanCursor> cursorsOver(const std::vector<std::vector<ByteSpan>>& sp
 // The contiguous pieces of bytes [offset, offset + bytes) of a region laid out as `region`.
 std::vector<ByteSpan> piecesOf(const std::vector<ByteSpan>& region, uint64_t offset, uint64_t bytes);
 
+// Whether any byte of `a` is also a byte of `b`.
+bool spansOverlap(const std::vector<ByteSpan>& a, const std::vector<ByteSpan>& b);
+
 // Copies src pieces into dst pieces of the same total length on `lane`, skipping ranges that already alias
 // (in place).
 void copyPieces(Transport& t, Lane lane, const std::vector<ByteSpan>& dst, const std::vector<ByteSpan>& src);

@@ -7,9 +7,26 @@
 namespace sdma {
 namespace {
 
-// The bytes of range `r` of this rank's input where they lie: in the list form's tensors, or at that offset from the
-// region's start (a tensor, or pieces a host runner posted in place, whose ranges it rebased on the first).
-std::vector<ByteSpan> inputSpans(const ExchangePlan& plan, const ByteRange& r) {
+// Whether this rank's pushes read its input from the bounce area, packed before Arrived: where peers write its output
+// in place (not bounced) over the input's own tensors (a list form whose outputs alias its inputs), a peer's bytes
+// could land in a tensor before this rank pushed what it held.
+bool pushesReadBounce(const ExchangePlan& plan, const PostedBuffers& posted) {
+  if (posted.input == plan.input || plan.inputBytes == 0 || posted.outputBase != plan.output) {
+    return false;
+  }
+  const std::vector<ByteSpan> written =
+      !plan.outputPieces.empty() ? plan.outputPieces : std::vector<ByteSpan>{{plan.output, plan.outputBytes}};
+  return spansOverlap(inputRegion(plan), written);
+}
+
+// The bytes of range `r` of this rank's input where its pushes read them: in the bounce area (above), in the list
+// form's tensors, or at that offset from the region's start (a tensor, or pieces a host runner posted in place, whose
+// ranges it rebased on the first).
+std::vector<ByteSpan> inputSpans(const ExchangePlan& plan, const PostedBuffers& posted, bool fromBounce,
+                                 const ByteRange& r) {
+  if (fromBounce) {
+    return {{const_cast<char*>(posted.input) + r.offset, r.bytes}};
+  }
   if (plan.inputPacked()) {
     return piecesOf(plan.inputPieces, r.offset, r.bytes);
   }
@@ -23,15 +40,20 @@ void openDirectExchange(Transport& t, const ExchangePlan& plan, uint32_t serial,
   DirectTransport& d = *t.direct();
   const int me = t.rank();
   const int size = t.geometry().worldSize;
-  // A bounced input is read only by the peers that pull from it (this rank enqueued nothing for them: they came late
-  // to the pair); this rank's own copies read the input's tensors where they are. So it is packed only for such a
-  // peer, and before Arrived, which that peer's pull waits for.
+  // A bounced input is read by the peers that pull from it (this rank enqueued nothing for them: they came late to
+  // the pair) and by this rank's pushes only where peers write over the input (pushesReadBounce); otherwise this
+  // rank's copies read the input's tensors where they are. So it is packed only then, and before Arrived, which such
+  // a peer's pull waits for.
   bool pulledFrom = false;
   for (int q = 0; q < size; ++q) {
     pulledFrom = pulledFrom || (q != me && peers[q].buffers.pairing == Pairing::kPeerCameLate && plan.sendTo[q].bytes > 0);
   }
-  if (posted.input != plan.input && plan.inputBytes > 0 && pulledFrom) {
+  const bool pushesRead = pushesReadBounce(plan, posted);
+  if (posted.input != plan.input && plan.inputBytes > 0 && (pulledFrom || pushesRead)) {
     copyPieces(t, Lane::Drain, {ByteSpan{const_cast<char*>(posted.input), plan.inputBytes}}, inputRegion(plan));
+    if (pushesRead) {
+      d.joinLane(Lane::Push, Lane::Drain);
+    }
   }
   forEachPeerFrom(me, size, [&](int q) { d.signalPeer(Lane::Drain, q, Flag::Arrived, 0, serial); });
 }
@@ -62,11 +84,12 @@ void scheduleDirectExchange(Transport& t, const ExchangePlan& plan, uint32_t ser
   const int me = t.rank();
   const int size = t.geometry().worldSize;
   char* output = posted.outputBase;
+  const bool fromBounce = pushesReadBounce(plan, posted);
   openDirectExchange(t, plan, serial, posted, peers);
   const ByteRange& toSelf = plan.sendTo[me];
   if (toSelf.bytes > 0) {
     copyPieces(t, Lane::Drain, {ByteSpan{output + plan.recvFrom[me].offset, toSelf.bytes}},
-               inputSpans(plan, toSelf));
+               inputSpans(plan, posted, fromBounce, toSelf));
   }
   // Each peer on the Push lane of its own, nearest first (peer_order.hpp).
   forEachPeerFrom(me, size, [&](int q) {
@@ -78,7 +101,7 @@ void scheduleDirectExchange(Transport& t, const ExchangePlan& plan, uint32_t ser
     if (to.bytes > 0) {
       d.waitPeer(Lane::Push, q, Flag::Arrived, 0, serial);
       uint64_t at = peer.buffers.outputBase + peer.ranges.expects.offset;
-      for (const ByteSpan& piece : inputSpans(plan, to)) {
+      for (const ByteSpan& piece : inputSpans(plan, posted, fromBounce, to)) {
         d.copyToPeer(Lane::Push, q, at, piece.ptr, piece.bytes);
         at += piece.bytes;
       }
