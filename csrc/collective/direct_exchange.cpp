@@ -14,9 +14,12 @@ bool pushesReadBounce(const ExchangePlan& plan, const PostedBuffers& posted) {
   if (posted.input == plan.input || plan.inputBytes == 0 || posted.outputBase != plan.output) {
     return false;
   }
-  const std::vector<ByteSpan> written =
-      !plan.outputPieces.empty() ? plan.outputPieces : std::vector<ByteSpan>{{plan.output, plan.outputBytes}};
-  return spansOverlap(inputRegion(plan), written);
+  // The list's own tensors on both sides, also where a host runner posted them in place.
+  const auto piecesOr = [](const std::vector<ByteSpan>& pieces, const char* base, uint64_t bytes) {
+    return !pieces.empty() ? pieces : std::vector<ByteSpan>{{const_cast<char*>(base), bytes}};
+  };
+  return spansOverlap(piecesOr(plan.inputPieces, plan.input, plan.inputBytes),
+                      piecesOr(plan.outputPieces, plan.output, plan.outputBytes));
 }
 
 // The bytes of range `r` of this rank's input where its pushes read them: in the bounce area (above), in the list

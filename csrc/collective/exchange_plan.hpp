@@ -39,7 +39,8 @@ struct ExchangePlan {
   }
 };
 
-// A region as the pieces it is made of: the tensor's bytes, or the list form's tensors in region order.
+// A region as the pieces it is made of: the list form's tensors, or the tensor's bytes (a host runner's pieces posted
+// in place are one region from their lowest address, their ranges rebased on it).
 inline std::vector<ByteSpan> inputRegion(const ExchangePlan& p) {
   if (p.inputPacked()) {
     return p.inputPieces;

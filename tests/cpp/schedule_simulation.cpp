@@ -881,25 +881,29 @@ bool rebaseOnFirstPiece(const std::vector<ByteSpan>& pieces, std::vector<ByteRan
 
 // A random exchange of `kind` over W ranks: all-to-all splits uneven, zeros among them, or even; broadcast, gather and
 // scatter from a random root. Each rank's regions posted as they are or (bit by bit of a random pick) bounced, as
-// the CUDA runner does for memory its peers cannot map; packed regions bounced, as the CUDA runner does, or posted in
-// place with their ranges rebased, as the shared-memory runner does.
-Exchange makeExchange(ExchangeKind kind, int W, std::mt19937& rng, bool mayRelay = false) {
+// the CUDA runner does for memory its peers cannot map; packed regions bounced, as the CUDA runner does, or, with
+// `hostPosting` (the eager exchange's own cases), posted in place with their ranges rebased as the shared-memory runner
+// does, a quarter of the list all-to-alls in place (each output the input for the same peer).
+Exchange makeExchange(ExchangeKind kind, int W, std::mt19937& rng, bool mayRelay = false, bool hostPosting = false) {
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   auto size = [&] { return pick(0, 3) == 0 ? uint64_t{0} : static_cast<uint64_t>(pick(1, 48)); };
   Exchange x;
   x.kind = kind;
   x.description = exchangeKindName(kind);
   uint64_t n = 0;  // broadcast, gather, scatter: the bytes of the one tensor (per rank)
+  bool aliased = false;  // a list all-to-all whose outputs are its inputs
   // bytes[i][j]: what rank i sends rank j.
   std::vector<std::vector<uint64_t>> bytes(W, std::vector<uint64_t>(W, 0));
   const bool allToAll = kind == ExchangeKind::AlltoallSingle || kind == ExchangeKind::AlltoallList;
   if (allToAll) {
     const bool even = kind == ExchangeKind::AlltoallSingle && pick(0, 3) == 0;
+    // A quarter of the list forms in place: rank i's output for j is its input for j, so the splits are symmetric.
+    aliased = hostPosting && kind == ExchangeKind::AlltoallList && pick(0, 3) == 0;
     const uint64_t each = size();
     for (int i = 0; i < W; ++i)
       for (int j = 0; j < W; ++j)
-        bytes[i][j] = even ? each : size();
-    x.description += even ? " even" : " splits";
+        bytes[i][j] = even ? each : aliased && j < i ? bytes[j][i] : size();
+    x.description += even ? " even" : aliased ? " in place, splits" : " splits";
     for (int i = 0; i < W; ++i) {
       x.description += i ? "|" : " ";
       for (int j = 0; j < W; ++j)
@@ -993,7 +997,7 @@ Exchange makeExchange(ExchangeKind kind, int W, std::mt19937& rng, bool mayRelay
       }
     }
     const std::vector<ByteSpan> in = layOut(x.inputs[r], inSizes, r, rng);
-    const std::vector<ByteSpan> out = layOut(x.outputs[r], outSizes, r, rng);
+    const std::vector<ByteSpan> out = aliased ? in : layOut(x.outputs[r], outSizes, r, rng);
     if (inPieces)
       p.inputPieces = in;
     else if (!in.empty())
@@ -1025,6 +1029,9 @@ Exchange makeExchange(ExchangeKind kind, int W, std::mt19937& rng, bool mayRelay
   x.inputsAfter = x.inputs;
   x.outputsAfter = x.outputs;
   for (int r = 0; r < W; ++r) {
+    // In place, rank r's output pieces lie in its input arena.
+    const std::vector<char>& outArena = aliased ? x.inputs[r] : x.outputs[r];
+    std::vector<char>& outAfter = aliased ? x.inputsAfter[r] : x.outputsAfter[r];
     for (int q = 0; q < W; ++q) {
       const ByteRange& from = x.plans[r].recvFrom[q];
       const ByteRange& to = x.plans[q].sendTo[r];
@@ -1035,22 +1042,24 @@ Exchange makeExchange(ExchangeKind kind, int W, std::mt19937& rng, bool mayRelay
       // of the root's tensor, which a relaying q forwards from its output.
       const char* src = x.sent[relayed ? x.root : q].data() + to.offset;
       walkRegion(outputRegion(x.plans[r]), from.offset, from.bytes, [&](char* ptr, uint64_t n) {
-        memcpy(x.outputsAfter[r].data() + (ptr - x.outputs[r].data()), src, n);
+        memcpy(outAfter.data() + (ptr - outArena.data()), src, n);
         src += n;
       });
     }
   }
   // Half of the list forms' regions posted in place (every byte where it was expected above: only the ranges'
   // offsets change, and the pieces stay the region).
-  for (int r = 0; r < W && !relayed; ++r) {
+  for (int r = 0; r < W && hostPosting && !relayed; ++r) {
     ExchangePlan& p = x.plans[r];
     char* base = nullptr;
-    if (p.inputPacked() && pick(0, 1) && rebaseOnFirstPiece(p.inputPieces, p.sendTo, &base)) {
+    // In place, the input stays bounced (the runner posts no input over its output) and the output is posted where it
+    // lies, so that peers write over the input's own tensors.
+    if (p.inputPacked() && !aliased && pick(0, 1) && rebaseOnFirstPiece(p.inputPieces, p.sendTo, &base)) {
       p.input = base;
       x.posted[r].input = base;
       x.description += " in-place-input" + std::to_string(r);
     }
-    if (p.outputPacked() && pick(0, 1) && rebaseOnFirstPiece(p.outputPieces, p.recvFrom, &base)) {
+    if (p.outputPacked() && (aliased || pick(0, 1)) && rebaseOnFirstPiece(p.outputPieces, p.recvFrom, &base)) {
       p.output = base;
       x.posted[r].outputBase = base;
       x.description += " in-place-output" + std::to_string(r);
@@ -1170,7 +1179,7 @@ void exchangeCase(std::mt19937& rng, int caseNo, FakeTransport::Mutation mutatio
   const int count = std::uniform_int_distribution<int>(2, 4)(rng);
   for (int c = 0; c < count; ++c) {
     const auto kind = static_cast<ExchangeKind>(std::uniform_int_distribution<int>(0, kExchangeKinds - 1)(rng));
-    calls.push_back(std::make_unique<Exchange>(makeExchange(kind, W, rng, true)));
+    calls.push_back(std::make_unique<Exchange>(makeExchange(kind, W, rng, true, true)));
     ended.emplace_back(W, false);
     const Exchange& x = *calls.back();
     const std::vector<std::vector<Pairing>> pairing = settlePairs(W, rng);
