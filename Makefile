@@ -28,7 +28,7 @@ export NCCL_NVLS_ENABLE := 0
 export TORCH_SYMM_MEM_DISABLE_MULTICAST := 1
 export NVSHMEM_DISABLE_NVLS := 1
 
-.PHONY: all deps install build test lint lint-deps format test-torch213 hip-check bench gpu-tests gpu-frameworks clean soak
+.PHONY: all deps install build test lint lint-deps format fresh-clone hip-check bench gpu-tests gpu-frameworks clean soak
 
 all: build
 
@@ -79,24 +79,23 @@ format: lint-deps
 	$(PY) -m ruff check --fix .
 	$(dir $(PY))clang-format -i $(CXX_FILES)
 
-# The oldest torch CI can install, the CPU build of 2.13 (2.9-2.13 need the default-backend workaround too). Its
-# extension goes to build/torch213, out of the checkout that the other targets import; its objects to
-# build/temp-torch2.13.0+cpu (setup.py), which the wheels its tests build share. The registration tests by default:
-# several other tests put the checkout itself first on the path (tests/soak_faults.py) or hand it to their children
-# (PYTHONPATH), and after `make build` the checkout holds the other torch's extension. TORCH213_TESTS=tests runs the
-# whole suite, in a checkout without an in-place build.
-VENV213 ?= .venv213
-TORCH213_TESTS ?= tests/test_registration.py
-test-torch213:
-	@[ -x $(VENV213)/bin/python ] || $(PYTHON) -m venv $(VENV213)
-	@$(VENV213)/bin/python -c "import torch" >/dev/null 2>&1 || { echo "make: installing torch 2.13.0 (CPU) into $(VENV213)"; \
-	  $(VENV213)/bin/python -m pip install -q --progress-bar off "torch==2.13.0" pytest ninja numpy; }
-	@mkdir -p build && echo "make: building torch_sdma._C for torch 2.13 (log: build/build213.log)"
-	@MAX_JOBS=$(JOBS) $(VENV213)/bin/python setup.py -q build_ext --build-lib build/torch213 2>&1 | tee build/build213.log \
-	  | { grep '^torch_sdma: ' || true; } || { tail -n 40 build/build213.log; exit 1; }
-	@cp torch_sdma/*.py build/torch213/torch_sdma/
-	@echo "make: running the tests on torch 2.13 ($(TORCH213_TESTS))"
-	PYTHONPATH=$(CURDIR)/build/torch213 $(VENV213)/bin/pytest $(TORCH213_TESTS) $(PYTEST_ARGS)
+# The README's steps on another torch, in a fresh clone of this checkout's HEAD with a venv of its own holding torch
+# $(FRESH_TORCH): the install, torch-sdma-check, make test and make bench, in that order. A clone, not this checkout:
+# the tests put the checkout first on the path (tests/soak_faults.py) or hand it to their children (PYTHONPATH), so
+# an extension built in place here for one torch must never be where another torch's tests look. CI runs it with
+# 2.13.0, the oldest torch it can install (TORCH_INDEX, as above, picks the index torch comes from).
+FRESH_TORCH ?= 2.13.0
+FRESH_DIR   := $(CURDIR)/build/fresh-torch$(FRESH_TORCH)
+FRESH_MAKE  := env -u PYTHONPATH $(MAKE) -C $(FRESH_DIR) PYTHON=$(FRESH_DIR)/.venv/bin/python
+fresh-clone:
+	@echo "make: a fresh clone of HEAD in $(FRESH_DIR), with torch $(FRESH_TORCH) in its .venv"
+	@rm -rf $(FRESH_DIR) && git clone -q . $(FRESH_DIR) && $(PYTHON) -m venv $(FRESH_DIR)/.venv
+	@$(FRESH_DIR)/.venv/bin/python -m pip install -q --progress-bar off $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) \
+	  "torch==$(FRESH_TORCH)"
+	$(FRESH_MAKE) install
+	cd / && env -u PYTHONPATH $(FRESH_DIR)/.venv/bin/torch-sdma-check
+	$(FRESH_MAKE) test
+	$(FRESH_MAKE) bench
 
 # The HIP build of the GPU layer, compiled host-only as AMD's platform against Debian's HIP headers
 # (libamdhip64-dev, HIP 5.2; installed when missing, which needs root) and torch's, warnings as errors. It shows

@@ -248,8 +248,8 @@ setup(
     ext_modules=[extension()],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
     # Objects compiled against one torch are no use to another (other headers, other flags): each torch gets a folder
-    # of its own, so that a second interpreter's build (make test-torch213, the wheels its tests build) neither
-    # recompiles nor overwrites the first's.
+    # of its own, so that a build for a second interpreter with another torch neither recompiles nor overwrites the
+    # first's.
     options={"egg_info": {"egg_base": os.path.relpath(EGG_BASE)},
              "build": {"build_temp": os.path.join("build", f"temp-torch{torch.__version__}")}},
 )
