@@ -28,7 +28,8 @@ void openDirectExchange(Transport& t, const ExchangePlan& plan, uint32_t serial,
   // peer, and before Arrived, which that peer's pull waits for.
   bool pulledFrom = false;
   for (int q = 0; q < size; ++q) {
-    pulledFrom = pulledFrom || (q != me && peers[q].buffers.pairing == Pairing::kPeerCameLate && plan.sendTo[q].bytes > 0);
+    pulledFrom =
+        pulledFrom || (q != me && peers[q].buffers.pairing == Pairing::kPeerCameLate && plan.sendTo[q].bytes > 0);
   }
   if (posted.input != plan.input && plan.inputBytes > 0 && pulledFrom) {
     copyPieces(t, Lane::Drain, {ByteSpan{const_cast<char*>(posted.input), plan.inputBytes}}, inputRegion(plan));
@@ -65,8 +66,7 @@ void scheduleDirectExchange(Transport& t, const ExchangePlan& plan, uint32_t ser
   openDirectExchange(t, plan, serial, posted, peers);
   const ByteRange& toSelf = plan.sendTo[me];
   if (toSelf.bytes > 0) {
-    copyPieces(t, Lane::Drain, {ByteSpan{output + plan.recvFrom[me].offset, toSelf.bytes}},
-               inputSpans(plan, toSelf));
+    copyPieces(t, Lane::Drain, {ByteSpan{output + plan.recvFrom[me].offset, toSelf.bytes}}, inputSpans(plan, toSelf));
   }
   // Each peer on the Push lane of its own, nearest first (peer_order.hpp).
   forEachPeerFrom(me, size, [&](int q) {
