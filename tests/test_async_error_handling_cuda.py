@@ -3,7 +3,9 @@ skipped elsewhere): a peer later than the group's timeout on a synchronous call 
 returns once its copies are enqueued; its watchdog finds the timeout afterwards, with the caller's stream waiting on
 the call. Under the default the process names the failure on stderr and exits with status 75 before anything
 releases that wait, so the read queued after the call never runs; under TORCH_SDMA_ASYNC_ERROR_HANDLING=0 every rank
-gets an error (the early one from the group's next call) and later calls are refused."""
+gets an error (the early one from the group's next call) and later calls are refused. Both need the early rank's
+watchdog to act at the timeout, 1.5 s before the late rank calls: its read of the flags that name the peers may sit
+behind the failed call's wait on a shared hardware queue, and is given up on rather than waited for."""
 import os
 import shutil
 

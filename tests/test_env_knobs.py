@@ -203,7 +203,8 @@ def test_env_knobs():
 
 def min_bytes_by_size_body(ctx):
     """TORCH_SDMA_MIN_BYTES unset: none below three ranks, 32 MiB for CUDA collectives from three (sdma_options.hpp),
-    none for CPU; set, what it says, whatever the size. Subgroups of 2 and 3 of the 3 ranks, as every member sees them."""
+    none for CPU; set, what it says, whatever the size. Subgroups of 2 and 3 of the 3 ranks, as every member sees
+    them."""
     pair = dist.new_group(ranks=[0, 1])
     whole = dist.new_group()
     os.environ["TORCH_SDMA_MIN_BYTES"] = "1M"

@@ -541,8 +541,7 @@ CallPost ProcessGroupSDMA::callPostOf(const CollectiveNames& names, const Planne
   bool inner = !planned.notForDma.empty() || options_.disable;
   if (!inner && !planned.innerLacksForm) {
     const auto bytes = static_cast<int64_t>(planned.outputBytes);
-    inner = (cuda && spansNodes() && bytes < options_.minBytesCudaAcrossNodes) ||
-            bytes < collectiveMinBytes(cuda);
+    inner = (cuda && spansNodes() && bytes < options_.minBytesCudaAcrossNodes) || bytes < collectiveMinBytes(cuda);
   }
   const DevicePath& path = cuda ? cudaPath_ : hostPath_;
   inner = inner || path.decided.isInner();  // connecting failed on every member alike

@@ -49,7 +49,8 @@ void openDirectExchange(Transport& t, const ExchangePlan& plan, uint32_t serial,
   // a peer's pull waits for.
   bool pulledFrom = false;
   for (int q = 0; q < size; ++q) {
-    pulledFrom = pulledFrom || (q != me && peers[q].buffers.pairing == Pairing::kPeerCameLate && plan.sendTo[q].bytes > 0);
+    pulledFrom =
+        pulledFrom || (q != me && peers[q].buffers.pairing == Pairing::kPeerCameLate && plan.sendTo[q].bytes > 0);
   }
   const bool pushesRead = pushesReadBounce(plan, posted);
   if (posted.input != plan.input && plan.inputBytes > 0 && (pulledFrom || pushesRead)) {

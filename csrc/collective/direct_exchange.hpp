@@ -21,9 +21,9 @@ struct ExchangePeer {
 };
 
 // `posted`: this rank's regions as it posted them (plan.input / plan.output, or the bounce area standing in for
-// them: then the schedule packs the input before, where a peer pulls from it, and unpacks the output after, locally). `serial`: the group's direct serial, which this
-// collective's Arrived and Done flags carry. Pushes on the Push lane, pulls and local copies on the Drain lane, which
-// writes every flag and ends the collective.
+// them: then the schedule packs the input before, where a peer pulls from it, and unpacks the output after, locally).
+// `serial`: the group's direct serial, which this collective's Arrived and Done flags carry. Pushes on the Push lane,
+// pulls and local copies on the Drain lane, which writes every flag and ends the collective.
 void scheduleDirectExchange(Transport& transport, const ExchangePlan& plan, uint32_t serial,
                             const PostedBuffers& posted, const std::vector<ExchangePeer>& peers);
 

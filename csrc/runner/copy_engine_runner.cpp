@@ -39,6 +39,9 @@ constexpr auto kPollInterval = std::chrono::milliseconds(5);
 // "Failures"): the peers' lanes may be waiting for this rank's release.
 constexpr auto kIdlePoll = std::chrono::milliseconds(50);
 
+// How long the watchdog waits for a read of the flags to land before it describes a failure without them: the read
+// may sit behind the very wait that failed (CopyEngineTransport::readFlags). A landed read takes microseconds.
+constexpr auto kFlagReadLimit = std::chrono::milliseconds(50);
 // Before a collective has been pending this long, peers are not checked for liveness (it costs syscalls).
 constexpr auto kLivenessCheckAfter = std::chrono::milliseconds(1000);
 // Staging grows in powers of two from here, so a group connects a handful of times at most.
@@ -652,6 +655,9 @@ void CopyEngineRunner::watchdogLoop() {
       }
     }
     const std::string reason = cause.empty() ? "" : describeFailure(oldest, cause);
+    // The call may have ended while it was described (a late peer came): then it did not fail, and its output,
+    // which the caller's stream may already be reading, is complete. Polled before mutex_ is taken, as above.
+    const bool endedSince = !reason.empty() && oldest.completion->pollDone();
     lock.lock();
     // An enqueue that was refused meanwhile may have failed the group: the calls in flight then moved to failed_.
     const bool stillOldest =
@@ -659,7 +665,7 @@ void CopyEngineRunner::watchdogLoop() {
     if (!stillOldest) {
       continue;
     }
-    if (done) {
+    if (done || endedSince) {
       inFlight_.pop_front();
       continue;
     }
@@ -678,34 +684,43 @@ void CopyEngineRunner::watchdogLoop() {
 }
 
 std::string CopyEngineRunner::describeFailure(const InFlight& stuck, const std::string& cause) {
-  const auto reached = stuck.transport->readFlags(stuck.reached);
-  const auto finished = stuck.transport->readFlags(stuck.finished);
+  // Measured before the flags are read, which may take up to kFlagReadLimit.
+  const auto waited =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - stuck.enqueuedAt);
+  const auto reached = stuck.transport->readFlags(stuck.reached, kFlagReadLimit);
+  const auto finished = reached ? stuck.transport->readFlags(stuck.finished, kFlagReadLimit) : std::nullopt;
   const int slots = stuck.transport->geometry().slots;
   std::vector<int> neverArrived, stalled;
+  bool flagsUnread = false;
   if (stuck.lastSerial != stuck.firstSerial - 1) {
     for (int q = 0; q < size_; ++q) {
       if (q == rank_) {
         continue;
       }
-      const uint32_t firstFlag = reached[q * slots + stuck.slotOf(stuck.firstSerial, slots)];
-      const uint32_t lastFlag = finished[q * slots + stuck.slotOf(stuck.lastSerial, slots)];
       // On the direct path a peer's CPU posts before its stream can signal anything: what it posted says whether it
-      // reached the collective, even where its stream has not got there yet.
-      const bool arrived = stuck.directSerial != 0 ? direct_->peerReached(q, stuck.directSerial)
-                                                   : flagReached(firstFlag, stuck.firstSerial);
-      if (!arrived) {
+      // reached the collective, even where its stream has not got there yet (and also where the flags are unread).
+      std::optional<bool> arrived;
+      if (stuck.directSerial != 0) {
+        arrived = direct_->peerReached(q, stuck.directSerial);
+      } else if (reached) {
+        arrived = flagReached((*reached)[q * slots + stuck.slotOf(stuck.firstSerial, slots)], stuck.firstSerial);
+      }
+      if (arrived && !*arrived) {
         neverArrived.push_back(groupRankOf(q));
-      } else if (!flagReached(lastFlag, stuck.lastSerial)) {
+      } else if (!arrived || !finished) {
+        flagsUnread = true;
+      } else if (!flagReached((*finished)[q * slots + stuck.slotOf(stuck.lastSerial, slots)], stuck.lastSerial)) {
         stalled.push_back(groupRankOf(q));
       }
     }
   }
   std::ostringstream why;
-  why << stuck.info.describe() << " " << cause << " after "
-      << std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - stuck.enqueuedAt)
-             .count()
+  why << stuck.info.describe() << " " << cause << " after " << waited.count()
       << " ms; peers that never reached it: " << rankList(neverArrived)
       << "; peers that stalled inside it: " << rankList(stalled);
+  if (flagsUnread) {
+    why << " (not all known: the read of this rank's flags sat behind a wait on its GPU)";
+  }
   if (hierarchy_) {
     why << " (of this node; the gathers between nodes run on the NCCL of " << hierarchy_->railName()
         << ", whose own watchdog reports a rank missing there)";

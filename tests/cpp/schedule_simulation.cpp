@@ -890,7 +890,7 @@ Exchange makeExchange(ExchangeKind kind, int W, std::mt19937& rng, bool mayRelay
   Exchange x;
   x.kind = kind;
   x.description = exchangeKindName(kind);
-  uint64_t n = 0;  // broadcast, gather, scatter: the bytes of the one tensor (per rank)
+  uint64_t n = 0;        // broadcast, gather, scatter: the bytes of the one tensor (per rank)
   bool aliased = false;  // a list all-to-all whose outputs are its inputs
   // bytes[i][j]: what rank i sends rank j.
   std::vector<std::vector<uint64_t>> bytes(W, std::vector<uint64_t>(W, 0));
