@@ -38,7 +38,7 @@ std::vector<ByteSpan> inputSpans(const ExchangePlan& plan, const PostedBuffers& 
 
 }  // namespace
 
-void openDirectExchange(Transport& t, const ExchangePlan& plan, uint32_t serial, const PostedBuffers& posted,
+bool openDirectExchange(Transport& t, const ExchangePlan& plan, uint32_t serial, const PostedBuffers& posted,
                         const std::vector<ExchangePeer>& peers) {
   DirectTransport& d = *t.direct();
   const int me = t.rank();
@@ -60,6 +60,7 @@ void openDirectExchange(Transport& t, const ExchangePlan& plan, uint32_t serial,
     }
   }
   forEachPeerFrom(me, size, [&](int q) { d.signalPeer(Lane::Drain, q, Flag::Arrived, 0, serial); });
+  return pushesRead;
 }
 
 void closeDirectExchange(Transport& t, const ExchangePlan& plan, uint32_t serial, const PostedBuffers& posted) {
@@ -72,9 +73,7 @@ void closeDirectExchange(Transport& t, const ExchangePlan& plan, uint32_t serial
   forEachPeerFrom(me, size, [&](int q) { d.signalPeer(Lane::Drain, q, Flag::Done, 0, serial); });
   forEachPeerFrom(me, size, [&](int q) { d.waitPeer(Lane::Drain, q, Flag::Done, 0, serial); });
   if (posted.outputBase != plan.output && plan.outputBytes > 0) {
-    copyPieces(t, Lane::Drain,
-               plan.outputPacked() ? plan.outputPieces : std::vector<ByteSpan>{ByteSpan{plan.output, plan.outputBytes}},
-               {ByteSpan{posted.outputBase, plan.outputBytes}});
+    copyPieces(t, Lane::Drain, outputRegion(plan), {ByteSpan{posted.outputBase, plan.outputBytes}});
   }
 }
 
@@ -88,8 +87,7 @@ void scheduleDirectExchange(Transport& t, const ExchangePlan& plan, uint32_t ser
   const int me = t.rank();
   const int size = t.geometry().worldSize;
   char* output = posted.outputBase;
-  const bool fromBounce = pushesReadBounce(plan, posted);
-  openDirectExchange(t, plan, serial, posted, peers);
+  const bool fromBounce = openDirectExchange(t, plan, serial, posted, peers);
   const ByteRange& toSelf = plan.sendTo[me];
   if (toSelf.bytes > 0) {
     copyPieces(t, Lane::Drain, {ByteSpan{output + plan.recvFrom[me].offset, toSelf.bytes}},

@@ -23,4 +23,14 @@ bool exitsOnAsyncError();
 // atexit handler and no other thread of ours runs after it, so nothing releases a stream's wait on the way out.
 [[noreturn]] void exitOnAsyncError(const std::string& failure, const std::vector<std::string>& inFlight);
 
+// The calls (or batches) in flight as exitOnAsyncError names them: each one's info.describe().
+template <typename Calls>
+std::vector<std::string> describeEach(const Calls& calls) {
+  std::vector<std::string> out;
+  for (const auto& c : calls) {
+    out.push_back(c.info.describe());
+  }
+  return out;
+}
+
 }  // namespace sdma

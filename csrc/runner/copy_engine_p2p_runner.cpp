@@ -37,16 +37,6 @@ namespace {
 // What a release writes, past any serial the peer may still wait for (docs/design.md, "Failures").
 constexpr uint32_t kReleaseAhead = 1u << 30;
 
-// What the exit on a failure found after the batches returned names (async_error_exit.hpp).
-template <typename Batches>
-std::vector<std::string> describeBatches(const Batches& batches) {
-  std::vector<std::string> out;
-  for (const auto& b : batches) {
-    out.push_back(b.info.describe());
-  }
-  return out;
-}
-
 class CopyEngineP2pRunner : public P2pRunner {
  public:
   CopyEngineP2pRunner(c10::intrusive_ptr<c10d::Store> store, int rank, int device, CallBoard* board,
@@ -359,7 +349,7 @@ class CopyEngineP2pRunner : public P2pRunner {
             // Before the board says so: a peer that reads this rank's failure there releases its waits, and its
             // streams run on into whatever reads the outputs.
             if (exitsOnAsyncError()) {
-              exitOnAsyncError(why + ".", describeBatches(inFlight_));
+              exitOnAsyncError(why + ".", describeEach(inFlight_));
             }
             if (board_) {
               board_->fail(f.failAt, why);
@@ -417,7 +407,7 @@ class CopyEngineP2pRunner : public P2pRunner {
   void abandon(const std::string& why) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (exitsOnAsyncError() && !inFlight_.empty()) {
-      exitOnAsyncError("the point-to-point watchdog failed: " + why + ".", describeBatches(inFlight_));
+      exitOnAsyncError("the point-to-point watchdog failed: " + why + ".", describeEach(inFlight_));
     }
     failGroupLocked("the point-to-point watchdog failed: " + why);
   }

@@ -51,16 +51,6 @@ constexpr size_t kSmallestSegment = size_t{1} << 20;
 constexpr const char* kAfterFailure =
     " This group runs no further collectives; its GPU streams run on until every peer has failed it too.";
 
-// What the exit on a failure found after the calls returned names (async_error_exit.hpp).
-template <typename Calls>
-std::vector<std::string> describeCalls(const Calls& calls) {
-  std::vector<std::string> out;
-  for (const auto& c : calls) {
-    out.push_back(c.info.describe());
-  }
-  return out;
-}
-
 // The largest chunk `plan` is cut into at `geometry` (a message smaller than a segment is one chunk of its size).
 size_t largestChunk(const AllgatherPlan& plan, const StagingGeometry& geometry) {
   return std::max(kPageBytes, std::min(chunkBytesFor(plan, geometry), roundUp(plan.bytesPerRank, kPageBytes)));
@@ -673,7 +663,7 @@ void CopyEngineRunner::watchdogLoop() {
       // Before failGroupLocked publishes the failure, after which the peers release this rank's waits and its
       // streams run on into whatever reads the outputs.
       if (exitsOnAsyncError()) {
-        exitOnAsyncError(reason, describeCalls(inFlight_));
+        exitOnAsyncError(reason, describeEach(inFlight_));
       }
       LOG(ERROR) << "torch_sdma: " << reason << kAfterFailure;
       failGroupLocked(reason + kAfterFailure);
@@ -856,7 +846,7 @@ void CopyEngineRunner::abandonInFlight(const std::string& why) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (exitsOnAsyncError() && !inFlight_.empty()) {
       exitOnAsyncError("the copy-engine watchdog on GPU " + std::to_string(device_) + " failed: " + why + ".",
-                       describeCalls(inFlight_));
+                       describeEach(inFlight_));
     }
     failure_.record("its watchdog failed: " + why);
     failed.swap(inFlight_);
@@ -891,7 +881,7 @@ bool CopyEngineRunner::drainOnShutdown() {
       const std::string reason = describeFailure(oldest, "was still pending when the group was destroyed");
       std::lock_guard<std::mutex> lock(mutex_);
       if (exitsOnAsyncError()) {
-        exitOnAsyncError(reason, describeCalls(inFlight_));
+        exitOnAsyncError(reason, describeEach(inFlight_));
       }
       LOG(ERROR) << "torch_sdma: " << reason << kAfterFailure;
       failGroupLocked(reason + kAfterFailure);

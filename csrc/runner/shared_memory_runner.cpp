@@ -57,9 +57,6 @@ bool postPiecesInPlace(const std::vector<ByteSpan>& pieces, std::vector<ByteRang
 }
 
 // An input piece that is also an output keeps the bounce area: peers would write it while others still read it.
-std::vector<ByteSpan> outputSpans(const ExchangePlan& plan) {
-  return plan.outputPacked() ? plan.outputPieces : std::vector<ByteSpan>{ByteSpan{plan.output, plan.outputBytes}};
-}
 
 }  // namespace
 
@@ -206,7 +203,7 @@ c10::intrusive_ptr<c10d::Work> SharedMemoryRunner::run(PlannedExchange& planned,
   // The list forms' pieces are posted where they are, or else packed into regions of their own; the work keeps both
   // (and keeps them for good if it fails).
   char* region = nullptr;
-  if (plan.inputPacked() && !spansOverlap(plan.inputPieces, outputSpans(plan)) &&
+  if (plan.inputPacked() && !spansOverlap(plan.inputPieces, outputRegion(plan)) &&
       postPiecesInPlace(plan.inputPieces, plan.sendTo, &region)) {
     plan.input = region;
   }
