@@ -212,9 +212,9 @@ def test_cuda_exchange_soak():
 
 # ------------------------------------------------------------------------------------ relayed broadcast
 def cuda_relayed_broadcast_body(ctx):
-    """Broadcasts large enough to be relayed through the peers (more than two ranks), from every root, of sizes that
-    cut into uneven parts and chunks, sync and async, with ranks made late at random so that pairs settle both ways
-    (a rank that pulls its part from the root, peers that pull a part from each other): every byte the root's."""
+    """Broadcasts large enough to be relayed through the ranks (more than two ranks), from every root, of sizes that
+    cut into uneven chunks, sync and async, with ranks made late at random so that pairs settle both ways (a rank
+    that pulls the tensor from the root, a rank that pulls chunks from the previous one): every byte the root's."""
     import random
     import time
 

@@ -26,8 +26,8 @@ struct ExchangePlan {
   uint64_t outputBytes = 0;
   std::vector<ByteSpan> inputPieces;
   std::vector<ByteSpan> outputPieces;
-  // A broadcast relayed through the peers (relayed_broadcast.hpp): its root, and the bytes of the chunks each part
-  // moves in; -1 where the plan moves every range in one hop.
+  // A broadcast relayed through the ranks (relayed_broadcast.hpp): its root, and the bytes of the chunks it moves in;
+  // -1 where the plan moves every range in one hop.
   int relayRoot = -1;
   uint64_t relayChunkBytes = 0;
 

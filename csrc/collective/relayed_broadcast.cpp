@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <vector>
 
-#include "collective/peer_order.hpp"
-
 namespace sdma {
 namespace {
 
@@ -12,46 +10,12 @@ uint64_t ceilDiv(uint64_t a, uint64_t b) {
   return (a + b - 1) / b;
 }
 
-// The bytes of the part of the rank at distance d from the root, cut on chunk bounds: the chunks dealt out as evenly
-// as the parts allow, the earlier parts one more where they do not divide.
-ByteRange partAt(int d, uint64_t bytes, uint64_t chunkBytes, int ranks) {
-  const uint64_t chunks = ceilDiv(bytes, chunkBytes);
-  const uint64_t parts = static_cast<uint64_t>(ranks - 1);
-  const auto firstChunk = [&](uint64_t part) { return part * (chunks / parts) + std::min(part, chunks % parts); };
-  const uint64_t begin = std::min(bytes, firstChunk(d - 1) * chunkBytes);
-  const uint64_t end = std::min(bytes, firstChunk(d) * chunkBytes);
-  return {begin, end - begin};
-}
-
-int distanceFrom(int root, int rank, int ranks) {
-  return (rank - root + ranks) % ranks;
-}
-
-// Calls visit(c, offset, bytes) for each chunk of `range`.
+// Calls visit(c, offset, bytes) for each chunk of `bytes`.
 template <class Visit>
-void forEachChunk(const ByteRange& range, uint64_t chunkBytes, Visit&& visit) {
+void forEachChunk(uint64_t bytes, uint64_t chunkBytes, Visit&& visit) {
   int c = 0;
-  for (uint64_t at = 0; at < range.bytes; at += chunkBytes, ++c) {
-    visit(c, at, std::min(chunkBytes, range.bytes - at));
-  }
-}
-
-// Calls visit(q, c, offset, bytes) for chunk c of range[q] of every rank q of `ranks`, chunk-major: chunk 0 of each in
-// turn, then chunk 1, ...
-template <class Visit>
-void forEachChunkRound(const std::vector<ByteRange>& range, const std::vector<int>& ranks, uint64_t chunkBytes,
-                       Visit&& visit) {
-  for (uint64_t at = 0, c = 0;; at += chunkBytes, ++c) {
-    bool any = false;
-    for (int q : ranks) {
-      if (at < range[q].bytes) {
-        visit(q, static_cast<int>(c), at, std::min(chunkBytes, range[q].bytes - at));
-        any = true;
-      }
-    }
-    if (!any) {
-      return;
-    }
+  for (uint64_t at = 0; at < bytes; at += chunkBytes, ++c) {
+    visit(c, at, std::min(chunkBytes, bytes - at));
   }
 }
 
@@ -61,38 +25,32 @@ bool broadcastIsRelayed(uint64_t bytes, int ranks) {
   return ranks > 2 && bytes >= kRelayMinBytes;
 }
 
-ExchangePlan relayedBroadcastPlan(char* region, uint64_t bytes, int root, int rank, int ranks, uint64_t chunkUnit) {
+ExchangePlan relayedBroadcastPlan(char* region, uint64_t bytes, int root, int rank, int ranks, uint64_t chunkUnit,
+                                  int chunks) {
   ExchangePlan p;
   p.sendTo.assign(ranks, ByteRange{});
   p.recvFrom.assign(ranks, ByteRange{});
   p.relayRoot = root;
-  // As few chunks as fill every part's slots, each a whole number of units (none smaller than the copy engines run
-  // well at).
-  const uint64_t perSlot = ceilDiv(bytes, static_cast<uint64_t>(ranks - 1) * kRelayChunksPerPart);
-  p.relayChunkBytes = std::max<uint64_t>(1, ceilDiv(perSlot, chunkUnit)) * chunkUnit;
-  const auto partOf = [&](int q) { return partAt(distanceFrom(root, q, ranks), bytes, p.relayChunkBytes, ranks); };
-  if (rank == root) {
-    for (int q = 0; q < ranks; ++q) {
-      if (q != root) {
-        p.sendTo[q] = partOf(q);
-      }
-    }
+  uint64_t n = chunks > 0 ? static_cast<uint64_t>(chunks)
+                          : std::clamp<uint64_t>(bytes / kRelayChunkBytes, kRelayMinChunks, kRelayMaxChunks);
+  n = std::max<uint64_t>(1, std::min(n, bytes / chunkUnit));
+  p.relayChunkBytes = std::max<uint64_t>(1, ceilDiv(ceilDiv(bytes, n), chunkUnit)) * chunkUnit;
+  const int d = (rank - root + ranks) % ranks;
+  const ByteRange whole{0, bytes};
+  if (d > 0) {
+    p.recvFrom[(rank - 1 + ranks) % ranks] = whole;
+  }
+  if (d < ranks - 1) {
+    p.sendTo[(rank + 1) % ranks] = whole;
+  }
+  if (d == 0) {
     p.input = region;
     p.inputBytes = bytes;
-    return p;
+  } else {
+    // A forwarding rank sends from its output, where its chunks land: it posts no input.
+    p.output = region;
+    p.outputBytes = bytes;
   }
-  // A relaying rank sends its part from its output, where the root's chunks land: it posts no input.
-  for (int q = 0; q < ranks; ++q) {
-    if (q == rank) {
-      continue;
-    }
-    p.recvFrom[q] = partOf(q == root ? rank : q);
-    if (q != root) {
-      p.sendTo[q] = partOf(rank);
-    }
-  }
-  p.output = region;
-  p.outputBytes = bytes;
   return p;
 }
 
@@ -101,83 +59,57 @@ void scheduleRelayedBroadcast(Transport& t, const ExchangePlan& plan, uint32_t s
   DirectTransport& d = *t.direct();
   const int me = t.rank();
   const int ranks = t.geometry().worldSize;
-  const int root = plan.relayRoot;
+  const int prev = (me - 1 + ranks) % ranks;
+  const int next = (me + 1) % ranks;
+  const bool isRoot = me == plan.relayRoot;
+  const bool isLast = next == plan.relayRoot;
   const uint64_t chunk = plan.relayChunkBytes;
   openDirectExchange(t, plan, serial, posted, peers);
 
-  if (me == root) {
-    // Chunk by chunk, each round to every rank, nearest first, each chunk announced on the lane that copied it: on
-    // one lane too, every rank then has its first chunk to forward after one chunk's time.
-    std::vector<int> to;
-    forEachPeerFrom(me, ranks, [&](int q) {
-      if (peers[q].buffers.pairing != Pairing::kPeerCameLate && plan.sendTo[q].bytes > 0) {
-        d.waitPeer(Lane::Push, q, Flag::Arrived, 0, serial);
-        to.push_back(q);  // else the rank pulls its part itself
-      }
-    });
-    forEachChunkRound(plan.sendTo, to, chunk, [&](int q, int c, uint64_t at, uint64_t bytes) {
-      const ExchangePeer& peer = peers[q];
-      d.copyToPeer(Lane::Push, q, peer.buffers.outputBase + peer.ranges.expects.offset + at,
-                   plan.input + plan.sendTo[q].offset + at, bytes);
-      d.signalPeer(Lane::Push, q, Flag::Ready, c, serial);
-    });
-    closeDirectExchange(t, plan, serial, posted);
-    return;
-  }
-
-  char* output = posted.outputBase;
-  const ByteRange& mine = plan.recvFrom[root];
-  const ExchangePeer& fromRoot = peers[root];
-  // Our part: pushed by the root, chunk by chunk, unless we came late to the pair, when the root enqueued nothing for
-  // us and we pull the part whole before forwarding any of it.
-  const bool pulled = fromRoot.buffers.pairing == Pairing::kThisCameLate;
-  if (pulled && mine.bytes > 0) {
-    d.waitPeer(Lane::Drain, root, Flag::Arrived, 0, serial);
-    d.copyFromPeer(Lane::Drain, root, output + mine.offset, fromRoot.buffers.input + fromRoot.ranges.sends.offset,
-                   mine.bytes);
+  // What this rank forwards: the root's input, or its own output as the chunks land.
+  const char* from = isRoot ? plan.input : posted.outputBase;
+  const uint64_t bytes = isRoot ? plan.inputBytes : plan.outputBytes;
+  // Our chunks: pushed by the previous rank, each announced by Ready, unless we came late to that pair, when it
+  // enqueued nothing for us and we pull them: the root's input whole (all there from its Arrived), a forwarding
+  // rank's output chunk by chunk as its Credit says each is there.
+  const bool pulled = !isRoot && peers[prev].buffers.pairing == Pairing::kThisCameLate && bytes > 0;
+  if (pulled) {
+    const ExchangePeer& p = peers[prev];
+    d.waitPeer(Lane::Drain, prev, Flag::Arrived, 0, serial);
+    if (prev == plan.relayRoot) {
+      d.copyFromPeer(Lane::Drain, prev, posted.outputBase, p.buffers.input + p.ranges.sends.offset, bytes);
+    } else {
+      forEachChunk(bytes, chunk, [&](int c, uint64_t at, uint64_t n) {
+        d.waitPeer(Lane::Drain, prev, Flag::Credit, c, serial);
+        d.copyFromPeer(Lane::Drain, prev, posted.outputBase + at, p.buffers.outputBase + p.ranges.sends.offset + at, n);
+      });
+    }
     d.joinLane(Lane::Push, Lane::Drain);  // the forwards below read it
   }
-  // Each chunk of our part, once in our output, announced to every relaying peer, for one that pulls it.
-  forEachChunk(mine, chunk, [&](int c, uint64_t, uint64_t) {
-    if (!pulled) {
-      d.waitPeer(Lane::Drain, root, Flag::Ready, c, serial);
-    }
-    forEachPeerFrom(me, ranks, [&](int q) {
-      if (q != root) {
-        d.signalPeer(Lane::Drain, q, Flag::Credit, c, serial);
+  if (!isLast && bytes > 0) {
+    const ExchangePeer& n = peers[next];
+    if (n.buffers.pairing == Pairing::kPeerCameLate) {
+      // The next rank pulls from our output (the root's input: whole, with no Credit): each chunk announced once here.
+      if (!isRoot) {
+        forEachChunk(bytes, chunk, [&](int c, uint64_t, uint64_t) {
+          if (!pulled) {
+            d.waitPeer(Lane::Drain, prev, Flag::Ready, c, serial);
+          }
+          d.signalPeer(Lane::Drain, next, Flag::Credit, c, serial);
+        });
       }
-    });
-  });
-  // Our part forwarded to each relaying peer, chunk by chunk, each round to every peer, a chunk as soon as it is here.
-  std::vector<int> to;
-  forEachPeerFrom(me, ranks, [&](int q) {
-    if (q != root && peers[q].buffers.pairing != Pairing::kPeerCameLate && plan.sendTo[q].bytes > 0) {
-      d.waitPeer(Lane::Push, q, Flag::Arrived, 0, serial);
-      to.push_back(q);
+    } else {
+      // One lane: two (chunks alternating between Push and Drain) ran 5-10% slower on 4x H100.
+      d.waitPeer(Lane::Push, next, Flag::Arrived, 0, serial);
+      forEachChunk(bytes, chunk, [&](int c, uint64_t at, uint64_t len) {
+        if (!isRoot && !pulled) {
+          d.waitPeerOnLaneOf(Lane::Push, next, prev, Flag::Ready, c, serial);
+        }
+        d.copyToPeer(Lane::Push, next, n.buffers.outputBase + n.ranges.expects.offset + at, from + at, len);
+        d.signalPeer(Lane::Push, next, Flag::Ready, c, serial);
+      });
     }
-  });
-  forEachChunkRound(plan.sendTo, to, chunk, [&](int q, int c, uint64_t at, uint64_t bytes) {
-    const ExchangePeer& peer = peers[q];
-    if (!pulled) {
-      d.waitPeerOnLaneOf(Lane::Push, q, root, Flag::Ready, c, serial);
-    }
-    d.copyToPeer(Lane::Push, q, peer.buffers.outputBase + peer.ranges.expects.offset + at,
-                 output + plan.sendTo[q].offset + at, bytes);
-  });
-  // A peer's part pulled from its output where it enqueued nothing for us (we came late to the pair).
-  forEachPeerFrom(me, ranks, [&](int q) {
-    const ExchangePeer& peer = peers[q];
-    const ByteRange& from = plan.recvFrom[q];
-    if (q == root || peer.buffers.pairing != Pairing::kThisCameLate || from.bytes == 0) {
-      return;
-    }
-    d.waitPeer(Lane::Drain, q, Flag::Arrived, 0, serial);
-    forEachChunk(from, chunk, [&](int c, uint64_t at, uint64_t bytes) {
-      d.waitPeer(Lane::Drain, q, Flag::Credit, c, serial);
-      d.copyFromPeer(Lane::Drain, q, output + from.offset + at, peer.buffers.outputBase + peer.ranges.sends.offset + at,
-                     bytes);
-    });
-  });
+  }
   closeDirectExchange(t, plan, serial, posted);
 }
 

@@ -58,10 +58,10 @@ CopyEngineDirect::CopyEngineDirect(const c10::intrusive_ptr<c10d::Store>& groupS
   retiredRegion_ = GroupRegion(store, "retired", rank, size, RetiredSegmentLog::bytesFor(size),
                                "the direct path's retired-allocation log");
   retired_ = std::make_unique<RetiredSegmentLog>(retiredRegion_.data(), rank, size);
-  // Only the flags are used: a slot per chunk of a relayed broadcast's part, each of a page.
+  // Only the flags are used: a slot per chunk of a relayed broadcast, each of a page.
   c10d::PrefixStore flagStore("direct/ce/", groupStore);
   transport_ = CopyEngineTransport::connect(flagStore, rank, size, device,
-                                            StagingGeometry::fit(size, kRelayChunksPerPart, kPageBytes, 0), members);
+                                            StagingGeometry::fit(size, kRelayMaxChunks, kPageBytes, 0), members);
   watchCachingAllocatorFrees();
 }
 
@@ -243,7 +243,8 @@ CopyEngineDirect::Arrival CopyEngineDirect::arriveExchange(const ExchangePlan& p
     if (q == rank_ || peer.pairing == Pairing::kPeerCameLate) {
       continue;
     }
-    // A relaying peer sends from its output, which this rank pulls from where it came late to the pair.
+    // A forwarding peer of a relayed broadcast sends from its output, which this rank pulls from where it came late
+    // to the pair.
     const bool pullsFromInput = plan.relayRoot < 0 || q == plan.relayRoot;
     const bool pulls = peer.pairing == Pairing::kThisCameLate && plan.recvFrom[q].bytes > 0;
     if (plan.sendTo[q].bytes > 0 || (pulls && !pullsFromInput)) {

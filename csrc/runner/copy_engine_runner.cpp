@@ -567,9 +567,7 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::run(PlannedExchange& planned, b
   for (int q = 0; q < size_; ++q) {
     peers[q] = {arrival.peers[q], arrival.ranges[q]};
   }
-  // A relayed broadcast's root pushes every rank its part at once, while the relaying ranks forward into the same
-  // GPUs: one copy at a time from the root would share each destination's links with them, so a lane per peer.
-  const int lanes = relayed(planned) ? size_ - 1 : directOptions_.peerLanes;
+  const int lanes = directOptions_.peerLanes;
   return enqueueArrived(arrival, operandsOf(planned), asyncOp, info, caller, lanes,
                         [&](CopyEngineTransport& transport, uint32_t serial) {
                           scheduleDirectExchange(transport, planned.plan, serial, arrival.posted, peers);

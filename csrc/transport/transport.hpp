@@ -39,7 +39,7 @@ class DirectTransport {
   virtual void signalPeer(Lane lane, int peer, Flag flag, int slot, uint32_t value) = 0;
   virtual void waitPeer(Lane lane, int peer, Flag flag, int slot, uint32_t value) = 0;
   // The same wait, on the lane that operations naming `lanePeer` run on (its peer lane, where the transport has
-  // them): a relay forwards to lanePeer what `peer` sent this rank.
+  // them): a relayed broadcast forwards to lanePeer what `peer` sent this rank.
   virtual void waitPeerOnLaneOf(Lane lane, int lanePeer, int peer, Flag flag, int slot, uint32_t value) {
     (void)lanePeer;
     waitPeer(lane, peer, flag, slot, value);

@@ -19,17 +19,18 @@
 // --unforked-peer-lanes (peer lanes not forked from the Push lane: a push of a bounce area not yet filled, or of an
 // input the caller's stream has not yet written), --flags-on-peer-lanes (the direct schedules' flags to a peer on its
 // peer lane instead of the Drain lane: a Done no longer after the Drain lane's pull from that peer),
-// --relay-waits-on-root-lane (a relaying rank's wait for the root's chunk on the root's peer lane: the forward of the
-// chunk on another lane does not wait for it), --drain-flags-behind-peer-lanes (the Drain lane's collected flag
-// operations not issued before a peer lane's: a rank's Arrived behind its own wait on a shared hardware queue). The
-// calls-in-flight model submits the direct transport's flag operations as the copy-engine transport collects them
-// (until the lane's next copy, fork or join point, each lane's batch after the other lane's signals collected so
-// far); the staging transport's at once, unless --collect-staging-flags, which must print "ok <cases>" too; with
+// --relay-waits-on-root-lane (a relayed broadcast's forwarding rank's wait for the previous rank's chunk on that
+// rank's peer lane: the forward of the chunk on the next rank's lane does not wait for it),
+// --drain-flags-behind-peer-lanes (the Drain lane's collected flag operations not issued before a peer lane's: a rank's
+// Arrived behind its own wait on a shared hardware queue). The calls-in-flight model submits the direct transport's
+// flag operations as the copy-engine transport collects them (until the lane's next copy, fork or join point, each
+// lane's batch after the other lane's signals collected so far); the staging transport's at once, unless
+// --collect-staging-flags, which must print "ok <cases>" too; with
 // --signals-behind-waits as well (no signal of the other lane first) the hardware-queue cases hang: a Push lane's
 // Ready, collected until its next copy, sits behind the Drain lane's wait for the peers' Ready where the two streams
 // share a hardware queue. Half the broadcasts among 3
-// or more ranks of eager exchanges (the exchange and calls-in-flight models) are relayed through the peers
-// (relayed_broadcast.hpp), in chunks of 1 to 3 bytes.
+// or more ranks of eager exchanges (the exchange and calls-in-flight models) are relayed through the ranks as a chain
+// (relayed_broadcast.hpp), in up to 8 or the plan's own count of chunks of 1 to 3 bytes.
 //
 // schedule_simulation SEED CASES --calls-in-flight [--unordered] [--unforked] runs instead the model of a group's calls
 // in flight across GPU streams (CallsInFlight below, which says what it covers and what not): with the runner's
@@ -506,7 +507,7 @@ DrawnTransports drawTransports(std::mt19937& rng, int n, size_t maxSegment, Worl
   d.staging.chunkBytes = std::uniform_int_distribution<size_t>(1, maxSegment)(rng);
   d.staging.pipelineChunkBytes = pick(0, 1) ? 0 : std::uniform_int_distribution<size_t>(1, 40)(rng);
   d.direct.worldSize = n;
-  d.direct.slots = pick(0, 1) ? kRelayChunksPerPart : 2 * kRelayChunksPerPart;  // a relayed broadcast's at least
+  d.direct.slots = pick(0, 1) ? kRelayMaxChunks : 2 * kRelayMaxChunks;  // a relayed broadcast's at least
   d.direct.chunkBytes = 64;
   d.direct.packs = false;
   d.start = pick(0, 3) == 0 ? 0xFFFFFFF0u : 0;
@@ -925,8 +926,10 @@ Exchange makeExchange(ExchangeKind kind, int W, std::mt19937& rng, bool mayRelay
   // (eager calls), in chunks of a few bytes: every part a few chunks, each announced on its own flag slot.
   const bool relayed = mayRelay && kind == ExchangeKind::Broadcast && W > 2 && n > 0 && pick(0, 1);
   const uint64_t relayUnit = relayed ? static_cast<uint64_t>(pick(1, 3)) : 0;
+  // In 1 to 8 chunks, or as many as the plan's own rule gives (0).
+  const int relayChunks = relayed ? pick(0, 8) : 0;
   if (relayed)
-    x.description += " relayed";
+    x.description += " relayed in " + (relayChunks ? std::to_string(relayChunks) : std::string("its")) + " chunks";
   x.plans.resize(W);
   x.inputs.resize(W);
   x.outputs.resize(W);
@@ -1007,7 +1010,8 @@ Exchange makeExchange(ExchangeKind kind, int W, std::mt19937& rng, bool mayRelay
     else if (!out.empty())
       p.output = out.front().ptr;
     if (relayed)
-      p = relayedBroadcastPlan(r == x.root ? const_cast<char*>(p.input) : p.output, n, x.root, r, W, relayUnit);
+      p = relayedBroadcastPlan(r == x.root ? const_cast<char*>(p.input) : p.output, n, x.root, r, W, relayUnit,
+                               relayChunks);
     // Its input's bytes, random; then its posted regions.
     x.sent[r].resize(p.inputBytes);
     for (auto& c : x.sent[r])
@@ -1136,7 +1140,7 @@ void exchangeCase(std::mt19937& rng, int caseNo, FakeTransport::Mutation mutatio
   const int W = drawRanks(rng, 2, 8);
   StagingGeometry g;
   g.worldSize = W;
-  g.slots = kRelayChunksPerPart;  // a relayed broadcast's, as CopyEngineDirect sizes them
+  g.slots = kRelayMaxChunks;  // a relayed broadcast's, as CopyEngineDirect sizes them
   g.chunkBytes = 64;
   g.packs = false;
   const uint32_t bases[] = {0, 0xfffffffdu, static_cast<uint32_t>(rng())};
