@@ -404,11 +404,11 @@ def test_drain_flags_behind_peer_lane_waits_hang_on_shared_hardware_queues(simul
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_relay_waiting_on_the_root_lane_is_caught(simulation, seed):
-    """A relaying rank's wait for the root's chunk c on the root's peer lane instead of the lane of the peer it forwards
-    the chunk to: the forward, on that other lane, reads its output before the chunk landed there (wrong bytes in about
-    6% of the exchange cases, the relayed broadcasts among them)."""
+    """A relayed broadcast's forwarding rank's wait for chunk c on the previous rank's peer lane instead of the lane of
+    the next rank it forwards the chunk to: the forward, on that other lane, reads its output before the chunk landed
+    there (wrong bytes in 2-4% of the exchange cases, the relayed broadcasts among them)."""
     total, counts = _peer_lanes_caught(simulation, seed, 2000, "--exchanges", "--relay-waits-on-root-lane")
-    assert total >= 50 and counts.get("wrong bytes") == total, counts
+    assert total >= 25 and counts.get("wrong bytes") == total, counts
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

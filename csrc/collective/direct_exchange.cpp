@@ -49,8 +49,7 @@ bool openDirectExchange(Transport& t, const ExchangePlan& plan, uint32_t serial,
   // a peer's pull waits for.
   bool pulledFrom = false;
   for (int q = 0; q < size; ++q) {
-    pulledFrom =
-        pulledFrom || (q != me && peers[q].buffers.pairing == Pairing::kPeerCameLate && plan.sendTo[q].bytes > 0);
+    pulledFrom = pulledFrom || (q != me && plan.sendTo[q].bytes > 0 && !pushesTo(plan, q, peers[q].buffers.pairing));
   }
   const bool pushesRead = pushesReadBounce(plan, posted);
   if (posted.input != plan.input && plan.inputBytes > 0 && (pulledFrom || pushesRead)) {
@@ -63,7 +62,8 @@ bool openDirectExchange(Transport& t, const ExchangePlan& plan, uint32_t serial,
   return pushesRead;
 }
 
-void closeDirectExchange(Transport& t, const ExchangePlan& plan, uint32_t serial, const PostedBuffers& posted) {
+void closeDirectExchange(Transport& t, const ExchangePlan& plan, uint32_t serial, const PostedBuffers& posted,
+                         const std::vector<ByteRange>* bounced) {
   DirectTransport& d = *t.direct();
   const int me = t.rank();
   const int size = t.geometry().worldSize;
@@ -72,8 +72,16 @@ void closeDirectExchange(Transport& t, const ExchangePlan& plan, uint32_t serial
   // output.
   forEachPeerFrom(me, size, [&](int q) { d.signalPeer(Lane::Drain, q, Flag::Done, 0, serial); });
   forEachPeerFrom(me, size, [&](int q) { d.waitPeer(Lane::Drain, q, Flag::Done, 0, serial); });
-  if (posted.outputBase != plan.output && plan.outputBytes > 0) {
+  if (posted.outputBase == plan.output || plan.outputBytes == 0) {
+    return;
+  }
+  if (!bounced) {
     copyPieces(t, Lane::Drain, outputRegion(plan), {ByteSpan{posted.outputBase, plan.outputBytes}});
+    return;
+  }
+  for (const ByteRange& r : *bounced) {
+    copyPieces(t, Lane::Drain, piecesOf(outputRegion(plan), r.offset, r.bytes),
+               {ByteSpan{posted.outputBase + r.offset, r.bytes}});
   }
 }
 
@@ -86,21 +94,33 @@ void scheduleDirectExchange(Transport& t, const ExchangePlan& plan, uint32_t ser
   DirectTransport& d = *t.direct();
   const int me = t.rank();
   const int size = t.geometry().worldSize;
-  char* output = posted.outputBase;
   const bool fromBounce = openDirectExchange(t, plan, serial, posted, peers);
+  // A pulling root (a gather's, whose output list is bounced) copies what it pulls, and its own part, into the
+  // list's tensors where they lie, and unpacks after Done only the ranges peers pushed into the bounce area (those
+  // it did not wait for). Otherwise everything lands in the posted output, unpacked whole where bounced.
+  const bool intoPieces = plan.pullingRoot == me && posted.outputBase != plan.output;
+  const auto landing = [&](const ByteRange& r) {
+    return intoPieces ? piecesOf(outputRegion(plan), r.offset, r.bytes)
+                      : std::vector<ByteSpan>{{posted.outputBase + r.offset, r.bytes}};
+  };
+  std::vector<ByteRange> bounced;
   const ByteRange& toSelf = plan.sendTo[me];
   if (toSelf.bytes > 0) {
-    copyPieces(t, Lane::Drain, {ByteSpan{output + plan.recvFrom[me].offset, toSelf.bytes}},
+    copyPieces(t, Lane::Drain, landing({plan.recvFrom[me].offset, toSelf.bytes}),
                inputSpans(plan, posted, fromBounce, toSelf));
   }
   // Each peer on the Push lane of its own, nearest first (peer_order.hpp).
   forEachPeerFrom(me, size, [&](int q) {
     const ExchangePeer& peer = peers[q];
+    const ByteRange& from = plan.recvFrom[q];
     if (peer.buffers.pairing == Pairing::kPeerCameLate) {
+      if (from.bytes > 0) {
+        bounced.push_back(from);  // the peer pushes it
+      }
       return;
     }
     const ByteRange& to = plan.sendTo[q];
-    if (to.bytes > 0) {
+    if (pushesTo(plan, q, peer.buffers.pairing)) {
       d.waitPeer(Lane::Push, q, Flag::Arrived, 0, serial);
       uint64_t at = peer.buffers.outputBase + peer.ranges.expects.offset;
       for (const ByteSpan& piece : inputSpans(plan, posted, fromBounce, to)) {
@@ -108,13 +128,18 @@ void scheduleDirectExchange(Transport& t, const ExchangePlan& plan, uint32_t ser
         at += piece.bytes;
       }
     }
-    const ByteRange& from = plan.recvFrom[q];
-    if (peer.buffers.pairing == Pairing::kThisCameLate && from.bytes > 0) {
+    if (pullsFrom(plan, me, q, peer.buffers.pairing)) {
       d.waitPeer(Lane::Drain, q, Flag::Arrived, 0, serial);
-      d.copyFromPeer(Lane::Drain, q, output + from.offset, peer.buffers.input + peer.ranges.sends.offset, from.bytes);
+      uint64_t at = peer.buffers.input + peer.ranges.sends.offset;
+      for (const ByteSpan& piece : landing(from)) {
+        d.copyFromPeer(Lane::Drain, q, piece.ptr, at, piece.bytes);
+        at += piece.bytes;
+      }
+    } else if (from.bytes > 0) {
+      bounced.push_back(from);
     }
   });
-  closeDirectExchange(t, plan, serial, posted);
+  closeDirectExchange(t, plan, serial, posted, intoPieces ? &bounced : nullptr);
 }
 
 }  // namespace sdma

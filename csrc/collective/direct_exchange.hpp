@@ -30,10 +30,11 @@ void scheduleDirectExchange(Transport& transport, const ExchangePlan& plan, uint
 // What every direct exchange begins and ends with: a bounced input packed where a peer pulls from it or where this
 // rank's own pushes must read it (peers write the output over the input's tensors: then the Push lane waits for the
 // packing, and open returns true), and Arrived signalled to every peer; then, after the copies, the Push lane joined,
-// Done to and from every peer, and a bounced output unpacked. Otherwise the schedule's own copies read the input's
-// tensors where they lie.
+// Done to and from every peer, and a bounced output unpacked (only the `bounced` ranges of it, where given).
+// Otherwise the schedule's own copies read the input's tensors where they lie.
 bool openDirectExchange(Transport& transport, const ExchangePlan& plan, uint32_t serial, const PostedBuffers& posted,
                         const std::vector<ExchangePeer>& peers);
-void closeDirectExchange(Transport& transport, const ExchangePlan& plan, uint32_t serial, const PostedBuffers& posted);
+void closeDirectExchange(Transport& transport, const ExchangePlan& plan, uint32_t serial, const PostedBuffers& posted,
+                         const std::vector<ByteRange>* bounced = nullptr);
 
 }  // namespace sdma

@@ -191,6 +191,7 @@ PlannedExchange planGather(const std::vector<std::vector<at::Tensor>>& outputs, 
   p.routeBytes = static_cast<int64_t>(n) * size;
   p.agreedBytes = n;
   p.root = root;
+  p.gather = true;
   return p;
 }
 

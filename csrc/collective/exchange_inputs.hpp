@@ -24,7 +24,8 @@ struct PlannedExchange {
   int64_t routeBytes = -1;
   uint64_t agreedBytes = 0;
   int root = -1;           // group rank: broadcast's src, gather's dst, scatter's src
-  bool broadcast = false;  // the copy-engine runner may relay it through the peers (relayed_broadcast.hpp)
+  bool broadcast = false;  // the copy-engine runner may relay it through the ranks (relayed_broadcast.hpp)
+  bool gather = false;     // the copy-engine runner's root pulls into its list (ExchangePlan::pullingRoot)
   std::string notForDma;   // non-empty: valid input the DMA path does not take
 };
 

@@ -30,6 +30,8 @@ struct ExchangePlan {
   // -1 where the plan moves every range in one hop.
   int relayRoot = -1;
   uint64_t relayChunkBytes = 0;
+  // A gather whose root pulls (direct_exchange.hpp): the root, in every rank's plan; -1 where senders push.
+  int pullingRoot = -1;
 
   bool inputPacked() const {
     return !input && inputBytes > 0;
@@ -46,6 +48,20 @@ inline std::vector<ByteSpan> inputRegion(const ExchangePlan& p) {
     return p.inputPieces;
   }
   return {{const_cast<char*>(p.input), p.inputBytes}};
+}
+
+// Whether this rank pulls what peer q sends it, settled as `pairing` from this rank's side: where it came late to the
+// pair (the peer enqueued nothing for it), and where it is a pulling root that knows the peer's buffers (the peer
+// pushes only where the root did not wait for it).
+inline bool pullsFrom(const ExchangePlan& p, int rank, int q, Pairing pairing) {
+  return p.recvFrom[q].bytes > 0 &&
+         (pairing == Pairing::kThisCameLate || (pairing == Pairing::kEachPushesOwn && p.pullingRoot == rank));
+}
+
+// Whether this rank pushes what it sends peer q, settled as `pairing` from this rank's side.
+inline bool pushesTo(const ExchangePlan& p, int q, Pairing pairing) {
+  return p.sendTo[q].bytes > 0 && pairing != Pairing::kPeerCameLate &&
+         !(pairing == Pairing::kEachPushesOwn && p.pullingRoot == q);
 }
 
 inline std::vector<ByteSpan> outputRegion(const ExchangePlan& p) {

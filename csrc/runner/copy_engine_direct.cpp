@@ -246,8 +246,8 @@ CopyEngineDirect::Arrival CopyEngineDirect::arriveExchange(const ExchangePlan& p
     // A forwarding peer of a relayed broadcast sends from its output, which this rank pulls from where it came late
     // to the pair.
     const bool pullsFromInput = plan.relayRoot < 0 || q == plan.relayRoot;
-    const bool pulls = peer.pairing == Pairing::kThisCameLate && plan.recvFrom[q].bytes > 0;
-    if (plan.sendTo[q].bytes > 0 || (pulls && !pullsFromInput)) {
+    const bool pulls = pullsFrom(plan, rank_, q, peer.pairing);
+    if (pushesTo(plan, q, peer.pairing) || (pulls && !pullsFromInput)) {
       a.peers[q].outputBase =
           reinterpret_cast<uint64_t>(peerSegments_.locate(q, peer.post.outputSegment, peer.post.output, &a.holds));
     }

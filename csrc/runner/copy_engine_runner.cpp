@@ -560,6 +560,11 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::run(PlannedExchange& planned, b
     char* region = planned.plan.output ? planned.plan.output : const_cast<char*>(planned.plan.input);
     planned.plan = relayedBroadcastPlan(region, planned.agreedBytes, planned.root, rank_, size_);
   }
+  if (planned.gather) {
+    // Its output list is bounced: pulled into the list's tensors where they lie, the root unpacks nothing it waited
+    // for (docs/design.md, "Exchange").
+    planned.plan.pullingRoot = planned.root;
+  }
   CopyEngineDirect& direct = directPath();
   CopyEngineDirect::Arrival arrival =
       arriveOrRefuse(planned.keepAlive, info, [&] { return direct.arriveExchange(planned.plan, info.timeout); });

@@ -928,6 +928,10 @@ Exchange makeExchange(ExchangeKind kind, int W, std::mt19937& rng, bool mayRelay
   const uint64_t relayUnit = relayed ? static_cast<uint64_t>(pick(1, 3)) : 0;
   // In 1 to 8 chunks, or as many as the plan's own rule gives (0).
   const int relayChunks = relayed ? pick(0, 8) : 0;
+  // A gather whose root pulls (as the copy-engine runner's, whose ranks post no list in place) half of the time.
+  const bool pullingRoot = kind == ExchangeKind::Gather && pick(0, 1);
+  if (pullingRoot)
+    x.description += " pulled by the root";
   if (relayed)
     x.description += " relayed in " + (relayChunks ? std::to_string(relayChunks) : std::string("its")) + " chunks";
   x.plans.resize(W);
@@ -1012,6 +1016,8 @@ Exchange makeExchange(ExchangeKind kind, int W, std::mt19937& rng, bool mayRelay
     if (relayed)
       p = relayedBroadcastPlan(r == x.root ? const_cast<char*>(p.input) : p.output, n, x.root, r, W, relayUnit,
                                relayChunks);
+    if (pullingRoot)
+      p.pullingRoot = x.root;
     // Its input's bytes, random; then its posted regions.
     x.sent[r].resize(p.inputBytes);
     for (auto& c : x.sent[r])
@@ -1053,7 +1059,7 @@ Exchange makeExchange(ExchangeKind kind, int W, std::mt19937& rng, bool mayRelay
   }
   // Half of the list forms' regions posted in place (every byte where it was expected above: only the ranges'
   // offsets change, and the pieces stay the region).
-  for (int r = 0; r < W && hostPosting && !relayed; ++r) {
+  for (int r = 0; r < W && hostPosting && !relayed && !pullingRoot; ++r) {
     ExchangePlan& p = x.plans[r];
     char* base = nullptr;
     // In place, the input stays bounced (the runner posts no input over its output) and the output is posted where it
@@ -1089,8 +1095,8 @@ std::vector<ExchangePeer> exchangePeers(const Exchange& x, const std::vector<std
     peer.ranges = pairRangesOf(x.plans[q])[r];
     // A relaying peer sends from its output, which r pulls from where it came late to the pair.
     const bool pullsFromInput = x.plans[r].relayRoot < 0 || q == x.plans[r].relayRoot;
-    const bool pulls = pairing[r][q] == Pairing::kThisCameLate && x.plans[r].recvFrom[q].bytes > 0;
-    if (x.plans[r].sendTo[q].bytes > 0 || (pulls && !pullsFromInput))
+    const bool pulls = pullsFrom(x.plans[r], r, q, pairing[r][q]);
+    if (pushesTo(x.plans[r], q, pairing[r][q]) || (pulls && !pullsFromInput))
       peer.buffers.outputBase = reinterpret_cast<uint64_t>(x.posted[q].outputBase);
     if (pulls && pullsFromInput)
       peer.buffers.input = reinterpret_cast<uint64_t>(x.posted[q].input);
