@@ -27,6 +27,11 @@ bool canAccessPeer(int device, int peerDevice);
 
 void* mallocDevice(size_t bytes);
 void freeDevice(void* ptr);
+// Pinned host memory the device writes through stream memory operations (FlagOp, at `*deviceAddress`) and the host
+// reads with plain loads: what a thread may watch without calling the driver, which can hold every other thread's
+// call while one thread blocks in a copy into pageable memory.
+void* mallocMappedHost(size_t bytes, void** deviceAddress);
+void freeMappedHost(void* ptr);
 // Fills and waits on `stream` alone, so it never waits for (or trips over) another stream's graph capture.
 void memsetSync(void* ptr, int value, size_t bytes, Stream stream);
 

@@ -147,6 +147,20 @@ void freeDevice(void* ptr) {
   }
 }
 
+void* mallocMappedHost(size_t bytes, void** deviceAddress) {
+  void* p = nullptr;
+  check(cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc of a mapped host word");
+  std::memset(p, 0, bytes);
+  check(cudaHostGetDevicePointer(deviceAddress, p, 0), "cudaHostGetDevicePointer");
+  return p;
+}
+
+void freeMappedHost(void* ptr) {
+  if (ptr) {
+    (void)cudaFreeHost(ptr);
+  }
+}
+
 void memsetSync(void* ptr, int value, size_t bytes, Stream stream) {
   check(cudaMemsetAsync(ptr, value, bytes, raw(stream)), "cudaMemsetAsync");
   check(cudaStreamSynchronize(raw(stream)), "cudaStreamSynchronize");

@@ -110,6 +110,20 @@ void freeDevice(void* ptr) {
   }
 }
 
+void* mallocMappedHost(size_t bytes, void** deviceAddress) {
+  void* p = nullptr;
+  check(hipHostMalloc(&p, bytes, hipHostMallocMapped | hipHostMallocPortable), "hipHostMalloc of a mapped host word");
+  std::memset(p, 0, bytes);
+  check(hipHostGetDevicePointer(deviceAddress, p, 0), "hipHostGetDevicePointer");
+  return p;
+}
+
+void freeMappedHost(void* ptr) {
+  if (ptr) {
+    (void)hipHostFree(ptr);
+  }
+}
+
 void memsetSync(void* ptr, int value, size_t bytes, Stream stream) {
   check(hipMemsetAsync(ptr, value, bytes, raw(stream)), "hipMemsetAsync");
   check(hipStreamSynchronize(raw(stream)), "hipStreamSynchronize");

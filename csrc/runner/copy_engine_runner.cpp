@@ -130,6 +130,9 @@ CopyEngineRunner::CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int ra
   }
   callerReady_ = gpu::createEvent();
   pushDone_ = gpu::createEvent();
+  if (gpu::streamMemOpsUnavailableReason().empty()) {
+    endedHost_ = static_cast<uint32_t*>(gpu::mallocMappedHost(sizeof(uint32_t), &endedDevice_));
+  }
   capturedLanes_ = std::make_unique<CapturedLanes>();
   {
     c10d::PrefixStore faultStore("faults/", store_);
@@ -174,8 +177,9 @@ CopyEngineRunner::~CopyEngineRunner() {
     keepForLife(staging_, staging_ ? staging_->geometry().bytes() : 0);
     keepForLife(std::shared_ptr<CopyEngineDirect>(std::move(direct_)), 0);
     keepForLife(railStaging_, 0);
-    return;
+    return;  // endedHost_ too, which a lane may still write
   }
+  gpu::freeMappedHost(endedHost_);
   for (gpu::Event e : {callerReady_, pushDone_}) {
     gpu::destroyEvent(e);
   }
@@ -409,6 +413,11 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::track(Operands planned, bool as
                                                        InFlight inFlight, std::unique_lock<std::mutex>& lock) {
   gpu::Event end = endEvents_->take();
   gpu::recordEvent(end, drain);
+  if (endedHost_) {
+    inFlight.endedSerial = ++endedSerial_;
+    const gpu::FlagOp ended{true, static_cast<uint32_t*>(endedDevice_), inFlight.endedSerial};
+    gpu::flagOps(drain, &ended, 1);
+  }
   auto completion = std::make_shared<GpuCompletion>(
       end, endEvents_,
       // A synchronous call ran on the caller's stream, which orders the allocator for us; an async one may
@@ -627,7 +636,7 @@ void CopyEngineRunner::watchdogLoop() {
     }
     InFlight oldest = inFlight_.front();
     lock.unlock();
-    const bool done = oldest.completion->pollDone();
+    const bool done = ended(oldest);
     std::string cause;
     if (!done) {
       const auto now = std::chrono::steady_clock::now();
@@ -650,7 +659,7 @@ void CopyEngineRunner::watchdogLoop() {
     const std::string reason = cause.empty() ? "" : describeFailure(oldest, cause);
     // The call may have ended while it was described (a late peer came): then it did not fail, and its output,
     // which the caller's stream may already be reading, is complete. Polled before mutex_ is taken, as above.
-    const bool endedSince = !reason.empty() && oldest.completion->pollDone();
+    const bool endedSince = !reason.empty() && ended(oldest);
     lock.lock();
     // An enqueue that was refused meanwhile may have failed the group: the calls in flight then moved to failed_.
     const bool stillOldest =
@@ -676,11 +685,24 @@ void CopyEngineRunner::watchdogLoop() {
   }
 }
 
+bool CopyEngineRunner::ended(const InFlight& call) const {
+  if (endedHost_ && call.endedSerial != 0 &&
+      !flagReached(__atomic_load_n(endedHost_, __ATOMIC_ACQUIRE), call.endedSerial)) {
+    return false;
+  }
+  return call.completion->pollDone();
+}
+
 std::string CopyEngineRunner::describeFailure(const InFlight& stuck, const std::string& cause) {
   // Measured before the flags are read, which may take up to kFlagReadLimit.
   const auto waited =
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - stuck.enqueuedAt);
-  const auto reached = stuck.transport->readFlags(stuck.reached, kFlagReadLimit);
+  // The flags are read only where nothing else says who reached the call (staging) and the process goes on: the
+  // read's driver calls may wait behind another thread's blocking read of the failed call's output, which waits for
+  // the peers, and the exit or the failure would come only once they came. On the direct path the peers' posts say
+  // who reached it.
+  const bool readsFlags = !exitsOnAsyncError() && stuck.directSerial == 0;
+  const auto reached = readsFlags ? stuck.transport->readFlags(stuck.reached, kFlagReadLimit) : std::nullopt;
   const auto finished = reached ? stuck.transport->readFlags(stuck.finished, kFlagReadLimit) : std::nullopt;
   const int slots = stuck.transport->geometry().slots;
   std::vector<int> neverArrived, stalled;
@@ -712,7 +734,8 @@ std::string CopyEngineRunner::describeFailure(const InFlight& stuck, const std::
       << " ms; peers that never reached it: " << rankList(neverArrived)
       << "; peers that stalled inside it: " << rankList(stalled);
   if (flagsUnread) {
-    why << " (not all known: the read of this rank's flags sat behind a wait on its GPU)";
+    why << (readsFlags ? " (not all known: the read of this rank's flags sat behind a wait on its GPU)"
+                       : " (which peers stalled inside it is not read from the GPU here)");
   }
   if (hierarchy_) {
     why << " (of this node; the gathers between nodes run on the NCCL of " << hierarchy_->railName()

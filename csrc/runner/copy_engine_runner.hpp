@@ -85,6 +85,7 @@ class CopyEngineRunner : public CollectiveRunner {
     // from what each peer posted. What the peers posted on the group's call board is read through `info`.
     uint64_t directSerial = 0;
     std::chrono::steady_clock::time_point enqueuedAt;
+    uint32_t endedSerial = 0;  // what its Drain lane writes into endedHost_ once it ended
     // A peer has reached the collective when its `reached` flag for firstSerial is there, and finished it when its
     // `finished` flag for lastSerial is: READY of the first and last chunk through staging, ARRIVED and DONE direct.
     Flag reached = Flag::Ready;
@@ -101,6 +102,8 @@ class CopyEngineRunner : public CollectiveRunner {
     }
   };
 
+  // Whether `call` ended: its number in endedHost_ first, so that no driver call is made before it did.
+  bool ended(const InFlight& call) const;
   // Collective (every member makes the same call for the same message): a transport whose segments hold the
   // chunks `plan` is cut into at the cap's geometry, connecting a larger one when the current one is too small.
   CopyEngineTransport& stagingFor(const AllgatherPlan& plan);
@@ -215,7 +218,14 @@ class CopyEngineRunner : public CollectiveRunner {
   gpu::Event pushDone_ = nullptr;
   std::unique_ptr<CapturedLanes> capturedLanes_;
   std::shared_ptr<EventPool> endEvents_ = std::make_shared<EventPool>();
-  uint64_t chunks_ = 0;  // chunks enqueued on staging_ (the last one's serial); guarded by mutex_
+  // Each eager call's Drain lane writes its number here once it ended (pinned host memory, gpu::mallocMappedHost): the
+  // watchdog reads it with a plain load, as no driver call of its may wait behind another thread's blocking read of a
+  // call's output (a copy into pageable memory holds the other threads' driver calls until it returns). Null where
+  // the driver has no stream memory operations: the end events alone then.
+  uint32_t* endedHost_ = nullptr;
+  void* endedDevice_ = nullptr;
+  uint32_t endedSerial_ = 0;  // the last call's number; guarded by mutex_
+  uint64_t chunks_ = 0;       // chunks enqueued on staging_ (the last one's serial); guarded by mutex_
   // The eager collectives' order across streams: where the last one ended, and its completion, whose end event a
   // Drain lane on another stream waits for (held here so that its event is not reused meanwhile); guarded by mutex_
   CallOrder<gpu::Stream> callOrder_;
