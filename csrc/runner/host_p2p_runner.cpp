@@ -67,47 +67,138 @@ class HostP2pRunner : public P2pRunner {
                                      uint64_t nextCollective) override {
     refuseBatchOfFailedGroup(mutex_, failure_, board_, info);
     auto [outputs, keep] = tensorsOf(steps);
+    Job job;
+    job.failAt = nextCollective;
+    job.timeout = info.timeout;
+    job.work = c10::make_intrusive<HostWork>(info, std::move(outputs), std::move(keep));
+    for (const PairStep& step : steps) {
+      Pair& pair = pairs_.at(step.peer);
+      job.pairs.push_back(&pair);
+      job.serials.push_back(++pair.serial);
+    }
+    {
+      std::lock_guard<std::mutex> lock(postMutex_);
+      // Posted here only where every step's pair has no post queued on the worker and room in its ring: the caller
+      // never waits for a peer to read, and a pair's posts go out in its serials' order.
+      bool postNow = true;
+      for (size_t i = 0; i < steps.size(); ++i) {
+        postNow &= job.pairs[i]->unposted == 0 && job.pairs[i]->transport->mailbox()->roomFor(job.serials[i]);
+      }
+      if (!postNow) {
+        for (Pair* pair : job.pairs) {
+          ++pair->unposted;
+        }
+        job.unposted = std::move(steps);
+      } else if (const std::string refused = postAndRecord(job, steps); !refused.empty()) {
+        // Posted: a peer that read a post may copy with these buffers until its own failure stops it.
+        keepTensorsForLife(job.work->takeKeptTensors());
+        const std::string reason = info.describe() + " failed: " + refused;
+        failGroup(nextCollective, reason);
+        C10_THROW_ERROR(DistBackendError, "torch_sdma: " + reason);
+      }
+    }
+    auto work = job.work;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push_back(std::move(job));
+    }
+    wake_.notify_one();
+    return work;
+  }
+
+  void refuse(int peer, uint64_t directions, const std::string& why, const CollectiveInfo& info,
+              uint64_t nextCollective) override {
+    const auto found = pairs_.find(peer);
+    if (found == pairs_.end() || !found->second.transport) {
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!failure_.reason().empty()) {
+        return;  // the peer's ops fail already: this rank failed the group, and peers' waits on it give up
+      }
+    }
+    Pair& pair = found->second;
+    const uint64_t serial = ++pair.serial;
+    std::lock_guard<std::mutex> lock(postMutex_);
+    if (pair.unposted > 0 || !pair.transport->mailbox()->roomFor(serial)) {
+      // The post would wait: the group's failure alone ends the peer's op (it names this rank's failed group).
+      failGroup(nextCollective, info.describe() + " was refused on this rank: " + why);
+      return;
+    }
+    try {
+      // The words first: a peer that reads the post looks for them.
+      store_->set(p2pRefusalKey(rank_, peer, serial), why);
+      const std::vector<PairRanges> ranges(2);
+      pair.transport->mailbox()->arrive(serial, {0, 0, directions | kStepRefused}, info.timeout,
+                                        std::chrono::microseconds(0), std::chrono::microseconds(0), &ranges);
+    } catch (const std::exception& e) {
+      LOG(WARNING) << "torch_sdma: " << info.describe() << ": this rank's refusal did not reach group rank " << peer
+                   << ": " << messageOf(e);
+    }
+    // After the post: a peer that finds this rank's group failed reads the post again, and names the refusal.
+    failGroup(nextCollective, info.describe() + " was refused on this rank: " + why);
+  }
+
+ private:
+  struct Pair {
+    bool connected = false;
+    std::unique_ptr<HostShmTransport> transport;  // null where the pair takes the inner backend
+    std::string whyNot;
+    uint64_t serial = 0;  // the pair's steps so far, on both members alike
+    size_t unposted = 0;  // steps queued for the worker to post (under postMutex_): later ones queue behind them
+  };
+  struct Segment {
+    HostShmTransport* transport;
+    std::vector<HostShmTransport::Op> ops;
+    int peer;
+  };
+  struct Job {
+    std::vector<Segment> arrive;              // every step's Arrived, in the batch's order
+    std::vector<std::vector<Segment>> peers;  // then each peer's steps, a lane each
+    c10::intrusive_ptr<HostWork> work;
+    uint64_t failAt = 0;
+    std::chrono::milliseconds timeout{0};
+    std::vector<Pair*> pairs;        // per step
+    std::vector<uint64_t> serials;   // per step, taken in call order
+    std::vector<PairStep> unposted;  // the steps, where the worker posts them (postQueued)
+  };
+
+  // Posts every step of `steps` (the job's pairs and serials) in its pair's mailbox, then records the batch's
+  // schedule into the job's lanes; under postMutex_, with room in every step's ring. Returns "" or, where a peer's
+  // post differs (or refused), the words; nothing is recorded then.
+  std::string postAndRecord(Job& job, const std::vector<PairStep>& steps) {
     // Every step's post first: a peer that reads one may copy with these buffers once this rank's Arrived is out.
     std::vector<DirectPairStep> direct;
     std::vector<uint64_t> directions;
-    std::string refused;
-    for (const PairStep& step : steps) {
-      Pair& pair = pairs_.at(step.peer);
-      HostShmTransport& t = *pair.transport;
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const PairStep& step = steps[i];
+      HostShmTransport& t = *job.pairs[i]->transport;
       const int me = t.rank();
       DirectPairStep d;
       d.transport = &t;
       d.plan = pairPlanOf(step, me);
-      const uint64_t serial = ++pair.serial;
+      const uint64_t serial = job.serials[i];
       d.serial = static_cast<uint32_t>(serial);
       d.posted = {d.plan.input, d.plan.output};
       const std::vector<PairRanges> ranges = pairRangesOf(d.plan);
       const auto settled = t.mailbox()->arrive(
           serial,
           {reinterpret_cast<uint64_t>(d.plan.input), reinterpret_cast<uint64_t>(d.plan.output), directionsOf(step)},
-          info.timeout, std::chrono::microseconds(0), std::chrono::microseconds(0), &ranges);
+          job.timeout, std::chrono::microseconds(0), std::chrono::microseconds(0), &ranges);
       const ArrivalMailbox::PeerArrival& peer = settled[1 - me];
       d.peer = {{peer.pairing, peer.post.input, peer.post.output}, peer.ranges};
       if (peer.pairing != Pairing::kPeerCameLate) {
-        refused = pairStepDisagreement(rank_, step.peer, serial, directionsOf(step), ranges[1 - me], peer.post.bytes,
-                                       peer.ranges);
+        const std::string refused =
+            stepDisagreement(step.peer, serial, directionsOf(step), ranges[1 - me], peer.post.bytes, peer.ranges);
+        if (!refused.empty()) {
+          return refused;
+        }
       }
       directions.push_back(directionsOf(step));
       direct.push_back(std::move(d));
-      if (!refused.empty()) {
-        break;
-      }
-    }
-    if (!refused.empty()) {
-      // Posted: a peer that read a post may copy with these buffers until its own failure stops it.
-      keepTensorsForLife(std::move(keep));
-      const std::string reason = info.describe() + " failed: " + refused;
-      failGroup(nextCollective, reason);
-      C10_THROW_ERROR(DistBackendError, "torch_sdma: " + reason);
     }
 
-    Job job;
-    job.failAt = nextCollective;
     HostShmTransport* recording = nullptr;
     int recordingPeer = -1;
     std::vector<Segment>* lane = &job.arrive;
@@ -148,34 +239,45 @@ class HostP2pRunner : public P2pRunner {
         },
         &lanes);
     flush();
-    job.work = c10::make_intrusive<HostWork>(info, std::move(outputs), std::move(keep));
-    auto work = job.work;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      queue_.push_back(std::move(job));
-    }
-    wake_.notify_one();
-    return work;
+    return "";
   }
 
- private:
-  struct Pair {
-    bool connected = false;
-    std::unique_ptr<HostShmTransport> transport;  // null where the pair takes the inner backend
-    std::string whyNot;
-    uint64_t serial = 0;  // the pair's steps so far, on both members alike
-  };
-  struct Segment {
-    HostShmTransport* transport;
-    std::vector<HostShmTransport::Op> ops;
-    int peer;
-  };
-  struct Job {
-    std::vector<Segment> arrive;              // every step's Arrived, in the batch's order
-    std::vector<std::vector<Segment>> peers;  // then each peer's steps, a lane each
-    c10::intrusive_ptr<HostWork> work;
-    uint64_t failAt = 0;
-  };
+  // A job whose posts were queued here: waits until every step's ring has room (the peer read this rank's post
+  // depth serials back), giving up as any wait on the peer does, then posts and records them.
+  void postQueued(Job& job) {
+    const std::string& description = job.work->description();
+    const auto deadline = job.work->deadline();
+    const auto start = std::chrono::steady_clock::now();
+    auto idleSince = start;
+    for (size_t i = 0; i < job.unposted.size(); ++i) {
+      HostShmTransport& t = *job.pairs[i]->transport;
+      const int peer = job.unposted[i].peer;
+      const int q = 1 - t.rank();
+      while (!t.mailbox()->roomFor(job.serials[i])) {
+        const auto now = std::chrono::steady_clock::now();
+        const std::string stop = peerStop(peer);
+        TORCH_CHECK_WITH(DistBackendError, stop.empty(), "torch_sdma: ", description, " failed: ", stop);
+        TORCH_CHECK_WITH(DistBackendError, processAlive(t.pidOf(q)), "torch_sdma: ", description,
+                         " failed: group rank ", peer, " (pid ", t.pidOf(q),
+                         ") exited while this rank was waiting for it");
+        TORCH_CHECK_WITH(DistBackendError, now < deadline, "torch_sdma: ", description, " timed out after ",
+                         std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count(),
+                         " ms waiting for group ranks [", peer, "] to reach its operation number ",
+                         job.serials[i] - t.mailbox()->depth(), " with this rank: it is ", t.mailbox()->depth(),
+                         " or more operations behind");
+        idleBackoff(now - idleSince);
+      }
+    }
+    std::string refused;
+    {
+      std::lock_guard<std::mutex> lock(postMutex_);
+      for (Pair* pair : job.pairs) {
+        --pair->unposted;
+      }
+      refused = postAndRecord(job, job.unposted);
+    }
+    TORCH_CHECK_WITH(DistBackendError, refused.empty(), "torch_sdma: ", description, " failed: ", refused);
+  }
 
   // Why a wait on `peer` must end ("" to go on): the peer's group failed, so it runs nothing it had not yet begun
   // (and whatever it began, it fails).
@@ -191,15 +293,34 @@ class HostP2pRunner : public P2pRunner {
            ")";
   }
 
+  // "" where the two sides of a step agree, else the words for both ranks: the peer's refusal (with its error, from
+  // the store, where the peer wrote it before posting), or the sizes or directions that differ.
+  std::string stepDisagreement(int peer, uint64_t serial, uint64_t myDirections, const PairRanges& mine,
+                               uint64_t peerDirections, const PairRanges& peers) const {
+    if ((peerDirections & kStepRefused) == 0) {
+      return pairStepDisagreement(rank_, peer, serial, myDirections, mine, peerDirections, peers);
+    }
+    std::string why;
+    try {
+      const std::string key = p2pRefusalKey(peer, rank_, serial);
+      if (store_->check({key})) {
+        const std::vector<uint8_t> bytes = store_->get(key);
+        why.assign(bytes.begin(), bytes.end());
+      }
+    } catch (const std::exception&) {
+      // the refusal is named without its error
+    }
+    return pairStepRefusal(rank_, peer, serial, myDirections, mine, peerDirections, why);
+  }
+
   // A step whose peer came late: the peer moves both directions and compares the two posts. This rank compares
   // them too, on its worker, so that both name the sizes; and a peer that never posts is named at the deadline.
   void recordPeerPostCheck(HostShmTransport& t, int peer, uint32_t serial, uint64_t myDirections, PairRanges mine) {
     const int q = 1 - t.rank();
     ArrivalMailbox* mailbox = t.mailbox();
     const int pid = t.pidOf(q);
-    const int rank = rank_;
     auto start = std::make_shared<std::chrono::steady_clock::time_point>();
-    t.recordPollTask([this, mailbox, q, pid, peer, rank, serial, myDirections, mine, start](
+    t.recordPollTask([this, mailbox, q, pid, peer, serial, myDirections, mine, start](
                          std::chrono::steady_clock::time_point deadline, const std::string& description) {
       const auto now = std::chrono::steady_clock::now();
       if (*start == std::chrono::steady_clock::time_point{}) {
@@ -212,16 +333,20 @@ class HostP2pRunner : public P2pRunner {
           return true;  // read and gone: the peer compared them when it arrived
         }
         const std::string stop = peerStop(peer);
-        TORCH_CHECK_WITH(DistBackendError, stop.empty(), "torch_sdma: ", description, " failed: ", stop);
-        TORCH_CHECK_WITH(DistBackendError, processAlive(pid), "torch_sdma: ", description, " failed: group rank ", peer,
-                         " (pid ", pid, ") exited while this rank was waiting for it");
-        TORCH_CHECK_WITH(DistBackendError, now < deadline, "torch_sdma: ", description, " timed out after ",
-                         std::chrono::duration_cast<std::chrono::milliseconds>(now - *start).count(),
-                         " ms waiting for group ranks [", peer, "], which never posted its operation number ", serial,
-                         " with this rank");
-        return false;
+        // A peer that refused this step posted the refusal before it failed its group: read again, to name it.
+        TORCH_CHECK_WITH(DistBackendError, stop.empty() || mailbox->readPeerPost(q, serial, &post, &theirs),
+                         "torch_sdma: ", description, " failed: ", stop);
+        if (stop.empty()) {
+          TORCH_CHECK_WITH(DistBackendError, processAlive(pid), "torch_sdma: ", description, " failed: group rank ",
+                           peer, " (pid ", pid, ") exited while this rank was waiting for it");
+          TORCH_CHECK_WITH(DistBackendError, now < deadline, "torch_sdma: ", description, " timed out after ",
+                           std::chrono::duration_cast<std::chrono::milliseconds>(now - *start).count(),
+                           " ms waiting for group ranks [", peer, "], which never posted its operation number ", serial,
+                           " with this rank");
+          return false;
+        }
       }
-      const std::string differs = pairStepDisagreement(rank, peer, serial, myDirections, mine, post.bytes, theirs);
+      const std::string differs = stepDisagreement(peer, serial, myDirections, mine, post.bytes, theirs);
       TORCH_CHECK_WITH(DistBackendError, differs.empty(), "torch_sdma: ", description, " failed: ", differs);
       return true;
     });
@@ -248,7 +373,18 @@ class HostP2pRunner : public P2pRunner {
                                                                             "group failed: " +
                                                                             broken));
     } else {
-      error = runLanes(job);
+      if (!job.unposted.empty()) {
+        try {
+          postQueued(job);
+        } catch (const std::exception& e) {
+          const std::string why = messageOf(e);
+          failGroup(job.failAt, why.rfind("torch_sdma: ", 0) == 0 ? why.substr(12) : why);
+          error = std::current_exception();
+        }
+      }
+      if (!error) {
+        error = runLanes(job);
+      }
     }
     if (error) {
       // A peer may still read and write these buffers by the addresses this rank posted (docs/design.md,
@@ -363,7 +499,10 @@ class HostP2pRunner : public P2pRunner {
   const c10::intrusive_ptr<c10d::Store> store_;
   const int rank_;
   CallBoard* const board_;
-  std::map<int, Pair> pairs_;  // by peer; the caller's thread alone touches it
+  std::map<int, Pair> pairs_;  // by peer; the caller's thread alone adds to it (a Pair stays where it is)
+  // Over posting in the pairs' mailboxes and recording on their transports, by the caller or the worker. Never held
+  // across a wait on a peer.
+  std::mutex postMutex_;
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<Job> queue_;
