@@ -4,7 +4,9 @@ batch_isend_irecv over several rounds whose sizes vary (zero included); a two-st
 directions and several tensors to one peer; zero-size; p2p in flight among all-gathers and all-to-alls on the same
 group; stats() and group_path(op=) on "dma:direct"; mistakes (sizes that differ, two sends that meet, a recv whose
 send never comes, at the pair's first operation and later) raising on the ranks that made them within the group's
-timeout, naming the peer."""
+timeout, naming the peer; an op one rank refuses on its own arguments failing the peer's matching op, naming that rank;
+more isends outstanding than a pair's ring holds, and a pair's first op while the peer is inside a collective, never
+blocking the caller."""
 import pytest
 import torch
 import torch.distributed as dist
@@ -245,10 +247,23 @@ def _error(e):
     return f"{type(e).__name__}: {e}".split("\nException raised from")[0]
 
 
+def _polling_barrier(ctx, name, timeout_s):
+    """A store barrier that never blocks the store's client: the pair's connect on the point-to-point worker reads
+    through that same client (ctx.barrier_store's blocking wait would hold it)."""
+    import time
+
+    ctx.store.add(f"barrier/{name}", 1)
+    deadline = time.monotonic() + timeout_s
+    while int(ctx.store.add(f"barrier/{name}", 0)) < ctx.world:
+        assert time.monotonic() < deadline, f"barrier {name} timed out"
+        time.sleep(0.05)
+
+
 def refused_p2p_body(ctx, form, refuser_late):
-    """Rank 1 refuses an op with rank 0 on its own arguments (a non-contiguous tensor; in a batch, its second op),
-    catches the error and goes on with a valid send; rank 0 made the op that meets the refused one, outputs poisoned,
-    before or after the refusal. Rank 0's op fails at once naming rank 1 and its error, instead of meeting rank 1's
+    """Rank 1 refuses an op with rank 0 on its own arguments (a non-contiguous tensor; in a batch, its second op; with
+    form "first", the pair's first op, so that the refusal connects the pair on the worker), catches the error and
+    goes on with a valid send; rank 0 made the op that meets the refused one, outputs poisoned, before or after the
+    refusal. Rank 0's op fails at once naming rank 1 and its error, instead of meeting rank 1's
     next send, and its buffers keep their poison; rank 1's next send is refused at once."""
     import time
 
@@ -256,20 +271,21 @@ def refused_p2p_body(ctx, form, refuser_late):
 
     torch.set_num_threads(1)
     r, peer, n = ctx.rank, 1 - ctx.rank, 4099
-    # The pair connected first, with bytes that arrive whole.
-    warm = poison_(torch.empty(n, dtype=torch.float32))
-    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, rand("warm", r, n, torch.float32), peer),
-                                    dist.P2POp(dist.irecv, warm, peer)])
-    for w in works:
-        w.wait()
-    assert_bytes_equal(warm, rand("warm", peer, n, torch.float32), "warm-up")
+    if form != "first":
+        # The pair connected first, with bytes that arrive whole.
+        warm = poison_(torch.empty(n, dtype=torch.float32))
+        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, rand("warm", r, n, torch.float32), peer),
+                                        dist.P2POp(dist.irecv, warm, peer)])
+        for w in works:
+            w.wait()
+        assert_bytes_equal(warm, rand("warm", peer, n, torch.float32), "warm-up")
     if (r == 1) == refuser_late:
         time.sleep(1.0)  # the other rank's op goes first
     got = poison_(torch.empty(n, dtype=torch.float32))
     t0 = time.monotonic()
     try:
         if r == 0:
-            if form == "lone":
+            if form != "batch":
                 dist.irecv(got, 1).wait()
             else:
                 for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, rand("b", r, n, torch.float32), 1),
@@ -277,7 +293,7 @@ def refused_p2p_body(ctx, form, refuser_late):
                     w.wait()
         else:
             bad = rand("bad", r, 2 * n, torch.float32)[::2]
-            if form == "lone":
+            if form != "batch":
                 dist.isend(bad, 0).wait()
             else:
                 for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, rand("b", r, n, torch.float32), 0),
@@ -299,13 +315,13 @@ def refused_p2p_body(ctx, form, refuser_late):
     except Exception as e:  # noqa: BLE001
         after = _error(e)
     dt_after = time.monotonic() - t1
-    ctx.barrier_store("refused-p2p-done", timeout_s=2 * REFUSAL_TIMEOUT_S)
+    _polling_barrier(ctx, "refused-p2p-done", 2 * REFUSAL_TIMEOUT_S)
     poisoned = bool((got.view(torch.uint8) == 0xA5).all() and (nxt.view(torch.uint8) == 0xA5).all())
     return dt, err, dt_after, after, poisoned
 
 
 @pytest.mark.parametrize("refuser_late", [False, True])
-@pytest.mark.parametrize("form", ["lone", "batch"])
+@pytest.mark.parametrize("form", ["lone", "batch", "first"])
 def test_p2p_refused_op_takes_its_pair_serial(form, refuser_late):
     res = run_group(refused_p2p_body, 2, "sdma", env=ENV, kwargs={"form": form, "refuser_late": refuser_late},
                     timeout=3 * REFUSAL_TIMEOUT_S, pg_timeout_s=REFUSAL_TIMEOUT_S, destroy=False, hard_exit=True,
@@ -414,3 +430,83 @@ def test_p2p_backlog_whose_peer_never_comes_fails_in_wait():
     assert "timed out" in errors[0] and "group ranks [1]" in errors[0], errors[0]
     assert "an earlier operation on this group failed" in errors[-1], errors[-1]
     assert elapsed < MISTAKE_TIMEOUT_S + SLACK_S, f"{elapsed:.1f} s"
+
+
+CONNECT_TIMEOUT_S = 60.0
+
+
+def first_op_beside_collective_body(ctx):
+    """The pair's first op made while the peer is inside the group's first all-gather: rank 0 isends, then gathers;
+    rank 1 gathers, then irecvs into a poisoned buffer. The isend returns without waiting for rank 1 to connect, the
+    all-gather completes on both, and the bytes arrive whole."""
+    import time
+
+    from checks.data import assert_bytes_equal, poison_, rand
+
+    torch.set_num_threads(1)
+    r, n = ctx.rank, 4099
+    ag = poison_(torch.empty(2 * n, dtype=torch.float32))
+    t0 = time.monotonic()
+    if r == 0:
+        w = dist.isend(rand("first", 0, n, torch.int64), 1)
+        returned = time.monotonic() - t0
+        dist.all_gather_into_tensor(ag, rand("ag", r, n, torch.float32))
+        w.wait()
+    else:
+        dist.all_gather_into_tensor(ag, rand("ag", r, n, torch.float32))
+        got = poison_(torch.empty(n, dtype=torch.int64))
+        t = time.monotonic()
+        w = dist.irecv(got, 0)
+        returned = time.monotonic() - t
+        w.wait()
+        assert_bytes_equal(got, rand("first", 0, n, torch.int64), "the pair's first op")
+    assert_bytes_equal(ag, torch.cat([rand("ag", q, n, torch.float32) for q in range(2)]), "all-gather")
+    return returned, time.monotonic() - t0
+
+
+def test_p2p_first_op_does_not_wait_for_the_peer_to_connect():
+    res = run_group(first_op_beside_collective_body, 2, "sdma", env=ENV, timeout=3 * CONNECT_TIMEOUT_S,
+                    pg_timeout_s=CONNECT_TIMEOUT_S)
+    res.check()
+    for rank, (returned, total) in enumerate(res.values()):
+        assert returned < 5.0, f"rank {rank}: the pair's first op blocked its caller for {returned:.1f} s"
+        assert total < CONNECT_TIMEOUT_S / 2, f"rank {rank}: {total:.1f} s"
+
+
+def opposite_subgroups_body(ctx):
+    """Two groups over the same two ranks, whose pairs' first ops come in opposite orders: rank 0 isends on g1, then
+    on g2; rank 1 irecvs on g2, then on g1. Neither call waits for the other rank to connect, so both complete with
+    their bytes, long before the groups' timeout."""
+    import datetime
+    import time
+
+    from checks.data import assert_bytes_equal, poison_, rand
+
+    torch.set_num_threads(1)
+    timeout = datetime.timedelta(seconds=CONNECT_TIMEOUT_S)
+    g1 = dist.new_group([0, 1], timeout=timeout)
+    g2 = dist.new_group([0, 1], timeout=timeout)
+    n = 1031
+    t0 = time.monotonic()
+    if ctx.rank == 0:
+        works = [dist.isend(rand("g1", 0, n, torch.float64), 1, group=g1),
+                 dist.isend(rand("g2", 0, n, torch.float64), 1, group=g2)]
+        for w in works:
+            w.wait()
+    else:
+        got1 = poison_(torch.empty(n, dtype=torch.float64))
+        got2 = poison_(torch.empty(n, dtype=torch.float64))
+        works = [dist.irecv(got2, 0, group=g2), dist.irecv(got1, 0, group=g1)]
+        for w in works:
+            w.wait()
+        assert_bytes_equal(got1, rand("g1", 0, n, torch.float64), "group 1")
+        assert_bytes_equal(got2, rand("g2", 0, n, torch.float64), "group 2")
+    return time.monotonic() - t0
+
+
+def test_p2p_first_ops_of_two_groups_in_opposite_orders():
+    res = run_group(opposite_subgroups_body, 2, "sdma", env=ENV, timeout=3 * CONNECT_TIMEOUT_S,
+                    pg_timeout_s=CONNECT_TIMEOUT_S)
+    res.check()
+    for rank, elapsed in enumerate(res.values()):
+        assert elapsed < CONNECT_TIMEOUT_S / 2, f"rank {rank}: {elapsed:.1f} s"

@@ -1,7 +1,8 @@
 // Point-to-point (send, recv, batch_isend_irecv): the route, then the pair's steps on the device's P2pRunner or the
 // inner backend (docs/design.md, "Point-to-point"). Both members of a pair take the same route: it depends only on
-// the group's settings, agreed at creation, on the bytes both sides pass, and on the pair's connect, which the two
-// members settle together. A send or recv to oneself keeps its own path (self_exchange.hpp); recvAnysource goes to
+// the group's settings, agreed at creation, on the bytes both sides pass, and on what the device's runner decides
+// for the pair alike on both members (the copy engines' connect, settled together; the host's setting that bars
+// reading a peer's memory). A send or recv to oneself keeps its own path (self_exchange.hpp); recvAnysource goes to
 // the inner backend where a send of its bytes would, and is refused where a send would take the DMA path.
 #include <c10/util/Exception.h>
 

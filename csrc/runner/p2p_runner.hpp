@@ -27,10 +27,11 @@ class P2pRunner {
  public:
   virtual ~P2pRunner() = default;
 
-  // Connects the pair with `peer` at its first use, collectively over the pair (both members call it at their first
-  // operation with each other, in pair order within a batch; the copy engines' eager and captured state each at the
-  // pair's first op of that kind). Then the DMA path, or the inner backend and why, alike on both members. Throws
-  // where the peer never came within the group's timeout.
+  // The pair with `peer`'s path, the DMA path or the inner backend and why, alike on both members (both call it at
+  // their first operation with each other, in pair order within a batch). The copy engines connect the pair here,
+  // collectively over the pair (their eager and captured state each at the pair's first op of that kind), and throw
+  // where the peer never came within the group's timeout; the host runner decides without the peer and connects on
+  // its worker, before the pair's first batch runs.
   virtual CollectivePath connectPair(int peer) = 0;
   // Enqueues `steps` (every one on a pair whose connectPair said DMA) as one batch: every step's post in its pair's
   // mailbox first, then the batch's schedule. Throws before enqueuing anything where a step's peer posted another
