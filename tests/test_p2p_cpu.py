@@ -4,7 +4,9 @@ batch_isend_irecv over several rounds whose sizes vary (zero included); a two-st
 directions and several tensors to one peer; zero-size; p2p in flight among all-gathers and all-to-alls on the same
 group; stats() and group_path(op=) on "dma:direct"; mistakes (sizes that differ, two sends that meet, a recv whose
 send never comes, at the pair's first operation and later) raising on the ranks that made them within the group's
-timeout, naming the peer."""
+timeout, naming the peer; an op one rank refuses on its own arguments failing the peer's matching op, naming that rank;
+more isends outstanding than a pair's ring holds, and a pair's first op while the peer is inside a collective, never
+blocking the caller."""
 import pytest
 import torch
 import torch.distributed as dist
@@ -235,3 +237,276 @@ def test_p2p_recv_from_any_source(delegate):
         assert dt < 10, f"refused after {dt:.1f} s"
     else:
         assert refused is None and src == 0, (refused, src)
+
+
+REFUSAL_TIMEOUT_S = 60.0
+AT_ONCE_S = 20.0  # well below the group's timeout, with room for a loaded 2-core machine
+
+
+def _error(e):
+    return f"{type(e).__name__}: {e}".split("\nException raised from")[0]
+
+
+def _polling_barrier(ctx, name, timeout_s):
+    """A store barrier that never blocks the store's client: the pair's connect on the point-to-point worker reads
+    through that same client (ctx.barrier_store's blocking wait would hold it)."""
+    import time
+
+    ctx.store.add(f"barrier/{name}", 1)
+    deadline = time.monotonic() + timeout_s
+    while int(ctx.store.add(f"barrier/{name}", 0)) < ctx.world:
+        assert time.monotonic() < deadline, f"barrier {name} timed out"
+        time.sleep(0.05)
+
+
+def refused_p2p_body(ctx, form, refuser_late):
+    """Rank 1 refuses an op with rank 0 on its own arguments (a non-contiguous tensor; in a batch, its second op; with
+    form "first", the pair's first op, so that the refusal connects the pair on the worker), catches the error and
+    goes on with a valid send; rank 0 made the op that meets the refused one, outputs poisoned, before or after the
+    refusal. Rank 0's op fails at once naming rank 1 and its error, instead of meeting rank 1's
+    next send, and its buffers keep their poison; rank 1's next send is refused at once."""
+    import time
+
+    from checks.data import assert_bytes_equal, poison_, rand
+
+    torch.set_num_threads(1)
+    r, peer, n = ctx.rank, 1 - ctx.rank, 4099
+    if form != "first":
+        # The pair connected first, with bytes that arrive whole.
+        warm = poison_(torch.empty(n, dtype=torch.float32))
+        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, rand("warm", r, n, torch.float32), peer),
+                                        dist.P2POp(dist.irecv, warm, peer)])
+        for w in works:
+            w.wait()
+        assert_bytes_equal(warm, rand("warm", peer, n, torch.float32), "warm-up")
+    if (r == 1) == refuser_late:
+        time.sleep(1.0)  # the other rank's op goes first
+    got = poison_(torch.empty(n, dtype=torch.float32))
+    t0 = time.monotonic()
+    try:
+        if r == 0:
+            if form != "batch":
+                dist.irecv(got, 1).wait()
+            else:
+                for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, rand("b", r, n, torch.float32), 1),
+                                                 dist.P2POp(dist.irecv, got, 1)]):
+                    w.wait()
+        else:
+            bad = rand("bad", r, 2 * n, torch.float32)[::2]
+            if form != "batch":
+                dist.isend(bad, 0).wait()
+            else:
+                for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, rand("b", r, n, torch.float32), 0),
+                                                 dist.P2POp(dist.irecv, bad, 0)]):
+                    w.wait()
+        err = None
+    except Exception as e:  # noqa: BLE001
+        err = _error(e)
+    dt = time.monotonic() - t0
+    # The refusing rank's next op, and the one rank 0 makes to meet it.
+    nxt = poison_(torch.empty(n, dtype=torch.float32))
+    t1 = time.monotonic()
+    try:
+        if r == 0:
+            dist.irecv(nxt, 1).wait()
+        else:
+            dist.isend(rand("next", r, n, torch.float32), 0).wait()
+        after = None
+    except Exception as e:  # noqa: BLE001
+        after = _error(e)
+    dt_after = time.monotonic() - t1
+    _polling_barrier(ctx, "refused-p2p-done", 2 * REFUSAL_TIMEOUT_S)
+    poisoned = bool((got.view(torch.uint8) == 0xA5).all() and (nxt.view(torch.uint8) == 0xA5).all())
+    return dt, err, dt_after, after, poisoned
+
+
+@pytest.mark.parametrize("refuser_late", [False, True])
+@pytest.mark.parametrize("form", ["lone", "batch", "first"])
+def test_p2p_refused_op_takes_its_pair_serial(form, refuser_late):
+    res = run_group(refused_p2p_body, 2, "sdma", env=ENV, kwargs={"form": form, "refuser_late": refuser_late},
+                    timeout=3 * REFUSAL_TIMEOUT_S, pg_timeout_s=REFUSAL_TIMEOUT_S, destroy=False, hard_exit=True,
+                    grace=2 * REFUSAL_TIMEOUT_S)
+    assert all(r.status == "ok" and r.exitcode == 0 for r in res.ranks), res.describe()
+    (dt0, err0, dt0_after, after0, poisoned0), (dt1, err1, dt1_after, after1, poisoned1) = res.values()
+    assert err1 is not None and err1.startswith("ValueError") and "contiguous" in err1, err1
+    assert err0 is not None and "group rank 1 refused its" in err0 and "on its own arguments" in err0, err0
+    assert "its error: torch_sdma:" in err0 and "contiguous" in err0, err0
+    assert dt0 < AT_ONCE_S, f"rank 0's op failed after {dt0:.1f} s: {err0}"
+    assert after0 is not None and "refused: an earlier collective on this group failed" in after0, after0
+    assert after1 is not None and "refused: an earlier collective on this group failed" in after1, after1
+    assert dt0_after < AT_ONCE_S and dt1_after < AT_ONCE_S, (dt0_after, dt1_after)
+    assert poisoned0 and poisoned1, "a buffer of a refused or failed op got bytes"
+
+
+def _connect_pair(r):
+    """One send from rank 0 to rank 1, so that the pair is connected before what a test measures."""
+    t = torch.full((4,), 7, dtype=torch.int32) if r == 0 else torch.zeros(4, dtype=torch.int32)
+    dist.send(t, 1) if r == 0 else dist.recv(t, 0)
+    assert bool((t == 7).all())
+
+
+BACKLOG_OPS = 1100  # more than a pair's ring of posts (1024)
+BACKLOG_TIMEOUT_S = 60.0
+
+
+def backlog_body(ctx):
+    """Rank 0 makes more isends to rank 1 than the pair's ring holds, then an all-gather; rank 1 makes the all-gather
+    first, then the irecvs, outputs poisoned. No isend waits for rank 1 (they return at once, the posts that do not
+    fit queued on rank 0's worker), every byte arrives, and the all-gather completes."""
+    import time
+
+    from checks.data import assert_bytes_equal, poison_, rand
+
+    torch.set_num_threads(1)
+    r, n = ctx.rank, 33
+    _connect_pair(r)
+    ag = poison_(torch.empty(2 * n, dtype=torch.float32))
+    slowest = 0.0
+    t0 = time.monotonic()
+    if r == 0:
+        works = []
+        for i in range(BACKLOG_OPS):
+            t = time.monotonic()
+            works.append(dist.isend(rand(f"backlog{i}", 0, n + i % 5, torch.int32), 1))
+            slowest = max(slowest, time.monotonic() - t)
+        dist.all_gather_into_tensor(ag, rand("ag", r, n, torch.float32))
+        for w in works:
+            w.wait()
+    else:
+        dist.all_gather_into_tensor(ag, rand("ag", r, n, torch.float32))
+        got = [poison_(torch.empty(n + i % 5, dtype=torch.int32)) for i in range(BACKLOG_OPS)]
+        works = [dist.irecv(g, 0) for g in got]
+        for w in works:
+            w.wait()
+        for i, g in enumerate(got):
+            assert_bytes_equal(g, rand(f"backlog{i}", 0, n + i % 5, torch.int32), f"isend {i}")
+    assert_bytes_equal(ag, torch.cat([rand("ag", q, n, torch.float32) for q in range(2)]), "all-gather")
+    return slowest, time.monotonic() - t0
+
+
+def test_p2p_isends_past_the_ring_never_block():
+    res = run_group(backlog_body, 2, "sdma", env=ENV, timeout=3 * BACKLOG_TIMEOUT_S, pg_timeout_s=BACKLOG_TIMEOUT_S)
+    res.check()
+    slowest, total = res.values()[0]
+    assert slowest < 5.0, f"an isend blocked its caller for {slowest:.1f} s"
+    assert total < BACKLOG_TIMEOUT_S / 2, f"{total:.1f} s"
+
+
+def backlog_never_met_body(ctx):
+    """As above, but rank 1 never makes the irecvs: every isend still returns at once, and every wait() raises within
+    the group's timeout (and some slack), the first naming rank 1."""
+    import time
+
+    from checks.data import rand
+
+    torch.set_num_threads(1)
+    _connect_pair(ctx.rank)
+    errors, slowest = [], 0.0
+    t0 = time.monotonic()
+    if ctx.rank == 0:
+        works = []
+        for i in range(BACKLOG_OPS):
+            t = time.monotonic()
+            works.append(dist.isend(rand(f"never{i}", 0, 16, torch.int32), 1))
+            slowest = max(slowest, time.monotonic() - t)
+        for w in works:
+            try:
+                w.wait()
+                errors.append(None)
+            except Exception as e:  # noqa: BLE001
+                errors.append(_error(e))
+    elapsed = time.monotonic() - t0
+    ctx.barrier_store("never-met-done", timeout_s=3 * MISTAKE_TIMEOUT_S + 60)
+    return slowest, elapsed, errors
+
+
+def test_p2p_backlog_whose_peer_never_comes_fails_in_wait():
+    res = run_group(backlog_never_met_body, 2, "sdma", env=ENV, timeout=4 * MISTAKE_TIMEOUT_S + 120,
+                    pg_timeout_s=MISTAKE_TIMEOUT_S, destroy=False, hard_exit=True, grace=3 * MISTAKE_TIMEOUT_S + 60)
+    assert all(r.status == "ok" and r.exitcode == 0 for r in res.ranks), res.describe()
+    slowest, elapsed, errors = res.values()[0]
+    assert slowest < 5.0, f"an isend blocked its caller for {slowest:.1f} s"
+    assert len(errors) == BACKLOG_OPS and all(e is not None and "DistBackendError" in e for e in errors), errors[:3]
+    assert "timed out" in errors[0] and "group ranks [1]" in errors[0], errors[0]
+    assert "an earlier operation on this group failed" in errors[-1], errors[-1]
+    assert elapsed < MISTAKE_TIMEOUT_S + SLACK_S, f"{elapsed:.1f} s"
+
+
+CONNECT_TIMEOUT_S = 60.0
+
+
+def first_op_beside_collective_body(ctx):
+    """The pair's first op made while the peer is inside the group's first all-gather: rank 0 isends, then gathers;
+    rank 1 gathers, then irecvs into a poisoned buffer. The isend returns without waiting for rank 1 to connect, the
+    all-gather completes on both, and the bytes arrive whole."""
+    import time
+
+    from checks.data import assert_bytes_equal, poison_, rand
+
+    torch.set_num_threads(1)
+    r, n = ctx.rank, 4099
+    ag = poison_(torch.empty(2 * n, dtype=torch.float32))
+    t0 = time.monotonic()
+    if r == 0:
+        w = dist.isend(rand("first", 0, n, torch.int64), 1)
+        returned = time.monotonic() - t0
+        dist.all_gather_into_tensor(ag, rand("ag", r, n, torch.float32))
+        w.wait()
+    else:
+        dist.all_gather_into_tensor(ag, rand("ag", r, n, torch.float32))
+        got = poison_(torch.empty(n, dtype=torch.int64))
+        t = time.monotonic()
+        w = dist.irecv(got, 0)
+        returned = time.monotonic() - t
+        w.wait()
+        assert_bytes_equal(got, rand("first", 0, n, torch.int64), "the pair's first op")
+    assert_bytes_equal(ag, torch.cat([rand("ag", q, n, torch.float32) for q in range(2)]), "all-gather")
+    return returned, time.monotonic() - t0
+
+
+def test_p2p_first_op_does_not_wait_for_the_peer_to_connect():
+    res = run_group(first_op_beside_collective_body, 2, "sdma", env=ENV, timeout=3 * CONNECT_TIMEOUT_S,
+                    pg_timeout_s=CONNECT_TIMEOUT_S)
+    res.check()
+    for rank, (returned, total) in enumerate(res.values()):
+        assert returned < 5.0, f"rank {rank}: the pair's first op blocked its caller for {returned:.1f} s"
+        assert total < CONNECT_TIMEOUT_S / 2, f"rank {rank}: {total:.1f} s"
+
+
+def opposite_subgroups_body(ctx):
+    """Two groups over the same two ranks, whose pairs' first ops come in opposite orders: rank 0 isends on g1, then
+    on g2; rank 1 irecvs on g2, then on g1. Neither call waits for the other rank to connect, so both complete with
+    their bytes, long before the groups' timeout."""
+    import datetime
+    import time
+
+    from checks.data import assert_bytes_equal, poison_, rand
+
+    torch.set_num_threads(1)
+    timeout = datetime.timedelta(seconds=CONNECT_TIMEOUT_S)
+    g1 = dist.new_group([0, 1], timeout=timeout)
+    g2 = dist.new_group([0, 1], timeout=timeout)
+    n = 1031
+    t0 = time.monotonic()
+    if ctx.rank == 0:
+        works = [dist.isend(rand("g1", 0, n, torch.float64), 1, group=g1),
+                 dist.isend(rand("g2", 0, n, torch.float64), 1, group=g2)]
+        for w in works:
+            w.wait()
+    else:
+        got1 = poison_(torch.empty(n, dtype=torch.float64))
+        got2 = poison_(torch.empty(n, dtype=torch.float64))
+        works = [dist.irecv(got2, 0, group=g2), dist.irecv(got1, 0, group=g1)]
+        for w in works:
+            w.wait()
+        assert_bytes_equal(got1, rand("g1", 0, n, torch.float64), "group 1")
+        assert_bytes_equal(got2, rand("g2", 0, n, torch.float64), "group 2")
+    return time.monotonic() - t0
+
+
+def test_p2p_first_ops_of_two_groups_in_opposite_orders():
+    res = run_group(opposite_subgroups_body, 2, "sdma", env=ENV, timeout=3 * CONNECT_TIMEOUT_S,
+                    pg_timeout_s=CONNECT_TIMEOUT_S)
+    res.check()
+    for rank, elapsed in enumerate(res.values()):
+        assert elapsed < CONNECT_TIMEOUT_S / 2, f"rank {rank}: {elapsed:.1f} s"

@@ -1,7 +1,8 @@
 // Point-to-point (send, recv, batch_isend_irecv): the route, then the pair's steps on the device's P2pRunner or the
 // inner backend (docs/design.md, "Point-to-point"). Both members of a pair take the same route: it depends only on
-// the group's settings, agreed at creation, on the bytes both sides pass, and on the pair's connect, which the two
-// members settle together. A send or recv to oneself keeps its own path (self_exchange.hpp); recvAnysource goes to
+// the group's settings, agreed at creation, on the bytes both sides pass, and on what the device's runner decides
+// for the pair alike on both members (the copy engines' connect, settled together; the host's setting that bars
+// reading a peer's memory). A send or recv to oneself keeps its own path (self_exchange.hpp); recvAnysource goes to
 // the inner backend where a send of its bytes would, and is refused where a send would take the DMA path.
 #include <c10/util/Exception.h>
 
@@ -168,8 +169,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::pointToPoint(const CollectiveNa
   const at::Tensor& tensor = tensors[0];
   CollectivePath path = p2pRoute(tensor);
   if (path.isDma()) {
-    TORCH_CHECK_VALUE(tensor.is_contiguous() && !tensor.is_sparse(), "torch_sdma: ", names.stats,
-                      ": Tensors must be contiguous and dense");
+    if (!tensor.is_contiguous() || tensor.is_sparse()) {
+      refuseP2p({P2pOp{peer, isSend, tensor, tag}}, names.stats, "Tensors must be contiguous and dense");
+    }
     if (coalescing_) {
       // Connected at the batch's end, in pair order (p2p_batch.hpp): here, in call order, a ring would wait in a
       // cycle of connects.
@@ -188,6 +190,55 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::pointToPoint(const CollectiveNa
   return runTraced(traceGroup_, getGroupDesc(), ++p2pSeq_, traced, [&] {
     return runP2p({P2pOp{peer, isSend, tensor, tag}}, names.stats, isSend ? c10d::OpType::SEND : c10d::OpType::RECV);
   });
+}
+
+void ProcessGroupSDMA::refuseP2p(std::vector<P2pOp> ops, const char* op, const std::string& words) {
+  const std::string why = "torch_sdma: " + std::string(op) + ": " + words;
+  if (coalescing_) {
+    // The batch's ops so far are refused with it. torch ends no block whose op raised: it ends here, as
+    // endCoalescing would, so that the next lone call is not collected into a batch that never runs.
+    ops.insert(ops.begin(), p2pBatch_.begin(), p2pBatch_.end());
+    p2pBatch_.clear();
+    coalescing_ = false;
+    coalescedWorks_.clear();
+    self_.dropBatch("the batch it was posted in was refused: " + why);
+    if (innerCuda_) {
+      try {
+        innerCuda_->endCoalescing();
+      } catch (const std::exception& e) {
+        LOG(WARNING) << "torch_sdma: the inner backend's batch around a refused op: " << messageOf(e);
+      }
+    }
+  }
+  // Each pair of a CPU op on the DMA path takes its serial as refused, in the pairs' one order, so that the peer's
+  // matching op fails naming this rank. The copy-engine runner posts no refusals (P2pRunner::refuse).
+  std::vector<P2pOp> posted;
+  for (const P2pOp& o : ops) {
+    if (o.tensor.defined() && o.tensor.device().is_cpu() && o.peer != getRank() && p2pRoute(o.tensor).isDma()) {
+      posted.push_back(o);
+    }
+  }
+  if (!posted.empty()) {
+    const CollectiveInfo info{c10d::OpType::UNKNOWN, op, ++p2pSeq_, options_.groupName, getRank(), getSize(),
+                              options_.timeout};
+    int last = -1;
+    for (const PairStep& step : pairStepsOf(posted, getRank())) {
+      if (step.peer == last) {
+        continue;  // one serial per pair: the refusal fails the group, so no later step of the pair meets anything
+      }
+      last = step.peer;
+      try {
+        const at::Device cpu(at::kCPU);
+        if (connectP2pPair(cpu, step.peer, op).isDma()) {
+          devicePath(cpu).p2p->refuse(step.peer, directionsOf(step), why, info, seq_ + 1);
+        }
+      } catch (const std::exception& e) {
+        LOG(WARNING) << "torch_sdma: " << info.describe() << ": this rank's refusal did not reach group rank "
+                     << step.peer << ": " << messageOf(e);
+      }
+    }
+  }
+  C10_THROW_ERROR(ValueError, why);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::runP2p(const std::vector<P2pOp>& ops, const char* op,
@@ -215,8 +266,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::endP2pBatch() {
     std::vector<c10::intrusive_ptr<c10d::Work>> inner;
     const at::Device device = ops.front().tensor.device();
     for (const P2pOp& op : ops) {
-      TORCH_CHECK_VALUE(op.tensor.device() == device, "torch_sdma: batch_isend_irecv with tensors on ", device.str(),
-                        " and ", op.tensor.device().str(), "; a batch's tensors must be on one device");
+      if (op.tensor.device() != device) {
+        refuseP2p(ops, "batch_isend_irecv",
+                  "with tensors on " + device.str() + " and " + op.tensor.device().str() +
+                      "; a batch's tensors must be on one device");
+      }
     }
     CollectivePath dmaPath = CollectivePath::dma(CollectivePath::kDirect);  // or captured: alike for every pair
     for (const PairStep& step : pairStepsOf(ops, getRank())) {

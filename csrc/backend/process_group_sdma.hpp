@@ -201,6 +201,10 @@ class ProcessGroupSDMA : public c10d::Backend {
   // stats() under "<op>:dma:direct" (the inner route counts as delegated), and group_path(op=).
   void recordP2pPath(const char* op, const at::Device& device, const CollectivePath& path, int64_t bytes);
   c10::intrusive_ptr<c10d::Work> runP2p(const std::vector<P2pOp>& ops, const char* op, c10d::OpType opType);
+  // Throws a ValueError "torch_sdma: <op>: <words>" for ops this rank refuses on its own arguments, after each pair of
+  // theirs on the DMA path took its serial as refused (P2pRunner::refuse); inside a batch, the batch's ops so far
+  // are refused with them and the block ends.
+  [[noreturn]] void refuseP2p(std::vector<P2pOp> ops, const char* op, const std::string& words);
   void beginP2pBatch();
   // The batch's Work (null where it held no operation on the DMA path).
   c10::intrusive_ptr<c10d::Work> endP2pBatch();

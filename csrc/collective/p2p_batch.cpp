@@ -10,7 +10,7 @@ uint64_t bytesOf(const at::Tensor& t) {
 }
 
 std::string directionWords(uint64_t directions, uint64_t sends, uint64_t expects) {
-  switch (directions) {
+  switch (directions & (kStepSends | kStepReceives)) {
     case kStepSends:
       return "a send of " + std::to_string(sends) + " bytes";
     case kStepReceives:
@@ -64,6 +64,26 @@ std::string pairStepDisagreement(int rank, int peer, uint64_t serial, uint64_t m
          " and group rank " + std::to_string(peer) + " posted " +
          directionWords(peerDirections, peers.sends.bytes, peers.expects.bytes) +
          "; each send must meet a recv of the same size, in the same order on both ranks, and nothing was copied";
+}
+
+std::string pairStepRefusal(int rank, int peer, uint64_t serial, uint64_t myDirections, const PairRanges& mine,
+                            uint64_t peerDirections, const std::string& why) {
+  std::string refused;
+  switch (peerDirections & (kStepSends | kStepReceives)) {
+    case kStepSends:
+      refused = "send";
+      break;
+    case kStepReceives:
+      refused = "recv";
+      break;
+    default:
+      refused = "batch_isend_irecv";
+  }
+  return "group rank " + std::to_string(peer) + " refused its " + refused + " with group rank " + std::to_string(rank) +
+         " on its own arguments (its error says why) while group rank " + std::to_string(rank) + " posted " +
+         directionWords(myDirections, mine.sends.bytes, mine.expects.bytes) + ", as their operation number " +
+         std::to_string(serial) + " with each other; an operation one rank refuses fails on both ranks" +
+         (why.empty() ? "" : "; its error: " + why);
 }
 
 }  // namespace sdma

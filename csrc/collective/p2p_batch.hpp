@@ -56,6 +56,9 @@ inline StepTensors tensorsOf(const std::vector<PairStep>& steps) {
 // that meet are refused even at zero bytes.
 constexpr uint64_t kStepSends = 1;
 constexpr uint64_t kStepReceives = 2;
+// Posted with the directions the op would have moved where this rank refused it on its own arguments: the step takes
+// its serial all the same, so that the peer's op of that serial fails instead of meeting this rank's next op.
+constexpr uint64_t kStepRefused = 4;
 inline uint64_t directionsOf(const PairStep& step) {
   return (step.send.defined() ? kStepSends : 0) | (step.recv.defined() ? kStepReceives : 0);
 }
@@ -67,5 +70,10 @@ ExchangePlan pairPlanOf(const PairStep& step, int me);
 // words that name both ranks, what each passed, and the step's place among the pair's operations.
 std::string pairStepDisagreement(int rank, int peer, uint64_t serial, uint64_t myDirections, const PairRanges& mine,
                                  uint64_t peerDirections, const PairRanges& peers);
+
+// The words for a step whose peer posted kStepRefused, as the call board words a refused collective: which rank
+// refused, what each side posted, and `why` (the refuser's own error, "" where it could not be read).
+std::string pairStepRefusal(int rank, int peer, uint64_t serial, uint64_t myDirections, const PairRanges& mine,
+                            uint64_t peerDirections, const std::string& why);
 
 }  // namespace sdma

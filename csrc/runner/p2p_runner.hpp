@@ -27,10 +27,11 @@ class P2pRunner {
  public:
   virtual ~P2pRunner() = default;
 
-  // Connects the pair with `peer` at its first use, collectively over the pair (both members call it at their first
-  // operation with each other, in pair order within a batch; the copy engines' eager and captured state each at the
-  // pair's first op of that kind). Then the DMA path, or the inner backend and why, alike on both members. Throws
-  // where the peer never came within the group's timeout.
+  // The pair with `peer`'s path, the DMA path or the inner backend and why, alike on both members (both call it at
+  // their first operation with each other, in pair order within a batch). The copy engines connect the pair here,
+  // collectively over the pair (their eager and captured state each at the pair's first op of that kind), and throw
+  // where the peer never came within the group's timeout; the host runner decides without the peer and connects on
+  // its worker, before the pair's first batch runs.
   virtual CollectivePath connectPair(int peer) = 0;
   // Enqueues `steps` (every one on a pair whose connectPair said DMA) as one batch: every step's post in its pair's
   // mailbox first, then the batch's schedule. Throws before enqueuing anything where a step's peer posted another
@@ -38,7 +39,20 @@ class P2pRunner {
   // of this batch fails the group on the call board.
   virtual c10::intrusive_ptr<c10d::Work> run(std::vector<PairStep> steps, const CollectiveInfo& info,
                                              uint64_t nextCollective) = 0;
+  // This rank refused an op with `peer` (connectPair said DMA) on its own arguments, for `why`: the op still takes
+  // the pair's next serial, posted as refused (`directions`: what it would have moved), so that the peer's op of that
+  // serial fails naming this rank and `why` instead of meeting this rank's next op; then the group fails here too.
+  // Never throws: the refusal itself is the caller's error. The copy-engine runner does not post refusals (the
+  // default): there the peer's op meets this rank's next one, as before.
+  virtual void refuse(int /*peer*/, uint64_t /*directions*/, const std::string& /*why*/, const CollectiveInfo& /*info*/,
+                      uint64_t /*nextCollective*/) {}
 };
+
+// Where a peer's op reads why this rank refused its op of the pair's `serial` (the group's store).
+inline std::string p2pRefusalKey(int rank, int peer, uint64_t serial) {
+  return "p2p/" + std::to_string(std::min(rank, peer)) + "-" + std::to_string(std::max(rank, peer)) + "/refused/" +
+         std::to_string(serial) + "/" + std::to_string(rank);
+}
 
 // Before a batch is posted: refused where the group failed, as this runner saw it (`failure`, under `mutex`) or as
 // the call board says (a collective's failure, or a pair's of another runner of the group).

@@ -198,6 +198,23 @@ class ArrivalMailbox {
   int rank() const {
     return rank_;
   }
+  int depth() const {
+    return static_cast<int>(depth_);
+  }
+
+  // Whether arrive(serial) would find its ring slot free at once: every peer has read this rank's post for
+  // serial - depth. Any thread; for a caller that must not wait for room and posts elsewhere while there is none.
+  bool roomFor(uint64_t serial) const {
+    if (serial <= depth_) {
+      return true;
+    }
+    for (int q = 0; q < size_; ++q) {
+      if (q != rank_ && headers_[q].readUpTo.load(std::memory_order_acquire) < serial - depth_) {
+        return false;
+      }
+    }
+    return true;
+  }
 
   // For the watchdog, from any thread: whether peer q's CPU has posted for `serial` (what a peer never reached is
   // read here, not from a GPU flag).
