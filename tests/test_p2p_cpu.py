@@ -283,22 +283,15 @@ def refused_p2p_body(ctx, form, refuser_late):
         time.sleep(1.0)  # the other rank's op goes first
     got = poison_(torch.empty(n, dtype=torch.float32))
     t0 = time.monotonic()
+    # Rank 0 receives into `got`; rank 1 sends (or, in a batch, receives into) a non-contiguous tensor, refused.
+    tensor = got if r == 0 else rand("bad", r, 2 * n, torch.float32)[::2]
     try:
-        if r == 0:
-            if form != "batch":
-                dist.irecv(got, 1).wait()
-            else:
-                for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, rand("b", r, n, torch.float32), 1),
-                                                 dist.P2POp(dist.irecv, got, 1)]):
-                    w.wait()
+        if form != "batch":
+            (dist.irecv if r == 0 else dist.isend)(tensor, 1 - r).wait()
         else:
-            bad = rand("bad", r, 2 * n, torch.float32)[::2]
-            if form != "batch":
-                dist.isend(bad, 0).wait()
-            else:
-                for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, rand("b", r, n, torch.float32), 0),
-                                                 dist.P2POp(dist.irecv, bad, 0)]):
-                    w.wait()
+            for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, rand("b", r, n, torch.float32), 1 - r),
+                                             dist.P2POp(dist.irecv, tensor, 1 - r)]):
+                w.wait()
         err = None
     except Exception as e:  # noqa: BLE001
         err = _error(e)
