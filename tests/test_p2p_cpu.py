@@ -235,3 +235,45 @@ def test_p2p_recv_from_any_source(delegate):
         assert dt < 10, f"refused after {dt:.1f} s"
     else:
         assert refused is None and src == 0, (refused, src)
+
+
+def batch_refused_at_issue_body(ctx):
+    """Both ranks' batch_isend_irecv holds an isend that torch_sdma refuses as it is issued (a non-contiguous tensor);
+    then a synchronous all_gather_into_tensor on the same group, its output poisoned: it must move the bytes or
+    raise."""
+    torch.set_num_threads(1)
+    peer = 1 - ctx.rank
+    got = torch.zeros(64, dtype=torch.uint8)
+    bad = torch.full((64, 2), ctx.rank + 1, dtype=torch.uint8)[:, 0]
+    try:
+        for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, bad, peer), dist.P2POp(dist.irecv, got, peer)]):
+            w.wait()
+        batch = None
+    except Exception as e:  # noqa: BLE001
+        batch = f"{type(e).__name__}: {e}"
+    out = torch.full((128,), 0xA5, dtype=torch.uint8)
+    try:
+        dist.all_gather_into_tensor(out, torch.full((64,), ctx.rank + 1, dtype=torch.uint8))
+        after = None
+    except Exception as e:  # noqa: BLE001
+        after = f"{type(e).__name__}: {e}"
+    ctx.barrier_store("batch-refused-at-issue-done", timeout_s=60)
+    expected = torch.cat([torch.full((64,), q + 1, dtype=torch.uint8) for q in range(2)])
+    return batch, after, bool(torch.equal(out, expected))
+
+
+# torch's _coalescing_manager, which batch_isend_irecv enters on a backend that supports coalescing (sdma does), has
+# no finally: an op that raises as it is issued leaves the group's coalescing state open, and c10d then records the
+# group's all_gather_into_tensor (all_reduce, reduce_scatter_tensor) for a coalesced call that never comes: the call
+# returns None at once, nothing moved. The fault soak met it as wrong bytes (soak_faults.py --calls 200 --timeout 2
+# --seed 102, episode 6: other_call with the inner backend, where a delegated send raised inside a batch once the peer's
+# inner backend had closed its connection; that depends on timing, this does not).
+@pytest.mark.xfail(strict=True, reason="a batch_isend_irecv op refused at issue leaves torch's coalescing state open: "
+                   "the group's later all_gather_into_tensor returns without error and without moving bytes")
+def test_p2p_batch_refused_at_issue_leaves_the_group_working():
+    res = run_group(batch_refused_at_issue_body, 2, "sdma", env=ENV, timeout=120, pg_timeout_s=10, destroy=False,
+                    hard_exit=True, grace=60)
+    assert all(r.status == "ok" and r.exitcode == 0 for r in res.ranks), res.describe()
+    for rank, (batch, after, exact) in enumerate(res.values()):
+        assert batch is not None and "contiguous" in batch, f"rank {rank}: {batch}"
+        assert after is not None or exact, f"rank {rank}: the all-gather after the batch returned without its bytes"
