@@ -321,9 +321,12 @@ def episode_body(ctx, seed, episode, fault, calls, timeout_s, device_kind, mix=F
     fault_index = None  # where the fault's own outcomes start (the kinds of EXCHANGE_FAULTS)
     fault_result = {}  # what the fault's call gave this rank, for the checks across ranks (run_episode)
 
-    def place_canaries(c, out):
+    def place_canaries(c, held):
         """The output goes back to the allocator; tensors of its size take memory now, where the allocator gives
-        it (often the output's own), and must stay as written. Counts those that did land on the output's bytes."""
+        it (often the output's own), and must stay as written. Counts those that did land on the output's bytes.
+        `held` is a list holding the output, its last reference once the caller dropped its own (and the failed
+        call's work and error): emptied here, so that the memory is free when the canaries are made."""
+        out = held.pop() if held else None
         at, size = (out.data_ptr(), out.numel()) if out is not None else (0, 0)
         del out
         for _ in range(CANARIES_PER_CALL):
@@ -344,15 +347,23 @@ def episode_body(ctx, seed, episode, fault, calls, timeout_s, device_kind, mix=F
         if first is not None:
             raise first
 
-    def settle(c, works, out, expected, what):
-        """Waits for one call; checks its bytes, or where it raised puts canaries where its output was."""
+    def settle(entry):
+        """Waits for one call, entry [call, works, output, expected, description] (emptied here); checks its bytes,
+        or where it raised puts canaries where its output was."""
         try:
-            wait_all(works)
+            wait_all(entry[1])
+            error = None
         except Exception as e:  # noqa: BLE001
-            outcomes.append(_first_line(e))
-            del works
-            place_canaries(c, out)
+            error = _first_line(e)
+        if error is not None:
+            # Out of the except block: its traceback holds the waited works, which hold the output.
+            outcomes.append(error)
+            c, held = entry[0], [entry[2]]
+            entry.clear()
+            place_canaries(c, held)
             return
+        c, works, out, expected, what = entry
+        entry.clear()
         if out.numel() == 0 and faulted and kind == "zero_size":
             outcomes.append("ok (zero-size, nothing to check)")
             return
@@ -364,7 +375,7 @@ def episode_body(ctx, seed, episode, fault, calls, timeout_s, device_kind, mix=F
 
     def settle_pending():
         while pending:
-            settle(*pending.pop(0))
+            settle(pending.pop(0))
 
     def timed(start):
         """Runs a synchronous call, or issues one and waits for its works: (seconds, None or the whole error)."""
@@ -391,7 +402,7 @@ def episode_body(ctx, seed, episode, fault, calls, timeout_s, device_kind, mix=F
         if dt > limit_s:
             violations.append(f"{what}: the error came after {dt:.1f} s (the group's timeout is {timeout_s} s): "
                               f"{err[:300]}")
-        place_canaries(c, out)
+        place_canaries(c, [out])
 
     def exchange_fault(c, spec):
         """The call `c` that the fault of EXCHANGE_FAULTS replaces, on both ranks."""
@@ -544,23 +555,31 @@ def episode_body(ctx, seed, episode, fault, calls, timeout_s, device_kind, mix=F
                     f"{'list' if list_form else 'into tensor'})")
             try:
                 work, out, expected = _issue(world, n, seed, episode, c, me, device, async_op, list_form, inp, out)
+                error = None
             except Exception as e:  # noqa: BLE001  (a sync call's error, or a refusal)
-                outcomes.append(_first_line(e))
-                place_canaries(c, out)
+                error = _first_line(e)
+            if error is not None:
+                outcomes.append(error)
+                held = [out]
+                del out, inp
+                place_canaries(c, held)
                 continue
             works = [work] if work is not None else []
         else:
             out, expected, start = _prepare_op(spec, world, seed, episode, c, me, device)
             what = f"call {c} ({spec['op']}, {n} B, {'async' if async_op else 'sync'}, root {spec['root']})"
             try:
-                works = start()
+                works, error = start(), None
             except Exception as e:  # noqa: BLE001  (a sync call's error, or a refusal)
-                outcomes.append(_first_line(e))
-                del start
-                place_canaries(c, out)
+                error = _first_line(e)
+            del start  # it holds the output too
+            if error is not None:
+                outcomes.append(error)
+                held = [out]
+                del out, expected
+                place_canaries(c, held)
                 continue
-            del start
-        pending.append((c, works, out, expected, what))
+        pending.append([c, works, out, expected, what])
         del works, out, expected
         if not async_op or len(pending) >= depth:
             settle_pending()
