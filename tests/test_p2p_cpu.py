@@ -503,3 +503,72 @@ def test_p2p_first_ops_of_two_groups_in_opposite_orders():
     res.check()
     for rank, elapsed in enumerate(res.values()):
         assert elapsed < CONNECT_TIMEOUT_S / 2, f"rank {rank}: {elapsed:.1f} s"
+
+
+def batch_refused_at_issue_body(ctx):
+    """Both ranks' batch_isend_irecv holds an isend that torch_sdma refuses as it is issued (a non-contiguous tensor);
+    then a synchronous all_gather_into_tensor on the same group, its output poisoned: it must move the bytes or
+    raise."""
+    torch.set_num_threads(1)
+    peer = 1 - ctx.rank
+    got = torch.zeros(64, dtype=torch.uint8)
+    bad = torch.full((64, 2), ctx.rank + 1, dtype=torch.uint8)[:, 0]
+    try:
+        for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, bad, peer), dist.P2POp(dist.irecv, got, peer)]):
+            w.wait()
+        batch = None
+    except Exception as e:  # noqa: BLE001
+        batch = f"{type(e).__name__}: {e}"
+    out = torch.full((128,), 0xA5, dtype=torch.uint8)
+    try:
+        dist.all_gather_into_tensor(out, torch.full((64,), ctx.rank + 1, dtype=torch.uint8))
+        after = None
+    except Exception as e:  # noqa: BLE001
+        after = f"{type(e).__name__}: {e}"
+    ctx.barrier_store("batch-refused-at-issue-done", timeout_s=60)
+    expected = torch.cat([torch.full((64,), q + 1, dtype=torch.uint8) for q in range(2)])
+    return batch, after, bool(torch.equal(out, expected))
+
+
+# torch's _coalescing_manager, which batch_isend_irecv enters on a backend that supports coalescing (sdma does), has
+# no finally: an op that raises as it is issued leaves the group's coalescing state open, and c10d then records the
+# group's all_gather_into_tensor (all_reduce, reduce_scatter_tensor) for a coalesced call that never comes: the call
+# returns None at once, nothing moved. The fault soak met it as wrong bytes (soak_faults.py --calls 200 --timeout 2
+# --seed 102, episode 6: other_call with the inner backend, where a delegated send raised inside a batch once the peer's
+# inner backend had closed its connection; that depends on timing, this does not).
+@pytest.mark.xfail(strict=True, reason="a batch_isend_irecv op refused at issue leaves torch's coalescing state open: "
+                   "the group's later all_gather_into_tensor returns without error and without moving bytes")
+def test_p2p_batch_refused_at_issue_leaves_the_group_working():
+    res = run_group(batch_refused_at_issue_body, 2, "sdma", env=ENV, timeout=120, pg_timeout_s=10, destroy=False,
+                    hard_exit=True, grace=60)
+    assert all(r.status == "ok" and r.exitcode == 0 for r in res.ranks), res.describe()
+    for rank, (batch, after, exact) in enumerate(res.values()):
+        assert batch is not None and "contiguous" in batch, f"rank {rank}: {batch}"
+        assert after is not None or exact, f"rank {rank}: the all-gather after the batch returned without its bytes"
+
+
+def inner_sizes_differ_body(ctx):
+    """A send of 64 bytes met by a recv of 32, both below TORCH_SDMA_MIN_BYTES (the inner backend's): both raise."""
+    torch.set_num_threads(1)
+    try:
+        if ctx.rank == 0:
+            dist.send(torch.ones(64, dtype=torch.uint8), 1)
+        else:
+            dist.recv(torch.zeros(32, dtype=torch.uint8), 0)
+        err = None
+    except Exception as e:  # noqa: BLE001
+        err = f"{type(e).__name__}: {e}"
+    ctx.barrier_store("inner-sizes-done", timeout_s=60)
+    return err
+
+
+# gloo, the inner backend of CPU tensors, checks a received message's size in its I/O thread (GLOO_ENFORCE in
+# tcp/pair.cc): the exception ends the receiving process by SIGABRT (std::terminate) instead of reaching the call.
+@pytest.mark.xfail(strict=True, reason="a point-to-point size mismatch below TORCH_SDMA_MIN_BYTES goes to gloo, which "
+                   "aborts the receiving process (SIGABRT) instead of raising")
+def test_p2p_inner_sizes_differ_raise_on_both():
+    res = run_group(inner_sizes_differ_body, 2, "sdma", env=dict(ENV, TORCH_SDMA_MIN_BYTES="1M"), timeout=120,
+                    pg_timeout_s=10, destroy=False, hard_exit=True, grace=5)
+    assert all(r.exitcode is not None and r.exitcode >= 0 for r in res.ranks), res.describe()
+    for rank, err in enumerate(res.values()):
+        assert err is not None, f"rank {rank}: no error"
