@@ -157,6 +157,25 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::pointToPoint(const CollectiveNa
                                                               const TracedCollective& traced,
                                                               const std::vector<at::Tensor>& tensors, int peer,
                                                               bool isSend, int tag, InnerCall&& innerCall) {
+  if (!coalescing_) {
+    return issueP2p(names, traced, tensors, peer, isSend, tag, std::forward<InnerCall>(innerCall));
+  }
+  try {
+    return issueP2p(names, traced, tensors, peer, isSend, tag, std::forward<InnerCall>(innerCall));
+  } catch (const std::exception&) {
+    // Raised at the block's end instead (p2pBatchFailure_).
+    if (!p2pBatchFailure_) {
+      p2pBatchFailure_ = std::current_exception();
+    }
+    return c10::make_intrusive<BatchedP2pWork>(getRank(), isSend ? c10d::OpType::SEND : c10d::OpType::RECV,
+                                               p2pBatchOutcome_);
+  }
+}
+
+template <typename InnerCall>
+c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::issueP2p(const CollectiveNames& names, const TracedCollective& traced,
+                                                          const std::vector<at::Tensor>& tensors, int peer, bool isSend,
+                                                          int tag, InnerCall&& innerCall) {
   if (peer == getRank()) {
     recordPath(std::string("self:") + names.stats, bytesOf(tensors.empty() ? at::Tensor() : tensors[0]));
     return runTraced(traceGroup_, getGroupDesc(), ++p2pSeq_, traced,
@@ -195,21 +214,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::pointToPoint(const CollectiveNa
 void ProcessGroupSDMA::refuseP2p(std::vector<P2pOp> ops, const char* op, const std::string& words) {
   const std::string why = "torch_sdma: " + std::string(op) + ": " + words;
   if (coalescing_) {
-    // The batch's ops so far are refused with it. torch ends no block whose op raised: it ends here, as
-    // endCoalescing would, so that the next lone call is not collected into a batch that never runs.
-    ops.insert(ops.begin(), p2pBatch_.begin(), p2pBatch_.end());
-    p2pBatch_.clear();
-    coalescing_ = false;
-    coalescedWorks_.clear();
-    self_.dropBatch("the batch it was posted in was refused: " + why);
-    if (innerCuda_) {
-      try {
-        innerCuda_->endCoalescing();
-      } catch (const std::exception& e) {
-        LOG(WARNING) << "torch_sdma: the inner backend's batch around a refused op: " << messageOf(e);
-      }
+    if (!p2pBatchFailure_) {
+      p2pBatchFailure_ =
+          std::make_exception_ptr(c10::ValueError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, why));
+      p2pBatchRefusal_ = why;
     }
+    return;
   }
+  postP2pRefusals(ops, op, why);
+  C10_THROW_ERROR(ValueError, why);
+}
+
+void ProcessGroupSDMA::postP2pRefusals(const std::vector<P2pOp>& ops, const char* op, const std::string& why) {
   // Each pair of a CPU op on the DMA path takes its serial as refused, in the pairs' one order, so that the peer's
   // matching op fails naming this rank. The copy-engine runner posts no refusals (P2pRunner::refuse).
   std::vector<P2pOp> posted;
@@ -218,27 +234,58 @@ void ProcessGroupSDMA::refuseP2p(std::vector<P2pOp> ops, const char* op, const s
       posted.push_back(o);
     }
   }
-  if (!posted.empty()) {
-    const CollectiveInfo info{c10d::OpType::UNKNOWN, op, ++p2pSeq_, options_.groupName, getRank(), getSize(),
-                              options_.timeout};
-    int last = -1;
-    for (const PairStep& step : pairStepsOf(posted, getRank())) {
-      if (step.peer == last) {
-        continue;  // one serial per pair: the refusal fails the group, so no later step of the pair meets anything
+  if (posted.empty()) {
+    return;
+  }
+  const CollectiveInfo info{c10d::OpType::UNKNOWN, op, ++p2pSeq_, options_.groupName, getRank(), getSize(),
+                            options_.timeout};
+  int last = -1;
+  for (const PairStep& step : pairStepsOf(posted, getRank())) {
+    if (step.peer == last) {
+      continue;  // one serial per pair: the refusal fails the group, so no later step of the pair meets anything
+    }
+    last = step.peer;
+    try {
+      const at::Device cpu(at::kCPU);
+      if (connectP2pPair(cpu, step.peer, op).isDma()) {
+        devicePath(cpu).p2p->refuse(step.peer, directionsOf(step), why, info, seq_ + 1);
       }
-      last = step.peer;
-      try {
-        const at::Device cpu(at::kCPU);
-        if (connectP2pPair(cpu, step.peer, op).isDma()) {
-          devicePath(cpu).p2p->refuse(step.peer, directionsOf(step), why, info, seq_ + 1);
-        }
-      } catch (const std::exception& e) {
-        LOG(WARNING) << "torch_sdma: " << info.describe() << ": this rank's refusal did not reach group rank "
-                     << step.peer << ": " << messageOf(e);
-      }
+    } catch (const std::exception& e) {
+      LOG(WARNING) << "torch_sdma: " << info.describe() << ": this rank's refusal did not reach group rank "
+                   << step.peer << ": " << messageOf(e);
     }
   }
-  C10_THROW_ERROR(ValueError, why);
+}
+
+void ProcessGroupSDMA::failP2pBatch() {
+  std::exception_ptr failure;
+  failure.swap(p2pBatchFailure_);
+  std::string refusal;
+  refusal.swap(p2pBatchRefusal_);
+  std::vector<P2pOp> ops;
+  ops.swap(p2pBatch_);
+  coalescedWorks_.clear();
+  std::string why = refusal;
+  if (why.empty()) {
+    try {
+      std::rethrow_exception(failure);
+    } catch (const std::exception& e) {
+      why = messageOf(e);
+    }
+  }
+  if (p2pBatchOutcome_) {
+    p2pBatchOutcome_->failed = failure;
+  }
+  self_.dropBatch("the batch it was posted in failed: " + why);
+  if (innerCuda_) {
+    try {
+      (void)innerCuda_->endCoalescing();
+    } catch (const std::exception& e) {
+      LOG(WARNING) << "torch_sdma: the inner backend's batch around a failed op: " << messageOf(e);
+    }
+  }
+  postP2pRefusals(ops, "batch_isend_irecv", why);
+  std::rethrow_exception(failure);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::runP2p(const std::vector<P2pOp>& ops, const char* op,

@@ -790,6 +790,8 @@ void ProcessGroupSDMA::startCoalescing() {
   }
   coalescing_ = true;
   coalescedWorks_.clear();
+  p2pBatchFailure_ = nullptr;
+  p2pBatchRefusal_.clear();
   self_.beginBatch();
   beginP2pBatch();
 }
@@ -798,6 +800,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::endCoalescing() {
   // The block ends here whatever throws below, on this group and on the inner backend alike: a block left open would
   // collect the next lone call into a batch that never runs.
   coalescing_ = false;
+  if (p2pBatchFailure_) {
+    failP2pBatch();
+  }
   std::vector<c10::intrusive_ptr<c10d::Work>> parts;
   parts.swap(coalescedWorks_);
   std::exception_ptr failed;

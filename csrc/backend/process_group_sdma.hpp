@@ -190,6 +190,11 @@ class ProcessGroupSDMA : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> pointToPoint(const CollectiveNames& names, const TracedCollective& traced,
                                               const std::vector<at::Tensor>& tensors, int peer, bool isSend, int tag,
                                               InnerCall&& innerCall);
+  // What pointToPoint does with the op, where an error raises at once.
+  template <typename InnerCall>
+  c10::intrusive_ptr<c10d::Work> issueP2p(const CollectiveNames& names, const TracedCollective& traced,
+                                          const std::vector<at::Tensor>& tensors, int peer, bool isSend, int tag,
+                                          InnerCall&& innerCall);
   // The inner backend's send, recv or recvAnysource, counted as delegated.
   template <typename InnerCall>
   c10::intrusive_ptr<c10d::Work> delegateP2p(const CollectiveNames& names, const TracedCollective& traced,
@@ -202,9 +207,14 @@ class ProcessGroupSDMA : public c10d::Backend {
   void recordP2pPath(const char* op, const at::Device& device, const CollectivePath& path, int64_t bytes);
   c10::intrusive_ptr<c10d::Work> runP2p(const std::vector<P2pOp>& ops, const char* op, c10d::OpType opType);
   // Throws a ValueError "torch_sdma: <op>: <words>" for ops this rank refuses on its own arguments, after each pair of
-  // theirs on the DMA path took its serial as refused (P2pRunner::refuse); inside a batch, the batch's ops so far
-  // are refused with them and the block ends.
-  [[noreturn]] void refuseP2p(std::vector<P2pOp> ops, const char* op, const std::string& words);
+  // theirs on the DMA path took its serial as refused (P2pRunner::refuse). Inside a coalescing block it only records
+  // the refusal and returns: the block's end refuses every op of the batch and raises it (failP2pBatch).
+  void refuseP2p(std::vector<P2pOp> ops, const char* op, const std::string& words);
+  // Each CPU op of `ops` on the DMA path takes its pair's serial as refused, for `why`.
+  void postP2pRefusals(const std::vector<P2pOp>& ops, const char* op, const std::string& why);
+  // The end of a block one of whose ops failed as it was issued: nothing of the batch runs, its pairs' serials are
+  // taken as refused, the inner backend's block ends too, and the first failure is raised.
+  [[noreturn]] void failP2pBatch();
   void beginP2pBatch();
   // The batch's Work (null where it held no operation on the DMA path).
   c10::intrusive_ptr<c10d::Work> endP2pBatch();
@@ -288,8 +298,13 @@ class ProcessGroupSDMA : public c10d::Backend {
   DevicePath hostPath_;
 
   bool coalescing_ = false;
-  std::vector<P2pOp> p2pBatch_;                                 // a coalescing block's point-to-point on the DMA path
-  std::shared_ptr<P2pBatchOutcome> p2pBatchOutcome_;            // what its operations' Works stand for
+  std::vector<P2pOp> p2pBatch_;                       // a coalescing block's point-to-point on the DMA path
+  std::shared_ptr<P2pBatchOutcome> p2pBatchOutcome_;  // what its operations' Works stand for
+  // The first op of the open block that failed as it was issued, raised at the block's end: torch's
+  // _coalescing_manager ends no block whose op raised, and leaves the group collecting the next all-gathers for a call
+  // that never comes. `p2pBatchRefusal_`: where it was refused on its arguments (refuseP2p), the words.
+  std::exception_ptr p2pBatchFailure_;
+  std::string p2pBatchRefusal_;
   c10::DeviceIndex p2pDevice_ = -1;                             // the GPU of this group's CUDA point-to-point
   std::vector<c10::intrusive_ptr<c10d::Work>> coalescedWorks_;  // ours and gloo's, for endCoalescing
 
