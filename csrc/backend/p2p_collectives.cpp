@@ -260,12 +260,11 @@ void ProcessGroupSDMA::postP2pRefusals(const std::vector<P2pOp>& ops, const char
 void ProcessGroupSDMA::failP2pBatch() {
   std::exception_ptr failure;
   failure.swap(p2pBatchFailure_);
-  std::string refusal;
-  refusal.swap(p2pBatchRefusal_);
+  std::string why;  // the refusal's words, else the failure's
+  why.swap(p2pBatchRefusal_);
   std::vector<P2pOp> ops;
   ops.swap(p2pBatch_);
   coalescedWorks_.clear();
-  std::string why = refusal;
   if (why.empty()) {
     try {
       std::rethrow_exception(failure);

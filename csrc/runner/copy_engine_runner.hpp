@@ -70,7 +70,7 @@ class CopyEngineRunner : public CollectiveRunner {
   CopyEngineRunner(c10::intrusive_ptr<c10d::Store> store, int rank, int size, int device,
                    std::vector<MemberIdentity> members, const StagingGeometry& cap,
                    std::shared_ptr<const HierarchicalSetup> hierarchy, const DirectPathOptions& direct);
-  // Whether an eager exchange is a broadcast relayed through the peers (the same on every rank: size and ranks).
+  // Whether an eager exchange is a broadcast relayed through the ranks (the same on every rank: size and ranks).
   bool relayed(const PlannedExchange& planned) const;
 
   // Never the Work itself: see gpu_completion.hpp.
