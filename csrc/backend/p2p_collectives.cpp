@@ -226,11 +226,11 @@ void ProcessGroupSDMA::refuseP2p(std::vector<P2pOp> ops, const char* op, const s
 }
 
 void ProcessGroupSDMA::postP2pRefusals(const std::vector<P2pOp>& ops, const char* op, const std::string& why) {
-  // Each pair of a CPU op on the DMA path takes its serial as refused, in the pairs' one order, so that the peer's
-  // matching op fails naming this rank. The copy-engine runner posts no refusals (P2pRunner::refuse).
+  // Each pair of an op on the DMA path takes its serial as refused, in the pairs' one order, per device (a pair of
+  // CPU tensors and one of CUDA tensors count apart), so that the peer's matching op fails naming this rank.
   std::vector<P2pOp> posted;
   for (const P2pOp& o : ops) {
-    if (o.tensor.defined() && o.tensor.device().is_cpu() && o.peer != getRank() && p2pRoute(o.tensor).isDma()) {
+    if (o.tensor.defined() && o.peer != getRank() && p2pRoute(o.tensor).isDirect()) {
       posted.push_back(o);
     }
   }
@@ -239,20 +239,28 @@ void ProcessGroupSDMA::postP2pRefusals(const std::vector<P2pOp>& ops, const char
   }
   const CollectiveInfo info{c10d::OpType::UNKNOWN, op, ++p2pSeq_, options_.groupName, getRank(), getSize(),
                             options_.timeout};
-  int last = -1;
-  for (const PairStep& step : pairStepsOf(posted, getRank())) {
-    if (step.peer == last) {
-      continue;  // one serial per pair: the refusal fails the group, so no later step of the pair meets anything
-    }
-    last = step.peer;
-    try {
-      const at::Device cpu(at::kCPU);
-      if (connectP2pPair(cpu, step.peer, op).isDma()) {
-        devicePath(cpu).p2p->refuse(step.peer, directionsOf(step), why, info, seq_ + 1);
+  for (const bool cuda : {false, true}) {
+    std::vector<P2pOp> onDevice;
+    for (const P2pOp& o : posted) {
+      if (o.tensor.is_cuda() == cuda) {
+        onDevice.push_back(o);
       }
-    } catch (const std::exception& e) {
-      LOG(WARNING) << "torch_sdma: " << info.describe() << ": this rank's refusal did not reach group rank "
-                   << step.peer << ": " << messageOf(e);
+    }
+    int last = -1;
+    for (const PairStep& step : pairStepsOf(onDevice, getRank())) {
+      if (step.peer == last) {
+        continue;  // one serial per pair: the refusal fails the group, so no later step of the pair meets anything
+      }
+      last = step.peer;
+      const at::Device device = (step.send.defined() ? step.send : step.recv).device();
+      try {
+        if (connectP2pPair(device, step.peer, op).isDma()) {
+          devicePath(device).p2p->refuse(step.peer, directionsOf(step), why, info, seq_ + 1);
+        }
+      } catch (const std::exception& e) {
+        LOG(WARNING) << "torch_sdma: " << info.describe() << ": this rank's refusal did not reach group rank "
+                     << step.peer << ": " << messageOf(e);
+      }
     }
   }
 }

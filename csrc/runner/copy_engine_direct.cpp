@@ -187,6 +187,14 @@ std::vector<ArrivalMailbox::PeerArrival> CopyEngineDirect::post(Arrival& a, cons
   return settled;
 }
 
+void CopyEngineDirect::arriveRefused(uint64_t directions, std::chrono::milliseconds timeout) {
+  Arrival a;
+  BufferPost refused;
+  refused.bytes = kRefusedPost | directions;
+  const std::vector<PairRanges> none(static_cast<size_t>(size_));
+  (void)post(a, refused, 0, timeout, &none);
+}
+
 CopyEngineDirect::Arrival CopyEngineDirect::arriveExchange(const ExchangePlan& plan,
                                                            std::chrono::milliseconds timeout) {
   retireFreedAllocations();
@@ -227,6 +235,9 @@ CopyEngineDirect::Arrival CopyEngineDirect::arriveExchange(const ExchangePlan& p
     const ArrivalMailbox::PeerArrival& peer = settled[q];
     if (q == rank_ || peer.pairing == Pairing::kPeerCameLate) {
       continue;
+    }
+    if ((peer.post.bytes & kRefusedPost) != 0) {
+      throw PeerRefusedPost(q, a.serial, peer.post.bytes & ~kRefusedPost);
     }
     const std::string differs = pairDisagreement(rank_, q, plan.sendTo[q].bytes, plan.recvFrom[q].bytes,
                                                  peer.ranges.sends.bytes, peer.ranges.expects.bytes);

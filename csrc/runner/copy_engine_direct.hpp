@@ -61,6 +61,18 @@ class CopyEngineDirect {
   // packed or not mappable), its ranges posted per peer. A peer whose ranges disagree with this rank's makes it throw
   // RangeMismatch, after this rank's post is out.
   Arrival arriveExchange(const ExchangePlan& plan, std::chrono::milliseconds timeout);
+  // A point-to-point op this rank refused on its own arguments: its serial, posted with kRefusedPost and the
+  // `directions` it would have moved, no buffers (a peer that reads it throws PeerRefusedPost from arriveExchange).
+  void arriveRefused(uint64_t directions, std::chrono::milliseconds timeout);
+  // The directions of group rank q's refused post for `serial` (kRefusedPost), if that is what it posted: for the
+  // watchdog of a rank that did not wait for q at arriveExchange.
+  std::optional<uint64_t> peerRefused(int q, uint64_t serial) const {
+    const auto bytes = mailbox_->peerPostedBytes(q, serial);
+    if (!bytes || (*bytes & kRefusedPost) == 0) {
+      return std::nullopt;
+    }
+    return *bytes & ~kRefusedPost;
+  }
   // Whether arriveExchange() can serve this group (its mailbox carries ranges).
   bool exchanges() const {
     return mailbox_->carriesRanges();

@@ -135,6 +135,28 @@ class CopyEngineP2pRunner : public P2pRunner {
     }
   }
 
+  void refuse(int peer, uint64_t directions, const std::string& why, const CollectiveInfo& info,
+              uint64_t nextCollective) override {
+    const auto found = pairs_.find(peer);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (found == pairs_.end() || !found->second.direct || failure_.happened()) {
+        return;  // not connected eagerly (the peer's op is not told), or failed already (the peer's ops fail too)
+      }
+    }
+    Pair& pair = found->second;
+    const uint64_t serial = pair.direct->lastSerial() + 1;
+    try {
+      // The words first: a peer that reads the post looks for them.
+      store_->set(p2pRefusalKey(rank_, peer, serial, true), why);
+      pair.direct->arriveRefused(directions, info.timeout);
+    } catch (const std::exception& e) {
+      LOG(WARNING) << "torch_sdma: " << info.describe() << ": this rank's refusal did not reach group rank " << peer
+                   << ": " << messageOf(e);
+    }
+    failGroup(nextCollective, info.describe() + " was refused on this rank: " + why);
+  }
+
   c10::intrusive_ptr<c10d::Work> run(std::vector<PairStep> steps, const CollectiveInfo& info,
                                      uint64_t nextCollective) override {
     refuseBatchOfFailedGroup(mutex_, failure_, board_, info);
@@ -156,6 +178,12 @@ class CopyEngineP2pRunner : public P2pRunner {
       d.plan = pairPlanOf(step, me);
       try {
         arrivals.push_back(pair.direct->arriveExchange(d.plan, info.timeout));
+      } catch (const PeerRefusedPost& e) {
+        keepTensorsForLife(std::move(keep));
+        const std::string reason = info.describe() + " failed: " + refusalOf(step.peer, e.serial, directionsOf(step),
+                                                                  pairRangesOf(d.plan)[1 - me], e.directions);
+        failGroup(nextCollective, reason);
+        C10_THROW_ERROR(DistBackendError, "torch_sdma: " + reason);
       } catch (const std::exception& e) {
         // Posted or not, a peer that read a post may copy with these buffers until its own failure stops it.
         keepTensorsForLife(std::move(keep));
@@ -180,7 +208,7 @@ class CopyEngineP2pRunner : public P2pRunner {
       d.posted = a.posted;
       d.peer = {a.peers[1 - me], a.ranges[1 - me]};
       direct.push_back(std::move(d));
-      flight.steps.push_back({step.peer, a.serial});
+      flight.steps.push_back({step.peer, a.serial, directionsOf(step), pairRangesOf(d.plan)[1 - me]});
     }
 
     std::unique_lock<std::mutex> lock(mutex_);
@@ -279,7 +307,13 @@ class CopyEngineP2pRunner : public P2pRunner {
   };
   struct InFlight {
     std::shared_ptr<GpuCompletion> completion;
-    std::vector<std::pair<int, uint64_t>> steps;  // (peer, the pair's serial)
+    struct Step {
+      int peer;
+      uint64_t serial;  // the pair's
+      uint64_t directions;
+      PairRanges ranges;  // what this rank posted about the pair
+    };
+    std::vector<Step> steps;
     std::vector<std::shared_ptr<void>> holds;
     CollectiveInfo info;
     uint64_t failAt = 0;
@@ -303,9 +337,22 @@ class CopyEngineP2pRunner : public P2pRunner {
     }
   }
 
+  // The words for a step whose peer refused its op of `serial` on its own arguments.
+  std::string refusalOf(int peer, uint64_t serial, uint64_t myDirections, const PairRanges& mine,
+                        uint64_t peerDirections) const {
+    const std::string why = readP2pRefusal(*store_, p2pRefusalKey(peer, rank_, serial, true));
+    return pairStepRefusal(rank_, peer, serial, myDirections, mine, peerDirections, why);
+  }
+
   // Why `f` cannot complete, naming its peers, or "" while it may.
   std::string stuck(const InFlight& f, std::chrono::steady_clock::time_point now) {
-    for (const auto& [peer, serial] : f.steps) {
+    for (const auto& [peer, serial, directions, ranges] : f.steps) {
+      // A peer that came after this rank refused the op this one meets: its post says so.
+      if (const auto refused = pairs_.at(peer).direct->peerRefused(1 - (rank_ < peer ? 0 : 1), serial)) {
+        return f.info.describe() + " failed: " + refusalOf(peer, serial, directions, ranges, *refused);
+      }
+    }
+    for (const auto& [peer, serial, directions, ranges] : f.steps) {
       const int pid = pidOf(peer);
       if (!processAlive(pid)) {
         return f.info.describe() + " failed: group rank " + std::to_string(peer) + " (pid " + std::to_string(pid) +
@@ -322,7 +369,7 @@ class CopyEngineP2pRunner : public P2pRunner {
       return "";
     }
     std::string never;
-    for (const auto& [peer, serial] : f.steps) {
+    for (const auto& [peer, serial, directions, ranges] : f.steps) {
       if (!pairs_.at(peer).direct->peerReached(1 - (rank_ < peer ? 0 : 1), serial)) {
         never += (never.empty() ? "" : ", ") + std::to_string(peer);
       }

@@ -32,9 +32,6 @@
 namespace sdma {
 namespace {
 
-// How long a peer's refusal is looked for in the store once its post said it refused.
-constexpr std::chrono::milliseconds kRefusalWordsWait{2000};
-
 // Whether this process holds CAP_SYS_PTRACE (bit 19 of CapEff), which lets it read a sibling's memory under
 // kernel.yama.ptrace_scope 1 and 2.
 bool holdsPtraceCapability() {
@@ -416,24 +413,7 @@ class HostP2pRunner : public P2pRunner {
     if ((peerDirections & kStepRefused) == 0) {
       return pairStepDisagreement(rank_, peer, serial, myDirections, mine, peerDirections, peers);
     }
-    std::string why;
-    try {
-      // Written before the post, but through the store's server, which may serve this read first: looked for a
-      // moment, an error path's cost only.
-      const std::string key = p2pRefusalKey(peer, rank_, serial);
-      const auto until = std::chrono::steady_clock::now() + kRefusalWordsWait;
-      bool there = store_->check({key});
-      while (!there && std::chrono::steady_clock::now() < until) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-        there = store_->check({key});
-      }
-      if (there) {
-        const std::vector<uint8_t> bytes = store_->get(key);
-        why.assign(bytes.begin(), bytes.end());
-      }
-    } catch (const std::exception&) {
-      // the refusal is named without its error
-    }
+    const std::string why = readP2pRefusal(*store_, p2pRefusalKey(peer, rank_, serial));
     return pairStepRefusal(rank_, peer, serial, myDirections, mine, peerDirections, why);
   }
 

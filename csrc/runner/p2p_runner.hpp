@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "collective/collective_info.hpp"
@@ -42,16 +43,36 @@ class P2pRunner {
   // This rank refused an op with `peer` (connectPair said DMA) on its own arguments, for `why`: the op still takes
   // the pair's next serial, posted as refused (`directions`: what it would have moved), so that the peer's op of that
   // serial fails naming this rank and `why` instead of meeting this rank's next op; then the group fails here too.
-  // Never throws: the refusal itself is the caller's error. The copy-engine runner does not post refusals (the
-  // default): there the peer's op meets this rank's next one, as before.
-  virtual void refuse(int /*peer*/, uint64_t /*directions*/, const std::string& /*why*/, const CollectiveInfo& /*info*/,
-                      uint64_t /*nextCollective*/) {}
+  // Never throws: the refusal itself is the caller's error.
+  virtual void refuse(int peer, uint64_t directions, const std::string& why, const CollectiveInfo& info,
+                      uint64_t nextCollective) = 0;
 };
 
-// Where a peer's op reads why this rank refused its op of the pair's `serial` (the group's store).
-inline std::string p2pRefusalKey(int rank, int peer, uint64_t serial) {
-  return "p2p/" + std::to_string(std::min(rank, peer)) + "-" + std::to_string(std::max(rank, peer)) + "/refused/" +
-         std::to_string(serial) + "/" + std::to_string(rank);
+// Where a peer's op reads why this rank refused its op of the pair's `serial` (the group's store); the pairs of CUDA
+// tensors count their serials apart from those of CPU tensors.
+inline std::string p2pRefusalKey(int rank, int peer, uint64_t serial, bool cuda = false) {
+  return std::string(cuda ? "p2p/cuda/" : "p2p/") + std::to_string(std::min(rank, peer)) + "-" +
+         std::to_string(std::max(rank, peer)) + "/refused/" + std::to_string(serial) + "/" + std::to_string(rank);
+}
+
+// The refuser's words under `key`, "" where they are not there. Written before the refused post, but through the
+// store's server, which may serve this read first: looked for a moment, an error path's cost only.
+inline std::string readP2pRefusal(c10d::Store& store, const std::string& key) {
+  try {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2000);
+    bool there = store.check({key});
+    while (!there && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      there = store.check({key});
+    }
+    if (there) {
+      const std::vector<uint8_t> bytes = store.get(key);
+      return std::string(bytes.begin(), bytes.end());
+    }
+  } catch (const std::exception&) {
+    // the refusal is named without its error
+  }
+  return "";
 }
 
 // Before a batch is posted: refused where the group failed, as this runner saw it (`failure`, under `mutex`) or as

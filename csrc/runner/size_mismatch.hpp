@@ -35,6 +35,18 @@ struct RangeMismatch : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A point-to-point op that one rank refused on its own arguments takes its pair's serial all the same (P2pRunner::
+// refuse): its post carries this bit and the directions the op would have moved in the bytes word, no buffers. The
+// peer's op of that serial reads it and fails naming that rank, instead of meeting the rank's next op.
+constexpr uint64_t kRefusedPost = uint64_t{1} << 63;
+struct PeerRefusedPost : std::runtime_error {
+  PeerRefusedPost(int peer, uint64_t serial, uint64_t directions)
+      : std::runtime_error("the peer refused the operation"), peer(peer), serial(serial), directions(directions) {}
+  int peer;  // the pair member that refused
+  uint64_t serial;
+  uint64_t directions;
+};
+
 // The words for a pair whose sizes differ, or "" where `theirs` (what group rank `peer` posted about its pair with
 // `rank`) agrees with what `rank` sends it and expects from it.
 inline std::string pairDisagreement(int rank, int peer, uint64_t sendBytes, uint64_t recvBytes, uint64_t peerSends,

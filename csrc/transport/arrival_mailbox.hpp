@@ -245,6 +245,11 @@ class ArrivalMailbox {
   // The bytes per rank peer q posted for `serial` where they differ from `bytesPerRank` (0 bytes included), else
   // nothing (also when its post for `serial` is not, or no longer, there).
   std::optional<uint64_t> peerPostedOtherSize(int q, uint64_t serial, uint64_t bytesPerRank) const {
+    const auto bytes = peerPostedBytes(q, serial);
+    return bytes && *bytes != bytesPerRank ? bytes : std::nullopt;
+  }
+  // The bytes word of peer q's post for `serial`, while that post is there.
+  std::optional<uint64_t> peerPostedBytes(int q, uint64_t serial) const {
     const Slot& theirs = slot(q, serial);
     if (theirs.serial.load(std::memory_order_acquire) != serial) {
       return std::nullopt;
@@ -253,7 +258,7 @@ class ArrivalMailbox {
     // Overwritten depth serials later (arrive() clears the serial first): read it again, so that bytes of a later
     // post count as gone.
     std::atomic_thread_fence(std::memory_order_acquire);
-    if (theirs.serial.load(std::memory_order_relaxed) != serial || bytes == bytesPerRank) {
+    if (theirs.serial.load(std::memory_order_relaxed) != serial) {
       return std::nullopt;
     }
     return bytes;
