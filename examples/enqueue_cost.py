@@ -1,11 +1,12 @@
-"""The CPU cost of enqueueing one async all-gather on the sdma backend, per path, for comparing two builds.
+"""The CPU cost of enqueueing one async call on the sdma backend, per path, for comparing two builds.
 
 Run with torchrun, two ranks (on one GPU with SDMA_TEST_SHARE_GPU=1, or two):
     torchrun --standalone --nproc_per_node 2 examples/enqueue_cost.py --label new --out results/enqueue_new.json
 Each rank times `--calls` async calls in batches of 20 (each batch waited on and synchronized, so that no queue fills
 up and throttles the calls being timed), for all_gather_into_tensor on the direct path, the same on staging
-(TORCH_SDMA_DIRECT off, through pg_options) and the list form; rank 0 prints the median and p90 in microseconds and
-writes them as JSON.
+(TORCH_SDMA_DIRECT off, through pg_options) and the list form, an isend (rank 0) met by an irecv (rank 1) of the same
+bytes, and all_to_all_single; rank 0 prints the median and p90 in microseconds and writes them as JSON. `--forms`
+picks some of them.
 """
 import argparse
 import json
@@ -28,6 +29,8 @@ def main():
     p.add_argument("--calls", type=int, default=2000)
     p.add_argument("--bytes", type=int, default=1 << 20, help="output bytes of each all-gather")
     p.add_argument("--out", type=Path)
+    p.add_argument("--forms", default="direct,staging,list,send,all_to_all_single",
+                   help="comma-separated: direct, staging, list, send, all_to_all_single")
     a = p.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
@@ -41,10 +44,23 @@ def main():
     inp = torch.randn(n, device=dev).to(torch.bfloat16)
     out = torch.empty(n * world, dtype=torch.bfloat16, device=dev)
     outs = list(out.chunk(world))
+    a2a_in = torch.randn(n * world, device=dev).to(torch.bfloat16)
+    p2p = torch.randn(n * world, device=dev).to(torch.bfloat16)
+
+    def send(g):
+        if rank == 0:
+            return dist.isend(p2p, 1, group=g)
+        return dist.irecv(p2p, 0, group=g) if rank == 1 else None
+
     forms = {"direct": lambda g: dist.all_gather_into_tensor(out, inp, group=g, async_op=True),
              "staging": lambda g: dist.all_gather_into_tensor(out, inp, group=g, async_op=True),
-             "list": lambda g: dist.all_gather(outs, inp, group=g, async_op=True)}
-    group_of = {"direct": groups["direct"], "staging": groups["staging"], "list": groups["direct"]}
+             "list": lambda g: dist.all_gather(outs, inp, group=g, async_op=True),
+             "send": send,
+             "all_to_all_single": lambda g: dist.all_to_all_single(out, a2a_in, group=g, async_op=True)}
+    group_of = {"direct": groups["direct"], "staging": groups["staging"], "list": groups["direct"],
+                "send": groups["direct"], "all_to_all_single": groups["direct"]}
+    picked = a.forms.split(",")
+    forms = {k: v for k, v in forms.items() if k in picked}
     samples = {name: [] for name in forms}
     for rnd in range(max(1, a.calls // BATCH) + 1):
         for name, call in forms.items():
@@ -55,7 +71,8 @@ def main():
                 if rnd > 0:  # the first round warms up
                     samples[name].append((time.perf_counter_ns() - t0) / 1e3)
             for w in works:
-                w.wait()
+                if w is not None:
+                    w.wait()
             torch.cuda.synchronize()
     result = {"label": a.label, "output_bytes": n * world * 2, "paths": {}}
     for name, s in samples.items():
