@@ -4,8 +4,10 @@ Every tensor is made on that device. Where a body waits for an outcome on a GPU 
 orders the current stream and does not block the caller, and a stream whose peer never comes stays held. So a body
 polls work.is_completed() up to a deadline, then calls work.wait() (which raises the work's error), then polls the
 current stream's query() up to a deadline and records how long it took to be released (None: still held). Bytes are
-read to the CPU only once the stream is known released. On the CPU, waits are plain work.wait() and the stream is
-counted released at once (0.0 s).
+read to the CPU only once the stream is known released, and every input that comes from the host (rand(...,
+device=dev), a copy that synchronizes the current stream) is made before the first op that may fail, so that a held
+stream cannot block the body. On the CPU, waits are plain work.wait() and the stream is counted released at once
+(0.0 s).
 
 The bodies take their deadlines from the group's timeout (ctx.pg_timeout_s) plus `slack_s`."""
 import time
@@ -178,14 +180,16 @@ def refused_p2p_body(ctx, form, refuser_late, slack_s=SLACK_S):
     if (r == 1) == refuser_late:
         time.sleep(1.0)  # the other rank's op goes first
     got = poison_(torch.empty(n, dtype=torch.float32, device=dev))
+    bad, batched = rand("bad", r, 2 * n, torch.float32, device=dev)[::2], rand("b", r, n, torch.float32, device=dev)
+    next_input = rand("next", r, n, torch.float32, device=dev)
     t0 = time.monotonic()
     # Rank 0 receives into `got`; rank 1 sends (or, in a batch, receives into) a non-contiguous tensor, refused.
-    tensor = got if r == 0 else rand("bad", r, 2 * n, torch.float32, device=dev)[::2]
+    tensor = got if r == 0 else bad
     try:
         if form != "batch":
             settle([(dist.irecv if r == 0 else dist.isend)(tensor, 1 - r)], dev, limit)
         else:
-            settle(dist.batch_isend_irecv([dist.P2POp(dist.isend, rand("b", r, n, torch.float32, device=dev), 1 - r),
+            settle(dist.batch_isend_irecv([dist.P2POp(dist.isend, batched, 1 - r),
                                            dist.P2POp(dist.irecv, tensor, 1 - r)]), dev, limit)
         err = None
     except Exception as e:  # noqa: BLE001
@@ -199,7 +203,7 @@ def refused_p2p_body(ctx, form, refuser_late, slack_s=SLACK_S):
         if r == 0:
             settle([dist.irecv(nxt, 1)], dev, limit)
         else:
-            settle([dist.isend(rand("next", r, n, torch.float32, device=dev), 0)], dev, limit)
+            settle([dist.isend(next_input, 0)], dev, limit)
         after = None
     except Exception as e:  # noqa: BLE001
         after = _error(e)
@@ -223,20 +227,21 @@ def backlog_body(ctx, slack_s=SLACK_S):
     limit = ctx.pg_timeout_s + slack_s
     _connect_pair(r, dev, limit)
     ag = poison_(torch.empty(2 * n, dtype=torch.float32, device=dev))
+    mine = rand("ag", r, n, torch.float32, device=dev)
+    inputs = [rand(f"backlog{i}", 0, n + i % 5, torch.int32, device=dev) for i in range(BACKLOG_OPS)] if r == 0 else []
     slowest = 0.0
     t0 = time.monotonic()
     if r == 0:
         works = []
-        for i in range(BACKLOG_OPS):
-            x = rand(f"backlog{i}", 0, n + i % 5, torch.int32, device=dev)
+        for x in inputs:
             t = time.monotonic()
             works.append(dist.isend(x, 1))
             slowest = max(slowest, time.monotonic() - t)
-        dist.all_gather_into_tensor(ag, rand("ag", r, n, torch.float32, device=dev))
+        dist.all_gather_into_tensor(ag, mine)
         settle(works, dev, limit)
         drained(dev, limit, "the isends")
     else:
-        dist.all_gather_into_tensor(ag, rand("ag", r, n, torch.float32, device=dev))
+        dist.all_gather_into_tensor(ag, mine)
         got = [poison_(torch.empty(n + i % 5, dtype=torch.int32, device=dev)) for i in range(BACKLOG_OPS)]
         works = [dist.irecv(g, 0) for g in got]
         settle(works, dev, limit)
@@ -256,11 +261,11 @@ def backlog_never_met_body(ctx, slack_s=SLACK_S):
     limit = ctx.pg_timeout_s + slack_s
     _connect_pair(ctx.rank, dev, limit)
     errors, slowest, released = [], 0.0, 0.0
+    inputs = [rand(f"never{i}", 0, 16, torch.int32, device=dev) for i in range(BACKLOG_OPS)] if ctx.rank == 0 else []
     t0 = time.monotonic()
     if ctx.rank == 0:
         works = []
-        for i in range(BACKLOG_OPS):
-            x = rand(f"never{i}", 0, 16, torch.int32, device=dev)
+        for x in inputs:
             t = time.monotonic()
             works.append(dist.isend(x, 1))
             slowest = max(slowest, time.monotonic() - t)
@@ -287,17 +292,18 @@ def first_op_beside_collective_body(ctx, slack_s=SLACK_S):
     r, n = ctx.rank, 4099
     limit = ctx.pg_timeout_s + slack_s
     ag = poison_(torch.empty(2 * n, dtype=torch.float32, device=dev))
+    mine = rand("ag", r, n, torch.float32, device=dev)
     if r == 0:
         x = rand("first", 0, n, torch.int64, device=dev)
         t0 = time.monotonic()
         w = dist.isend(x, 1)
         returned = time.monotonic() - t0
-        dist.all_gather_into_tensor(ag, rand("ag", r, n, torch.float32, device=dev))
+        dist.all_gather_into_tensor(ag, mine)
         settle([w], dev, limit)
         drained(dev, limit, "the isend and the all-gather")
     else:
         t0 = time.monotonic()
-        dist.all_gather_into_tensor(ag, rand("ag", r, n, torch.float32, device=dev))
+        dist.all_gather_into_tensor(ag, mine)
         got = poison_(torch.empty(n, dtype=torch.int64, device=dev))
         t = time.monotonic()
         w = dist.irecv(got, 0)
@@ -390,10 +396,10 @@ def sizes_differ_then_lone_body(ctx, slack_s=SLACK_S):
     buf = torch.zeros(n, dtype=torch.uint8, device=dev)
     if r == 0:
         buf.fill_(1)
-    out["first"] = _outcome(lambda: settle([dist.isend(buf, 1) if r == 0 else dist.irecv(buf, 0)], dev, limit))
-    out["released"].append(release_s(dev, limit))
     lone = rand("lone", 0, 64, torch.uint8, device=dev) if r == 0 else poison_(torch.empty(64, dtype=torch.uint8,
                                                                                             device=dev))
+    out["first"] = _outcome(lambda: settle([dist.isend(buf, 1) if r == 0 else dist.irecv(buf, 0)], dev, limit))
+    out["released"].append(release_s(dev, limit))
     out["lone"] = _outcome(lambda: settle([dist.isend(lone, 1) if r == 0 else dist.irecv(lone, 0)], dev, limit))
     out["released"].append(release_s(dev, limit))
     host = on_host(lone, out["released"][-1])
@@ -446,6 +452,8 @@ def mixed_devices_batch_body(ctx, slack_s=SLACK_S):
     out = {"released": [], "exact": None}
     cpu_x = rand("mixed", r, n, torch.int32)
     cuda_got = poison_(torch.empty(n, dtype=torch.int32, device=dev))
+    lone = rand("mixed-lone", 0, n, torch.int32, device=dev) if r == 0 else \
+        poison_(torch.empty(n, dtype=torch.int32, device=dev))
     try:
         settle(dist.batch_isend_irecv([dist.P2POp(dist.isend, cpu_x, peer), dist.P2POp(dist.irecv, cuda_got, peer)]),
                dev, limit)
@@ -453,8 +461,6 @@ def mixed_devices_batch_body(ctx, slack_s=SLACK_S):
     except Exception as e:  # noqa: BLE001
         out["batch"] = _error(e)
     out["released"].append(release_s(dev, limit))
-    lone = rand("mixed-lone", 0, n, torch.int32, device=dev) if r == 0 else \
-        poison_(torch.empty(n, dtype=torch.int32, device=dev))
     out["lone"] = _outcome(lambda: settle([dist.isend(lone, 1) if r == 0 else dist.irecv(lone, 0)], dev, limit))
     out["released"].append(release_s(dev, limit))
     host = on_host(lone, out["released"][-1])
