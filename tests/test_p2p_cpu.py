@@ -325,12 +325,13 @@ def test_p2p_sizes_differ_then_lone_call():
 
 def test_p2p_halo_isend_then_irecv_on_both():
     """Both ranks isend to the other, then irecv from it (not in a batch): each rank gets the right bytes, or an error
-    within the group's timeout plus slack; no rank dies."""
+    within the group's timeout plus slack; the isend's input keeps its bytes; no rank dies."""
     res = run_group(halo_body, 2, "sdma", env=ENV, timeout=4 * (MISTAKE_TIMEOUT_S + SLACK_S) + 60,
                     pg_timeout_s=MISTAKE_TIMEOUT_S, destroy=False, hard_exit=True,
                     grace=2 * (MISTAKE_TIMEOUT_S + SLACK_S))
     assert all(r.status == "ok" and r.exitcode == 0 for r in res.ranks), res.describe()
     for rank, v in enumerate(res.values()):
+        assert v["input_intact"], f"rank {rank}: the isend's input changed: {v}"
         errors = [e for _, e in (v["send"], v["recv"]) if e is not None]
         if errors:
             slowest = max(dt for dt, _ in (v["send"], v["recv"]))

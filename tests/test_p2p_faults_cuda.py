@@ -200,12 +200,14 @@ def test_cuda_p2p_sizes_differ_then_lone_call():
 
 def test_cuda_p2p_halo_isend_then_irecv_on_both():
     """Both ranks isend to the other, then irecv from it (same size, not in a batch): each rank gets the right bytes,
-    or errors within the group's timeout plus slack; no stream stays held; no rank dies."""
+    or errors within the group's timeout plus slack; the isend's input keeps its bytes; no stream stays held; no rank
+    dies."""
     res = run(halo_body)
     assert_no_rank_died(res)
     values = res.values()
     for rank, v in enumerate(values):
         assert_released(rank, v["released"], values)
+        assert v["input_intact"], f"rank {rank}: the isend's input changed: {values}"
         ops = (v["send"], v["recv"])
         if any(e is not None for _, e in ops):
             slowest = max(dt for dt, _ in ops)

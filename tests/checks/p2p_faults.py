@@ -411,8 +411,9 @@ def sizes_differ_then_lone_body(ctx, slack_s=SLACK_S):
 
 def halo_body(ctx, slack_s=SLACK_S):
     """Both ranks isend to the other, then irecv from it (same size, not in a batch), outputs poisoned: each rank gets
-    the right bytes or an error within the group's timeout plus slack. Returns {"send": (s, error), "recv": (s, error),
-    "exact": bytes right (None: unread), "released": stream release s}."""
+    the right bytes or an error within the group's timeout plus slack, and its isend's input keeps its bytes. Returns
+    {"send": (s, error), "recv": (s, error), "exact": bytes right, "input_intact": the isend's input unchanged (both
+    None: unread), "released": stream release s}."""
     torch.set_num_threads(1)
     dev, r, peer, n = ctx.device, ctx.rank, 1 - ctx.rank, 4099
     limit = ctx.pg_timeout_s + slack_s
@@ -435,8 +436,13 @@ def halo_body(ctx, slack_s=SLACK_S):
         out[key] = (time.monotonic() - t0, err)
     out["released"] = release_s(dev, limit)
     host = on_host(got, out["released"])
-    out["exact"] = None if host is None else bool(torch.equal(host.view(torch.uint8),
-                                                              rand("halo", peer, n, torch.float32).view(torch.uint8)))
+    sent = on_host(x, out["released"])
+
+    def same(t, q):
+        return None if t is None else bool(torch.equal(t.view(torch.uint8), rand("halo", q, n, torch.float32).view(
+            torch.uint8)))
+
+    out["exact"], out["input_intact"] = same(host, peer), same(sent, r)
     ctx.barrier_store("halo-done", timeout_s=60 + 2 * limit)
     return out
 
