@@ -16,6 +16,7 @@ groups=(
   "exit_threads|tests/test_exit_in_flight_cuda.py tests/test_first_calls_from_threads_cuda.py|"
   "capture_exchange|tests/test_capture_exchange_cuda.py|"
   "p2p|tests/test_p2p_cuda.py|"
+  "p2p_faults|tests/test_p2p_faults_cuda.py|"
   "async_error|tests/test_async_error_handling_cuda.py|"
   "capture_p2p|tests/test_capture_p2p_cuda.py|"
   "release|tests/test_fault_release_cuda.py|"

@@ -12,6 +12,19 @@ import torch
 import torch.distributed as dist
 
 from checks import p2p
+from checks.p2p_faults import (
+    BACKLOG_OPS,
+    any_source_body,
+    backlog_body,
+    backlog_never_met_body,
+    batch_refused_at_issue_body,
+    first_op_beside_collective_body,
+    halo_body,
+    opposite_subgroups_body,
+    refused_batch_body,
+    refused_p2p_body,
+    sizes_differ_then_lone_body,
+)
 from mp_harness import run_group
 
 CPU = torch.device("cpu")
@@ -159,71 +172,15 @@ def test_p2p_peer_exit_is_named():
     assert not touched
 
 
-def refused_batch_body(ctx):
-    """A batch_isend_irecv whose two sides pass different sizes fails; then a lone isend/irecv pair: every call raises
-    (the failed batch failed the group, so the lone calls are refused), none kills its rank with a signal, and nothing
-    of either arrives."""
-    torch.set_num_threads(1)
-    peer = 1 - ctx.rank
-    n = 100 if ctx.rank == 0 else 200
-    errors = []
-    got = torch.zeros(n, dtype=torch.uint8)
-    try:
-        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.ones(n, dtype=torch.uint8), peer),
-                                        dist.P2POp(dist.irecv, got, peer)])
-        for w in works:
-            w.wait()
-        errors.append(None)
-    except Exception as e:  # noqa: BLE001
-        errors.append(f"{type(e).__name__}: {e}")
-    lone = torch.zeros(64, dtype=torch.uint8)
-    try:
-        w = dist.isend(torch.ones(64, dtype=torch.uint8), 1) if ctx.rank == 0 else dist.irecv(lone, 0)
-        w.wait()
-        errors.append(None)
-    except Exception as e:  # noqa: BLE001
-        errors.append(f"{type(e).__name__}: {e}")
-    ctx.barrier_store("refused-batch-done", timeout_s=60)
-    return errors, bool(lone.any())
-
-
 def test_p2p_refused_batch_leaves_no_batch_open():
     res = run_group(refused_batch_body, 2, "sdma", env=ENV, timeout=120, pg_timeout_s=10, destroy=False,
                     hard_exit=True, grace=60)
     assert all(r.status == "ok" and r.exitcode == 0 for r in res.ranks), res.describe()
-    for rank, (errors, touched) in enumerate(res.values()):
+    for rank, (errors, touched, _) in enumerate(res.values()):
         batch, lone = errors
         assert batch is not None and "DistBackendError" in batch, f"rank {rank}: {batch}"
         assert lone is not None and "refused: an earlier collective on this group failed" in lone, (rank, lone)
         assert not touched, f"rank {rank}: the lone recv after the failed batch got bytes"
-
-
-def any_source_body(ctx):
-    """Rank 1 receives without a source while rank 0 sends: on the DMA path the recv is refused at once, naming the
-    knob that hands both to the inner backend, and the send still meets the recv from 0 that follows; with
-    TORCH_SDMA_DELEGATE=send,recv the recv from any source gets the bytes and names its source."""
-    import os
-    import time
-
-    torch.set_num_threads(1)
-    n = 4099
-    sent = torch.arange(n, dtype=torch.int32) * 7 + 3
-    if ctx.rank == 0:
-        dist.send(sent, 1)
-        return None
-    got = torch.full((n,), -1, dtype=torch.int32)
-    t0 = time.monotonic()
-    try:
-        src = dist.recv(got)
-        refused = None
-    except Exception as e:  # noqa: BLE001
-        src, refused = None, f"{type(e).__name__}: {e}"
-    dt = time.monotonic() - t0
-    if refused is not None:
-        assert not bool((got != -1).any()), "a refused recv wrote its buffer"
-        dist.recv(got, 0)
-    assert torch.equal(got, sent)
-    return refused, dt, src, os.environ.get("TORCH_SDMA_DELEGATE")
 
 
 @pytest.mark.parametrize("delegate", [None, "send,recv"])
@@ -243,76 +200,6 @@ REFUSAL_TIMEOUT_S = 60.0
 AT_ONCE_S = 20.0  # well below the group's timeout, with room for a loaded 2-core machine
 
 
-def _error(e):
-    return f"{type(e).__name__}: {e}".split("\nException raised from")[0]
-
-
-def _polling_barrier(ctx, name, timeout_s):
-    """A store barrier that never blocks the store's client: the pair's connect on the point-to-point worker reads
-    through that same client (ctx.barrier_store's blocking wait would hold it)."""
-    import time
-
-    ctx.store.add(f"barrier/{name}", 1)
-    deadline = time.monotonic() + timeout_s
-    while int(ctx.store.add(f"barrier/{name}", 0)) < ctx.world:
-        assert time.monotonic() < deadline, f"barrier {name} timed out"
-        time.sleep(0.05)
-
-
-def refused_p2p_body(ctx, form, refuser_late):
-    """Rank 1 refuses an op with rank 0 on its own arguments (a non-contiguous tensor; in a batch, its second op; with
-    form "first", the pair's first op, so that the refusal connects the pair on the worker), catches the error and
-    goes on with a valid send; rank 0 made the op that meets the refused one, outputs poisoned, before or after the
-    refusal. Rank 0's op fails at once naming rank 1 and its error, instead of meeting rank 1's
-    next send, and its buffers keep their poison; rank 1's next send is refused at once."""
-    import time
-
-    from checks.data import assert_bytes_equal, poison_, rand
-
-    torch.set_num_threads(1)
-    r, peer, n = ctx.rank, 1 - ctx.rank, 4099
-    if form != "first":
-        # The pair connected first, with bytes that arrive whole.
-        warm = poison_(torch.empty(n, dtype=torch.float32))
-        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, rand("warm", r, n, torch.float32), peer),
-                                        dist.P2POp(dist.irecv, warm, peer)])
-        for w in works:
-            w.wait()
-        assert_bytes_equal(warm, rand("warm", peer, n, torch.float32), "warm-up")
-    if (r == 1) == refuser_late:
-        time.sleep(1.0)  # the other rank's op goes first
-    got = poison_(torch.empty(n, dtype=torch.float32))
-    t0 = time.monotonic()
-    # Rank 0 receives into `got`; rank 1 sends (or, in a batch, receives into) a non-contiguous tensor, refused.
-    tensor = got if r == 0 else rand("bad", r, 2 * n, torch.float32)[::2]
-    try:
-        if form != "batch":
-            (dist.irecv if r == 0 else dist.isend)(tensor, 1 - r).wait()
-        else:
-            for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, rand("b", r, n, torch.float32), 1 - r),
-                                             dist.P2POp(dist.irecv, tensor, 1 - r)]):
-                w.wait()
-        err = None
-    except Exception as e:  # noqa: BLE001
-        err = _error(e)
-    dt = time.monotonic() - t0
-    # The refusing rank's next op, and the one rank 0 makes to meet it.
-    nxt = poison_(torch.empty(n, dtype=torch.float32))
-    t1 = time.monotonic()
-    try:
-        if r == 0:
-            dist.irecv(nxt, 1).wait()
-        else:
-            dist.isend(rand("next", r, n, torch.float32), 0).wait()
-        after = None
-    except Exception as e:  # noqa: BLE001
-        after = _error(e)
-    dt_after = time.monotonic() - t1
-    _polling_barrier(ctx, "refused-p2p-done", 2 * REFUSAL_TIMEOUT_S)
-    poisoned = bool((got.view(torch.uint8) == 0xA5).all() and (nxt.view(torch.uint8) == 0xA5).all())
-    return dt, err, dt_after, after, poisoned
-
-
 @pytest.mark.parametrize("refuser_late", [False, True])
 @pytest.mark.parametrize("form", ["lone", "batch", "first"])
 def test_p2p_refused_op_takes_its_pair_serial(form, refuser_late):
@@ -320,7 +207,7 @@ def test_p2p_refused_op_takes_its_pair_serial(form, refuser_late):
                     timeout=3 * REFUSAL_TIMEOUT_S, pg_timeout_s=REFUSAL_TIMEOUT_S, destroy=False, hard_exit=True,
                     grace=2 * REFUSAL_TIMEOUT_S)
     assert all(r.status == "ok" and r.exitcode == 0 for r in res.ranks), res.describe()
-    (dt0, err0, dt0_after, after0, poisoned0), (dt1, err1, dt1_after, after1, poisoned1) = res.values()
+    (dt0, err0, dt0_after, after0, poisoned0, _), (dt1, err1, dt1_after, after1, poisoned1, _) = res.values()
     assert err1 is not None and err1.startswith("ValueError") and "contiguous" in err1, err1
     assert err0 is not None and "group rank 1 refused its" in err0 and "on its own arguments" in err0, err0
     assert "its error: torch_sdma:" in err0 and "contiguous" in err0, err0
@@ -331,50 +218,7 @@ def test_p2p_refused_op_takes_its_pair_serial(form, refuser_late):
     assert poisoned0 and poisoned1, "a buffer of a refused or failed op got bytes"
 
 
-def _connect_pair(r):
-    """One send from rank 0 to rank 1, so that the pair is connected before what a test measures."""
-    t = torch.full((4,), 7, dtype=torch.int32) if r == 0 else torch.zeros(4, dtype=torch.int32)
-    dist.send(t, 1) if r == 0 else dist.recv(t, 0)
-    assert bool((t == 7).all())
-
-
-BACKLOG_OPS = 1100  # more than a pair's ring of posts (1024)
 BACKLOG_TIMEOUT_S = 60.0
-
-
-def backlog_body(ctx):
-    """Rank 0 makes more isends to rank 1 than the pair's ring holds, then an all-gather; rank 1 makes the all-gather
-    first, then the irecvs, outputs poisoned. No isend waits for rank 1 (they return at once, the posts that do not
-    fit queued on rank 0's worker), every byte arrives, and the all-gather completes."""
-    import time
-
-    from checks.data import assert_bytes_equal, poison_, rand
-
-    torch.set_num_threads(1)
-    r, n = ctx.rank, 33
-    _connect_pair(r)
-    ag = poison_(torch.empty(2 * n, dtype=torch.float32))
-    slowest = 0.0
-    t0 = time.monotonic()
-    if r == 0:
-        works = []
-        for i in range(BACKLOG_OPS):
-            t = time.monotonic()
-            works.append(dist.isend(rand(f"backlog{i}", 0, n + i % 5, torch.int32), 1))
-            slowest = max(slowest, time.monotonic() - t)
-        dist.all_gather_into_tensor(ag, rand("ag", r, n, torch.float32))
-        for w in works:
-            w.wait()
-    else:
-        dist.all_gather_into_tensor(ag, rand("ag", r, n, torch.float32))
-        got = [poison_(torch.empty(n + i % 5, dtype=torch.int32)) for i in range(BACKLOG_OPS)]
-        works = [dist.irecv(g, 0) for g in got]
-        for w in works:
-            w.wait()
-        for i, g in enumerate(got):
-            assert_bytes_equal(g, rand(f"backlog{i}", 0, n + i % 5, torch.int32), f"isend {i}")
-    assert_bytes_equal(ag, torch.cat([rand("ag", q, n, torch.float32) for q in range(2)]), "all-gather")
-    return slowest, time.monotonic() - t0
 
 
 def test_p2p_isends_past_the_ring_never_block():
@@ -385,39 +229,11 @@ def test_p2p_isends_past_the_ring_never_block():
     assert total < BACKLOG_TIMEOUT_S / 2, f"{total:.1f} s"
 
 
-def backlog_never_met_body(ctx):
-    """As above, but rank 1 never makes the irecvs: every isend still returns at once, and every wait() raises within
-    the group's timeout (and some slack), the first naming rank 1."""
-    import time
-
-    from checks.data import rand
-
-    torch.set_num_threads(1)
-    _connect_pair(ctx.rank)
-    errors, slowest = [], 0.0
-    t0 = time.monotonic()
-    if ctx.rank == 0:
-        works = []
-        for i in range(BACKLOG_OPS):
-            t = time.monotonic()
-            works.append(dist.isend(rand(f"never{i}", 0, 16, torch.int32), 1))
-            slowest = max(slowest, time.monotonic() - t)
-        for w in works:
-            try:
-                w.wait()
-                errors.append(None)
-            except Exception as e:  # noqa: BLE001
-                errors.append(_error(e))
-    elapsed = time.monotonic() - t0
-    ctx.barrier_store("never-met-done", timeout_s=3 * MISTAKE_TIMEOUT_S + 60)
-    return slowest, elapsed, errors
-
-
 def test_p2p_backlog_whose_peer_never_comes_fails_in_wait():
     res = run_group(backlog_never_met_body, 2, "sdma", env=ENV, timeout=4 * MISTAKE_TIMEOUT_S + 120,
                     pg_timeout_s=MISTAKE_TIMEOUT_S, destroy=False, hard_exit=True, grace=3 * MISTAKE_TIMEOUT_S + 60)
     assert all(r.status == "ok" and r.exitcode == 0 for r in res.ranks), res.describe()
-    slowest, elapsed, errors = res.values()[0]
+    slowest, elapsed, errors, _ = res.values()[0]
     assert slowest < 5.0, f"an isend blocked its caller for {slowest:.1f} s"
     assert len(errors) == BACKLOG_OPS and all(e is not None and "DistBackendError" in e for e in errors), errors[:3]
     assert "timed out" in errors[0] and "group ranks [1]" in errors[0], errors[0]
@@ -426,35 +242,6 @@ def test_p2p_backlog_whose_peer_never_comes_fails_in_wait():
 
 
 CONNECT_TIMEOUT_S = 60.0
-
-
-def first_op_beside_collective_body(ctx):
-    """The pair's first op made while the peer is inside the group's first all-gather: rank 0 isends, then gathers;
-    rank 1 gathers, then irecvs into a poisoned buffer. The isend returns without waiting for rank 1 to connect, the
-    all-gather completes on both, and the bytes arrive whole."""
-    import time
-
-    from checks.data import assert_bytes_equal, poison_, rand
-
-    torch.set_num_threads(1)
-    r, n = ctx.rank, 4099
-    ag = poison_(torch.empty(2 * n, dtype=torch.float32))
-    t0 = time.monotonic()
-    if r == 0:
-        w = dist.isend(rand("first", 0, n, torch.int64), 1)
-        returned = time.monotonic() - t0
-        dist.all_gather_into_tensor(ag, rand("ag", r, n, torch.float32))
-        w.wait()
-    else:
-        dist.all_gather_into_tensor(ag, rand("ag", r, n, torch.float32))
-        got = poison_(torch.empty(n, dtype=torch.int64))
-        t = time.monotonic()
-        w = dist.irecv(got, 0)
-        returned = time.monotonic() - t
-        w.wait()
-        assert_bytes_equal(got, rand("first", 0, n, torch.int64), "the pair's first op")
-    assert_bytes_equal(ag, torch.cat([rand("ag", q, n, torch.float32) for q in range(2)]), "all-gather")
-    return returned, time.monotonic() - t0
 
 
 def test_p2p_first_op_does_not_wait_for_the_peer_to_connect():
@@ -466,68 +253,12 @@ def test_p2p_first_op_does_not_wait_for_the_peer_to_connect():
         assert total < CONNECT_TIMEOUT_S / 2, f"rank {rank}: {total:.1f} s"
 
 
-def opposite_subgroups_body(ctx):
-    """Two groups over the same two ranks, whose pairs' first ops come in opposite orders: rank 0 isends on g1, then
-    on g2; rank 1 irecvs on g2, then on g1. Neither call waits for the other rank to connect, so both complete with
-    their bytes, long before the groups' timeout."""
-    import datetime
-    import time
-
-    from checks.data import assert_bytes_equal, poison_, rand
-
-    torch.set_num_threads(1)
-    timeout = datetime.timedelta(seconds=CONNECT_TIMEOUT_S)
-    g1 = dist.new_group([0, 1], timeout=timeout)
-    g2 = dist.new_group([0, 1], timeout=timeout)
-    n = 1031
-    t0 = time.monotonic()
-    if ctx.rank == 0:
-        works = [dist.isend(rand("g1", 0, n, torch.float64), 1, group=g1),
-                 dist.isend(rand("g2", 0, n, torch.float64), 1, group=g2)]
-        for w in works:
-            w.wait()
-    else:
-        got1 = poison_(torch.empty(n, dtype=torch.float64))
-        got2 = poison_(torch.empty(n, dtype=torch.float64))
-        works = [dist.irecv(got2, 0, group=g2), dist.irecv(got1, 0, group=g1)]
-        for w in works:
-            w.wait()
-        assert_bytes_equal(got1, rand("g1", 0, n, torch.float64), "group 1")
-        assert_bytes_equal(got2, rand("g2", 0, n, torch.float64), "group 2")
-    return time.monotonic() - t0
-
-
 def test_p2p_first_ops_of_two_groups_in_opposite_orders():
     res = run_group(opposite_subgroups_body, 2, "sdma", env=ENV, timeout=3 * CONNECT_TIMEOUT_S,
                     pg_timeout_s=CONNECT_TIMEOUT_S)
     res.check()
     for rank, elapsed in enumerate(res.values()):
         assert elapsed < CONNECT_TIMEOUT_S / 2, f"rank {rank}: {elapsed:.1f} s"
-
-
-def batch_refused_at_issue_body(ctx):
-    """Both ranks' batch_isend_irecv holds an isend that torch_sdma refuses as it is issued (a non-contiguous tensor);
-    then a synchronous all_gather_into_tensor on the same group, its output poisoned: it must move the bytes or
-    raise."""
-    torch.set_num_threads(1)
-    peer = 1 - ctx.rank
-    got = torch.zeros(64, dtype=torch.uint8)
-    bad = torch.full((64, 2), ctx.rank + 1, dtype=torch.uint8)[:, 0]
-    try:
-        for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, bad, peer), dist.P2POp(dist.irecv, got, peer)]):
-            w.wait()
-        batch = None
-    except Exception as e:  # noqa: BLE001
-        batch = f"{type(e).__name__}: {e}"
-    out = torch.full((128,), 0xA5, dtype=torch.uint8)
-    try:
-        dist.all_gather_into_tensor(out, torch.full((64,), ctx.rank + 1, dtype=torch.uint8))
-        after = None
-    except Exception as e:  # noqa: BLE001
-        after = f"{type(e).__name__}: {e}"
-    ctx.barrier_store("batch-refused-at-issue-done", timeout_s=60)
-    expected = torch.cat([torch.full((64,), q + 1, dtype=torch.uint8) for q in range(2)])
-    return batch, after, bool(torch.equal(out, expected))
 
 
 # torch's _coalescing_manager, which batch_isend_irecv enters on a backend that supports coalescing (sdma does), has
@@ -541,7 +272,7 @@ def test_p2p_batch_refused_at_issue_leaves_the_group_working():
     res = run_group(batch_refused_at_issue_body, 2, "sdma", env=ENV, timeout=120, pg_timeout_s=10, destroy=False,
                     hard_exit=True, grace=60)
     assert all(r.status == "ok" and r.exitcode == 0 for r in res.ranks), res.describe()
-    for rank, (batch, after, exact) in enumerate(res.values()):
+    for rank, (batch, after, exact, _, _) in enumerate(res.values()):
         assert batch is not None and "contiguous" in batch, f"rank {rank}: {batch}"
         assert after is not None or exact, f"rank {rank}: the all-gather after the batch returned without its bytes"
 
@@ -571,3 +302,39 @@ def test_p2p_inner_sizes_differ_raise_on_both():
     assert all(r.exitcode is not None and r.exitcode >= 0 for r in res.ranks), res.describe()
     for rank, err in enumerate(res.values()):
         assert err is not None, f"rank {rank}: no error"
+
+
+def test_p2p_sizes_differ_then_lone_call():
+    """A send of 1,001 bytes met by a recv of 1,000: both raise within the group's timeout plus slack; the lone
+    isend/irecv that follows on the same group is refused on both ranks, or moves its bytes on both."""
+    res = run_group(sizes_differ_then_lone_body, 2, "sdma", env=ENV, timeout=4 * (MISTAKE_TIMEOUT_S + SLACK_S) + 60,
+                    pg_timeout_s=MISTAKE_TIMEOUT_S, destroy=False, hard_exit=True,
+                    grace=2 * (MISTAKE_TIMEOUT_S + SLACK_S))
+    assert all(r.status == "ok" and r.exitcode == 0 for r in res.ranks), res.describe()
+    values = res.values()
+    for rank, v in enumerate(values):
+        dt, err = v["first"]
+        assert err is not None, f"rank {rank}: sizes that differ raised nothing: {values}"
+        assert dt < MISTAKE_TIMEOUT_S + SLACK_S, f"rank {rank}: the error took {dt:.1f} s: {err}"
+    lone = [v["lone"][1] for v in values]
+    if any(e is not None for e in lone):
+        assert all(e is not None and "refused" in e for e in lone), f"the lone calls after the failure: {values}"
+    else:
+        assert values[1]["exact"], f"the lone recv after the failure got wrong bytes, no error: {values}"
+
+
+def test_p2p_halo_isend_then_irecv_on_both():
+    """Both ranks isend to the other, then irecv from it (not in a batch): each rank gets the right bytes, or an error
+    within the group's timeout plus slack; the isend's input keeps its bytes; no rank dies."""
+    res = run_group(halo_body, 2, "sdma", env=ENV, timeout=4 * (MISTAKE_TIMEOUT_S + SLACK_S) + 60,
+                    pg_timeout_s=MISTAKE_TIMEOUT_S, destroy=False, hard_exit=True,
+                    grace=2 * (MISTAKE_TIMEOUT_S + SLACK_S))
+    assert all(r.status == "ok" and r.exitcode == 0 for r in res.ranks), res.describe()
+    for rank, v in enumerate(res.values()):
+        assert v["input_intact"], f"rank {rank}: the isend's input changed: {v}"
+        errors = [e for _, e in (v["send"], v["recv"]) if e is not None]
+        if errors:
+            slowest = max(dt for dt, _ in (v["send"], v["recv"]))
+            assert slowest < MISTAKE_TIMEOUT_S + SLACK_S, f"rank {rank}: {slowest:.1f} s: {v}"
+        else:
+            assert v["exact"], f"rank {rank}: wrong bytes and no error: {v}"
