@@ -207,8 +207,8 @@ class CopyEngineP2pRunner : public P2pRunner {
       d.serial = static_cast<uint32_t>(a.serial);
       d.posted = a.posted;
       d.peer = {a.peers[1 - me], a.ranges[1 - me]};
-      direct.push_back(std::move(d));
       flight.steps.push_back({step.peer, a.serial, directionsOf(step), pairRangesOf(d.plan)[1 - me]});
+      direct.push_back(std::move(d));
     }
 
     std::unique_lock<std::mutex> lock(mutex_);
