@@ -278,6 +278,16 @@ def test_p2p_failed_rank_passing_own_waits_on_live_peer_is_caught(simulation, se
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
+def test_p2p_refusal_that_posts_buffers_is_caught(simulation, seed):
+    """A rank that refuses its call on its own arguments posts the call's steps as refused, with no buffers, and fails:
+    a peer that posts in between (before the failure is published) reads the refused post and throws. Posting the
+    buffers instead, as an ordinary post does, lets a later peer move both directions with buffers the refusing
+    rank's caller took back when the call raised (write after end)."""
+    total, counts = _caught(_p2p(simulation, seed, 1000, "--faults", "--refusal-posts-buffers"), 1000)
+    assert counts.get("write after end", 0) == total > 0, counts
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
 def test_p2p_serials_need_one_order_per_pair_in_a_batch(simulation, seed):
     """Each op a step of its own, numbered with a peer in each rank's own call order: ranks that list a batch's send
     and recv to each other in other orders, as NCCL allows, disagree on the pair's serials (about half the cases); the

@@ -60,10 +60,12 @@
 // schedule_simulation SEED CASES --p2p [--faults] [<wrong variant>] [--unmatched-batches | --interleaved-peers] runs
 // send, recv and batch_isend_irecv through the real step formation and batch schedule (P2PCase below) among the
 // group's collectives: it must print "ok <cases>", also with --unmatched-batches or --interleaved-peers; with a wrong
-// variant of the batch (--wait-before-arrived, --copy-before-arrived, with --faults --pass-own-waits,
-// --serials-in-call-order, --signals-in-call-order, --connect-in-turn, --done-after-every-copy, --shared-lanes, or a
-// pool of peer lanes smaller than a batch's peers, --lane-pool=1 or 2) or with the peer lanes on shared hardware queues
-// (--peer-lanes-share-queues) it runs every case and prints "caught N of CASES cases: <kind> <count>; ..." and exits 1.
+// variant of the batch (--wait-before-arrived, --copy-before-arrived, with --faults --pass-own-waits or
+// --refusal-posts-buffers, --serials-in-call-order, --signals-in-call-order, --connect-in-turn,
+// --done-after-every-copy,
+// --shared-lanes, or a pool of peer lanes smaller than a batch's peers, --lane-pool=1 or 2) or with the peer lanes on
+// shared hardware queues (--peer-lanes-share-queues) it runs every case and prints "caught N of CASES cases: <kind>
+// <count>; ..." and exits 1.
 //
 // schedule_simulation SEED CASES --captured-p2p [--listing-order] runs graphs of captured point-to-point batches mixed
 // with captured collectives (CapturedP2pCase below): it must print "ok <cases>"; with --listing-order (a batch's steps
@@ -3522,8 +3524,13 @@ class FaultCase {
 // With --faults, these programs under the fault protocol as FaultCase runs it for two ranks, for any number of them:
 // a rank that fails stops enqueueing; its watchdog or a peer's finds it; a quiesced failed rank releases every failed
 // peer on the group's transports and on each pair's it connected (fault_release.hpp); a rank passes its own waits only
-// on a peer whose process is gone. Checked: a call that ends without error holds its bytes; no copy before arrival or
-// after end; once every rank failed, every lane runs out; a case without faults completes.
+// on a peer whose process is gone; and a rank that refuses one of its p2p calls on its own arguments
+// (P2pRunner::refuse): each step takes its pair's serial and posts as refused, without buffers, nothing is enqueued,
+// the call raises (its buffers go back to the caller) and the rank fails a move later, so that a peer may post in
+// between: a peer that posts after the refused post throws at that step, having posted its steps before it (whose
+// buffers it keeps for good); one that posted before waits on the refusing rank until the release. Checked: a call that
+// ends without error holds its bytes; no copy before arrival or after end; once every rank failed, every lane runs out;
+// a case without faults completes.
 //
 // Wrong variants it must catch, each the real schedule's record reordered or its step formation replaced:
 // --wait-before-arrived (each step run whole in turn in call order, as scheduleDirectExchange called op after op
@@ -3536,6 +3543,9 @@ class FaultCase {
 // run in call order: a later op's Arrived lets the peer copy with an earlier op's buffers before that op arrived, and
 // the word then rolls back below a serial the peer waits for) and --connect-in-turn (a batch connecting its new pairs
 // one after another in its call order, each CPU waiting for the peer at each: a ring's first batch waits in a circle).
+// With --faults, --refusal-posts-buffers: a refused call posts its buffers as an ordinary post does, and a peer that
+// reads it goes on: a later peer moves both directions with buffers the refusing rank's caller took back (write after
+// end).
 //
 // Batches matched by lone calls, which NCCL's rules allow: --unmatched-batches adds batches whose peers make their ops
 // with the batch's rank as lone calls (addUnmatchedBatch), one direction with each peer (both ways, the batch would
@@ -3555,7 +3565,8 @@ struct P2POptions {
     PassOwnWaits,
     SerialsInCallOrder,
     SignalsInCallOrder,
-    ConnectInTurn
+    ConnectInTurn,
+    RefusalPostsBuffers
   };
   bool faults = false;
   Mutation mutation = Mutation::None;
@@ -3776,6 +3787,8 @@ class P2PCase : RankStreams<P2PStep> {
     std::vector<PostedBuffers> posted;
     std::vector<std::vector<Pairing>> pairing;  // [member][member], as the mailbox settled it
     std::vector<bool> postedBy, arrived, ended, endedWithError;
+    std::vector<bool> refusedBy;    // the member refused it on its own arguments: posted as refused, no buffers
+    std::vector<bool> keptBy;       // the member posted its buffers, then threw: kept for good, never given back
     std::vector<int64_t> serialBy;  // the serial each member gave it (-1: none yet)
     std::string description;
 
@@ -3865,6 +3878,8 @@ class P2PCase : RankStreams<P2PStep> {
     u->arrived.assign(n, false);
     u->ended.assign(n, false);
     u->endedWithError.assign(n, false);
+    u->refusedBy.assign(n, false);
+    u->keptBy.assign(n, false);
     u->serialBy.assign(n, -1);
     if (u->kind == UnitKind::SendRecv || u->kind == UnitKind::Exchange) {
       // The caller's stream writes the input, and last used the output's memory, when it reaches the call: until
@@ -4134,6 +4149,19 @@ class P2PCase : RankStreams<P2PStep> {
       faultStep_ = pick(0, 200);
       what_ += ", rank " + std::to_string(faultRank_) + " fails at step " + std::to_string(faultStep_);
     }
+    if (pick(0, 2) == 0) {
+      // A p2p call of a rank, refused there on its own arguments (P2pRunner::refuse).
+      const int r = pick(0, W_ - 1);
+      std::vector<int> p2pCalls;
+      for (size_t k = 0; k < program_[r].size(); ++k)
+        if (!items_[program_[r][k]].collective)
+          p2pCalls.push_back(static_cast<int>(k));
+      if (!p2pCalls.empty()) {
+        refusingRank_ = r;
+        refusedCall_ = p2pCalls[pick(0, static_cast<int>(p2pCalls.size()) - 1)];
+        what_ += ", rank " + std::to_string(r) + " refuses its call " + std::to_string(refusedCall_);
+      }
+    }
     if (pick(0, 3) == 0) {
       deathRank_ = pick(0, W_ - 1);
       deathStep_ = pick(0, 200);
@@ -4154,7 +4182,7 @@ class P2PCase : RankStreams<P2PStep> {
     return false;
   }
   bool canEnqueue(int r) const {
-    if (gone_[r] || failed_[r] || !hasCallsLeft(r) || step_ < delay_[r])
+    if (gone_[r] || failed_[r] || !hasCallsLeft(r) || step_ < delay_[r] || (r == refusingRank_ && refusalPosted_))
       return false;
     const int it = program_[r][next_[r]];
     if (o_.mutation == P2POptions::Mutation::ConnectInTurn)
@@ -4580,6 +4608,34 @@ class P2PCase : RankStreams<P2PStep> {
       batch.push_back({{units.front(), -1}});
     else
       batch = stepsOf(r, units);
+    if (o_.faults && r == refusingRank_ && k == refusedCall_) {
+      refuse(r, batch);
+      return;
+    }
+    if (o_.faults && !item.collective) {
+      // The peer's post for a step's serial says it refused: this rank posts its steps in order up to that one, each
+      // with its buffers, and throws there before it enqueues anything (CopyEngineDirect::arriveExchange,
+      // PeerRefusedPost), keeping the buffers it posted for good (a peer that read a post may copy with them).
+      const auto refusedAt = std::find_if(batch.begin(), batch.end(), [&](const BatchStep& b) {
+        const Unit& u = *units_[b.first()];
+        return u.refusedBy[1 - u.indexOf(r)];
+      });
+      if (refusedAt != batch.end()) {
+        for (auto b = batch.begin(); b != refusedAt + 1; ++b) {
+          post(r, b->first(), {});
+          for (int id : b->units) {
+            if (id < 0)
+              continue;
+            Unit& u = *units_[id];
+            u.postedBy = units_[b->first()]->postedBy;
+            u.pairing = units_[b->first()]->pairing;
+            u.keptBy[u.indexOf(r)] = true;
+          }
+        }
+        failRank(r, "it read a peer's refused post");
+        return;
+      }
+    }
     std::vector<int> together;
     for (const BatchStep& b : batch) {
       const int id = b.first();
@@ -4587,7 +4643,7 @@ class P2PCase : RankStreams<P2PStep> {
       for (size_t j = 0; j < u.members.size() && allowTogether && u.direct(); ++j) {
         const int p = u.members[j];
         if (p != r && !u.postedBy[j] && !std::count(together.begin(), together.end(), p) && canEnqueue(p) &&
-            cpuAt(p, u.pair, id) && pick(0, 2) == 0)
+            cpuAt(p, u.pair, id) && !refusesNext(p) && !readsRefusalNext(p) && pick(0, 2) == 0)
           together.push_back(p);
       }
     }
@@ -4633,6 +4689,49 @@ class P2PCase : RankStreams<P2PStep> {
     previousEnd_[r] = {drainQ, queues_[r][drainQ].recorded};
     for (int p : together)
       enqueue(p, false);
+  }
+
+  // Whether rank r's next call is the one it refuses.
+  bool refusesNext(int r) const {
+    return r == refusingRank_ && next_[r] == refusedCall_;
+  }
+  // Whether rank r's next call meets a refused post: it throws there, posting none of its steps after that one, so no
+  // peer may count on it posting within that peer's wait.
+  bool readsRefusalNext(int r) const {
+    if (!hasCallsLeft(r))
+      return false;
+    for (int id : items_[program_[r][next_[r]]].units.at(r)) {
+      const Unit& u = *units_[id];
+      if (u.kind == UnitKind::SendRecv && u.refusedBy[1 - u.indexOf(r)])
+        return true;
+    }
+    return false;
+  }
+
+  // Rank r refuses its p2p call on its own arguments: each step still takes its pair's serial and posts, as refused
+  // (no buffers: a peer that posts later reads it and refuses too; one that posted earlier waits on this rank, and
+  // its watchdog fails it), nothing is enqueued, the call raises (its buffers go back to the caller), the rank fails.
+  // --refusal-posts-buffers posts the buffers as an ordinary post would: a later peer then goes on and moves both
+  // directions with buffers the refusing rank's caller took back.
+  void refuse(int r, const std::vector<BatchStep>& batch) {
+    for (const BatchStep& b : batch) {
+      Unit& first = *units_[b.first()];
+      const int i = first.indexOf(r);
+      const uint32_t serial = ++pairSerial_[r][first.members[1 - i]];
+      post(r, b.first(), {});
+      for (int id : b.units) {
+        if (id < 0)
+          continue;
+        Unit& u = *units_[id];
+        u.serialBy[i] = serial;
+        u.postedBy[i] = true;
+        u.pairing = first.pairing;
+        u.refusedBy[i] = o_.mutation != P2POptions::Mutation::RefusalPostsBuffers;
+        u.ended[i] = true;
+        u.endedWithError[i] = true;
+      }
+    }
+    refusalPosted_ = true;  // it fails next (addFaultMoves): peers may post in between
   }
 
   // ---- Running.
@@ -4701,8 +4800,8 @@ class P2PCase : RankStreams<P2PStep> {
         for (auto [id, i] : s.touches) {
           const Unit& u = *units_[id];
           const int owner = u.members[i];
-          if (gone_[owner])
-            continue;  // its memory went with its process
+          if (gone_[owner] || u.keptBy[i])
+            continue;  // its memory went with its process, or is kept for good
           if (u.ended[i])
             violation("write after end: rank " + std::to_string(r) + " copied into or out of rank " +
                       std::to_string(owner) + "'s buffers of " + u.description + " after that call ended there (" +
@@ -4768,6 +4867,11 @@ class P2PCase : RankStreams<P2PStep> {
   }
 
   void addFaultMoves(int r, std::vector<std::function<void()>>& moves) {
+    if (r == refusingRank_ && refusalPosted_ && !failed_[r] && !gone_[r])
+      moves.push_back([this, r] {
+        refusalPosted_ = false;
+        failRank(r, "it refused its call on its own arguments");
+      });
     bool peerGone = false;
     for (int p = 0; p < W_; ++p)
       peerGone |= p != r && gone_[p];
@@ -4845,6 +4949,8 @@ class P2PCase : RankStreams<P2PStep> {
   std::vector<std::vector<bool>> released_, passedOwn_;
   bool faultFree_ = false;
   int faultRank_ = 0, faultStep_ = -1, deathRank_ = 0, deathStep_ = -1;
+  int refusingRank_ = -1, refusedCall_ = -1;  // that rank refuses that call (its k-th) on its own arguments
+  bool refusalPosted_ = false;                // its refused posts are out, its failure not yet published
   int step_ = 0;
   std::string failure_;
   std::string what_;
@@ -4868,6 +4974,8 @@ bool parseP2POption(const char* arg, P2POptions& o) {
     o.mutation = P2POptions::Mutation::SerialsInCallOrder;
   else if (unmutated && strcmp(arg, "--signals-in-call-order") == 0)
     o.mutation = P2POptions::Mutation::SignalsInCallOrder;
+  else if (unmutated && o.faults && strcmp(arg, "--refusal-posts-buffers") == 0)
+    o.mutation = P2POptions::Mutation::RefusalPostsBuffers;
   else if (unmutated && strcmp(arg, "--connect-in-turn") == 0)
     o.mutation = P2POptions::Mutation::ConnectInTurn;
   else if (strcmp(arg, "--unmatched-batches") == 0)
@@ -4989,7 +5097,8 @@ int main(int argc, char** argv) {
         "[--own-release-on-queue]] | --exchanges "
         "[--skip-done-wait | "
         "--arrived-before-pack] | --p2p [--faults] [--wait-before-arrived | --copy-before-arrived | --pass-own-waits | "
-        "--serials-in-call-order | --signals-in-call-order | --connect-in-turn] [--unmatched-batches | "
+        "--serials-in-call-order | --signals-in-call-order | --connect-in-turn | --refusal-posts-buffers] "
+        "[--unmatched-batches | "
         "--interleaved-peers] [--done-after-every-copy] [--shared-lanes] [--lane-pool=N] [--peer-lanes-share-queues] | "
         "--captured-exchanges "
         "[--without-arrived] | --captured-p2p "
