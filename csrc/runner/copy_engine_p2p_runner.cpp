@@ -180,8 +180,9 @@ class CopyEngineP2pRunner : public P2pRunner {
         arrivals.push_back(pair.direct->arriveExchange(d.plan, info.timeout));
       } catch (const PeerRefusedPost& e) {
         keepTensorsForLife(std::move(keep));
-        const std::string reason = info.describe() + " failed: " + refusalOf(step.peer, e.serial, directionsOf(step),
-                                                                  pairRangesOf(d.plan)[1 - me], e.directions);
+        const std::string reason =
+            info.describe() + " failed: " +
+            refusalOf(step.peer, e.serial, directionsOf(step), pairRangesOf(d.plan)[1 - me], e.directions);
         failGroup(nextCollective, reason);
         C10_THROW_ERROR(DistBackendError, "torch_sdma: " + reason);
       } catch (const std::exception& e) {
