@@ -85,7 +85,9 @@ CollectivePath ProcessGroupSDMA::p2pRoute(const at::Tensor& tensor) const {
     return CollectivePath::inner("TORCH_SDMA_DELEGATE");
   }
   const bool cuda = tensor.is_cuda();
-  if (bytesOf(tensor) < (cuda ? std::max<int64_t>(0, options_.minBytesCuda) : options_.minBytesCpu)) {
+  // CPU tensors take the pair's shared memory at every size: gloo, their inner backend, ends the receiving process
+  // (SIGABRT from its I/O thread) where a send's size differs from its recv's, which the pair's post check refuses.
+  if (cuda && bytesOf(tensor) < std::max<int64_t>(0, options_.minBytesCuda)) {
     return CollectivePath::inner("below TORCH_SDMA_MIN_BYTES");
   }
   if (cuda) {

@@ -41,8 +41,8 @@ class GroupFailure {
   }
   // Throws, naming the collective and the earlier failure, once one happened.
   void refuse(const CollectiveInfo& info) const {
-    TORCH_CHECK(reason_.empty(), "torch_sdma: ", info.describe(),
-                " refused: an earlier collective on this group failed: ", reason_);
+    TORCH_CHECK_WITH(DistBackendError, reason_.empty(), "torch_sdma: ", info.describe(),
+                     " refused: an earlier collective on this group failed: ", reason_);
   }
 
  private:
