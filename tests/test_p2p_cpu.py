@@ -12,19 +12,7 @@ import torch
 import torch.distributed as dist
 
 from checks import p2p
-from checks.p2p_faults import (
-    BACKLOG_OPS,
-    any_source_body,
-    backlog_body,
-    backlog_never_met_body,
-    batch_refused_at_issue_body,
-    first_op_beside_collective_body,
-    halo_body,
-    opposite_subgroups_body,
-    refused_batch_body,
-    refused_p2p_body,
-    sizes_differ_then_lone_body,
-)
+from checks import p2p_faults as faults
 from mp_harness import run_group
 
 CPU = torch.device("cpu")
@@ -173,7 +161,7 @@ def test_p2p_peer_exit_is_named():
 
 
 def test_p2p_refused_batch_leaves_no_batch_open():
-    res = run_group(refused_batch_body, 2, "sdma", env=ENV, timeout=120, pg_timeout_s=10, destroy=False,
+    res = run_group(faults.refused_batch_body, 2, "sdma", env=ENV, timeout=120, pg_timeout_s=10, destroy=False,
                     hard_exit=True, grace=60)
     assert all(r.status == "ok" and r.exitcode == 0 for r in res.ranks), res.describe()
     for rank, (errors, touched, _) in enumerate(res.values()):
@@ -185,7 +173,7 @@ def test_p2p_refused_batch_leaves_no_batch_open():
 
 @pytest.mark.parametrize("delegate", [None, "send,recv"])
 def test_p2p_recv_from_any_source(delegate):
-    res = run_group(any_source_body, 2, "sdma", env=dict(ENV, TORCH_SDMA_DELEGATE=delegate), timeout=120,
+    res = run_group(faults.any_source_body, 2, "sdma", env=dict(ENV, TORCH_SDMA_DELEGATE=delegate), timeout=120,
                     pg_timeout_s=30).check()
     refused, dt, src, _ = res.values()[1]
     if delegate is None:
@@ -203,7 +191,7 @@ AT_ONCE_S = 20.0  # well below the group's timeout, with room for a loaded 2-cor
 @pytest.mark.parametrize("refuser_late", [False, True])
 @pytest.mark.parametrize("form", ["lone", "batch", "first"])
 def test_p2p_refused_op_takes_its_pair_serial(form, refuser_late):
-    res = run_group(refused_p2p_body, 2, "sdma", env=ENV, kwargs={"form": form, "refuser_late": refuser_late},
+    res = run_group(faults.refused_p2p_body, 2, "sdma", env=ENV, kwargs={"form": form, "refuser_late": refuser_late},
                     timeout=3 * REFUSAL_TIMEOUT_S, pg_timeout_s=REFUSAL_TIMEOUT_S, destroy=False, hard_exit=True,
                     grace=2 * REFUSAL_TIMEOUT_S)
     assert all(r.status == "ok" and r.exitcode == 0 for r in res.ranks), res.describe()
@@ -222,7 +210,8 @@ BACKLOG_TIMEOUT_S = 60.0
 
 
 def test_p2p_isends_past_the_ring_never_block():
-    res = run_group(backlog_body, 2, "sdma", env=ENV, timeout=3 * BACKLOG_TIMEOUT_S, pg_timeout_s=BACKLOG_TIMEOUT_S)
+    res = run_group(faults.backlog_body, 2, "sdma", env=ENV, timeout=3 * BACKLOG_TIMEOUT_S,
+                    pg_timeout_s=BACKLOG_TIMEOUT_S)
     res.check()
     slowest, total = res.values()[0]
     assert slowest < 5.0, f"an isend blocked its caller for {slowest:.1f} s"
@@ -230,12 +219,13 @@ def test_p2p_isends_past_the_ring_never_block():
 
 
 def test_p2p_backlog_whose_peer_never_comes_fails_in_wait():
-    res = run_group(backlog_never_met_body, 2, "sdma", env=ENV, timeout=4 * MISTAKE_TIMEOUT_S + 120,
+    res = run_group(faults.backlog_never_met_body, 2, "sdma", env=ENV, timeout=4 * MISTAKE_TIMEOUT_S + 120,
                     pg_timeout_s=MISTAKE_TIMEOUT_S, destroy=False, hard_exit=True, grace=3 * MISTAKE_TIMEOUT_S + 60)
     assert all(r.status == "ok" and r.exitcode == 0 for r in res.ranks), res.describe()
     slowest, elapsed, errors, _ = res.values()[0]
     assert slowest < 5.0, f"an isend blocked its caller for {slowest:.1f} s"
-    assert len(errors) == BACKLOG_OPS and all(e is not None and "DistBackendError" in e for e in errors), errors[:3]
+    assert len(errors) == faults.BACKLOG_OPS, len(errors)
+    assert all(e is not None and "DistBackendError" in e for e in errors), errors[:3]
     assert "timed out" in errors[0] and "group ranks [1]" in errors[0], errors[0]
     assert "an earlier operation on this group failed" in errors[-1], errors[-1]
     assert elapsed < MISTAKE_TIMEOUT_S + SLACK_S, f"{elapsed:.1f} s"
@@ -245,7 +235,7 @@ CONNECT_TIMEOUT_S = 60.0
 
 
 def test_p2p_first_op_does_not_wait_for_the_peer_to_connect():
-    res = run_group(first_op_beside_collective_body, 2, "sdma", env=ENV, timeout=3 * CONNECT_TIMEOUT_S,
+    res = run_group(faults.first_op_beside_collective_body, 2, "sdma", env=ENV, timeout=3 * CONNECT_TIMEOUT_S,
                     pg_timeout_s=CONNECT_TIMEOUT_S)
     res.check()
     for rank, (returned, total) in enumerate(res.values()):
@@ -254,7 +244,7 @@ def test_p2p_first_op_does_not_wait_for_the_peer_to_connect():
 
 
 def test_p2p_first_ops_of_two_groups_in_opposite_orders():
-    res = run_group(opposite_subgroups_body, 2, "sdma", env=ENV, timeout=3 * CONNECT_TIMEOUT_S,
+    res = run_group(faults.opposite_subgroups_body, 2, "sdma", env=ENV, timeout=3 * CONNECT_TIMEOUT_S,
                     pg_timeout_s=CONNECT_TIMEOUT_S)
     res.check()
     for rank, elapsed in enumerate(res.values()):
@@ -269,7 +259,7 @@ def test_p2p_first_ops_of_two_groups_in_opposite_orders():
 # 200 --timeout 2 --seed 102, episode 6: a send delegated to gloo raised inside a batch once the peer's gloo had closed
 # its connection; that depends on timing, this does not).
 def test_p2p_batch_refused_at_issue_leaves_the_group_working():
-    res = run_group(batch_refused_at_issue_body, 2, "sdma", env=ENV, timeout=120, pg_timeout_s=10, destroy=False,
+    res = run_group(faults.batch_refused_at_issue_body, 2, "sdma", env=ENV, timeout=120, pg_timeout_s=10, destroy=False,
                     hard_exit=True, grace=60)
     assert all(r.status == "ok" and r.exitcode == 0 for r in res.ranks), res.describe()
     for rank, (batch, after, exact, _, _) in enumerate(res.values()):
@@ -306,7 +296,8 @@ def test_p2p_sizes_differ_below_min_bytes_raise_on_both():
 def test_p2p_sizes_differ_then_lone_call():
     """A send of 1,001 bytes met by a recv of 1,000: both raise within the group's timeout plus slack; the lone
     isend/irecv that follows on the same group is refused on both ranks, or moves its bytes on both."""
-    res = run_group(sizes_differ_then_lone_body, 2, "sdma", env=ENV, timeout=4 * (MISTAKE_TIMEOUT_S + SLACK_S) + 60,
+    res = run_group(faults.sizes_differ_then_lone_body, 2, "sdma", env=ENV,
+                    timeout=4 * (MISTAKE_TIMEOUT_S + SLACK_S) + 60,
                     pg_timeout_s=MISTAKE_TIMEOUT_S, destroy=False, hard_exit=True,
                     grace=2 * (MISTAKE_TIMEOUT_S + SLACK_S))
     assert all(r.status == "ok" and r.exitcode == 0 for r in res.ranks), res.describe()
@@ -325,7 +316,7 @@ def test_p2p_sizes_differ_then_lone_call():
 def test_p2p_halo_isend_then_irecv_on_both():
     """Both ranks isend to the other, then irecv from it (not in a batch): each rank gets the right bytes, or an error
     within the group's timeout plus slack; the isend's input keeps its bytes; no rank dies."""
-    res = run_group(halo_body, 2, "sdma", env=ENV, timeout=4 * (MISTAKE_TIMEOUT_S + SLACK_S) + 60,
+    res = run_group(faults.halo_body, 2, "sdma", env=ENV, timeout=4 * (MISTAKE_TIMEOUT_S + SLACK_S) + 60,
                     pg_timeout_s=MISTAKE_TIMEOUT_S, destroy=False, hard_exit=True,
                     grace=2 * (MISTAKE_TIMEOUT_S + SLACK_S))
     assert all(r.status == "ok" and r.exitcode == 0 for r in res.ranks), res.describe()

@@ -10,22 +10,8 @@ bytes or an error", the bytes are compared exactly once the stream is released. 
 more than 5 s."""
 import pytest
 
+from checks import p2p_faults as faults
 from checks.data import NCCL_SHARED_REASON, SHARE_GPU
-from checks.p2p_faults import (
-    BACKLOG_OPS,
-    any_source_body,
-    backlog_body,
-    backlog_never_met_body,
-    batch_refused_at_issue_body,
-    first_op_beside_collective_body,
-    halo_body,
-    in_place_all_to_all_body,
-    mixed_devices_batch_body,
-    opposite_subgroups_body,
-    refused_batch_body,
-    refused_p2p_body,
-    sizes_differ_then_lone_body,
-)
 from conftest import cuda_count
 from mp_harness import run_group
 
@@ -72,7 +58,7 @@ def assert_released(rank, released, values):
 def test_cuda_p2p_refused_batch_leaves_no_batch_open():
     """A batch whose sides pass different sizes fails on both ranks (DistBackendError); the lone isend/irecv that
     follows is refused on both; the lone recv's buffer stays untouched; no stream stays held."""
-    res = run(refused_batch_body)
+    res = run(faults.refused_batch_body)
     assert_no_rank_died(res)
     values = res.values()
     for rank, (errors, touched, released) in enumerate(values):
@@ -89,7 +75,7 @@ def test_cuda_p2p_recv_from_any_source(delegate):
     """On the copy engines a recv without a source is refused at once (NotImplementedError naming
     TORCH_SDMA_DELEGATE=send,recv), and the send meets the recv from 0 that follows, bytes right; delegated, the recv
     from any source gets the bytes and names its source."""
-    res = run(any_source_body, pg_timeout_s=OK_TIMEOUT_S, env=dict(ENV, TORCH_SDMA_DELEGATE=delegate))
+    res = run(faults.any_source_body, pg_timeout_s=OK_TIMEOUT_S, env=dict(ENV, TORCH_SDMA_DELEGATE=delegate))
     res.check()
     refused, dt, src, _ = res.values()[1]
     if delegate is None:
@@ -109,7 +95,8 @@ def test_cuda_p2p_refused_op_takes_its_pair_serial(form, refuser_late):
     """Rank 1 refuses an op on its own arguments (ValueError, non-contiguous); rank 0's matching op fails at once
     naming rank 1 and its error; the next op of each rank is refused at once; rank 0's buffers keep their poison; no
     stream stays held."""
-    res = run(refused_p2p_body, pg_timeout_s=REFUSAL_TIMEOUT_S, kwargs={"form": form, "refuser_late": refuser_late})
+    res = run(faults.refused_p2p_body, pg_timeout_s=REFUSAL_TIMEOUT_S,
+              kwargs={"form": form, "refuser_late": refuser_late})
     assert_no_rank_died(res)
     values = res.values()
     (dt0, err0, dt0_after, after0, poisoned0, rel0), (dt1, err1, dt1_after, after1, poisoned1, rel1) = values
@@ -129,7 +116,7 @@ def test_cuda_p2p_refused_op_takes_its_pair_serial(form, refuser_late):
 def test_cuda_p2p_isends_past_the_ring_never_block():
     """1,100 isends (a pair's ring holds 1,024 posts) then an all-gather on rank 0, the all-gather then the irecvs on
     rank 1: no isend blocks its caller more than 5 s, every byte arrives, the all-gather completes."""
-    res = run(backlog_body, pg_timeout_s=OK_TIMEOUT_S)
+    res = run(faults.backlog_body, pg_timeout_s=OK_TIMEOUT_S)
     res.check()
     slowest, total = res.values()[0]
     assert slowest < ISEND_S, f"an isend blocked its caller for {slowest:.1f} s"
@@ -140,12 +127,12 @@ def test_cuda_p2p_isends_past_the_ring_never_block():
 def test_cuda_p2p_backlog_whose_peer_never_comes_fails_in_wait():
     """1,100 isends that rank 1 never meets: none blocks its caller more than 5 s; every one raises DistBackendError
     within the group's timeout plus slack, the first naming rank 1 as timed out; rank 0's stream is released."""
-    res = run(backlog_never_met_body)
+    res = run(faults.backlog_never_met_body)
     assert_no_rank_died(res)
     slowest, elapsed, errors, released = res.values()[0]
     assert slowest < ISEND_S, f"an isend blocked its caller for {slowest:.1f} s"
     assert_released(0, released, (slowest, elapsed, errors[:3]))
-    assert len(errors) == BACKLOG_OPS and all(e is not None and "DistBackendError" in e for e in errors), \
+    assert len(errors) == faults.BACKLOG_OPS and all(e is not None and "DistBackendError" in e for e in errors), \
         (sum(e is None for e in errors), errors[:3])
     assert "timed out" in errors[0] and ("group ranks [1]" in errors[0] or "group rank 1" in errors[0]), errors[0]
     assert elapsed < LIMIT_S, f"{elapsed:.1f} s: {errors[:3]}"
@@ -154,7 +141,7 @@ def test_cuda_p2p_backlog_whose_peer_never_comes_fails_in_wait():
 def test_cuda_p2p_first_op_does_not_wait_for_the_peer_to_connect():
     """The pair's first op made while the peer is inside the group's first all-gather returns within 5 s; the
     all-gather completes on both and the bytes arrive whole."""
-    res = run(first_op_beside_collective_body, pg_timeout_s=OK_TIMEOUT_S)
+    res = run(faults.first_op_beside_collective_body, pg_timeout_s=OK_TIMEOUT_S)
     res.check()
     for rank, (returned, total) in enumerate(res.values()):
         assert returned < ISEND_S, f"rank {rank}: the pair's first op blocked its caller for {returned:.1f} s"
@@ -165,7 +152,7 @@ def test_cuda_p2p_first_op_does_not_wait_for_the_peer_to_connect():
 def test_cuda_p2p_first_ops_of_two_groups_in_opposite_orders():
     """Two groups over the same ranks whose pairs' first ops come in opposite orders both complete with their bytes,
     long before the groups' timeout."""
-    res = run(opposite_subgroups_body, pg_timeout_s=OK_TIMEOUT_S)
+    res = run(faults.opposite_subgroups_body, pg_timeout_s=OK_TIMEOUT_S)
     res.check()
     for rank, elapsed in enumerate(res.values()):
         assert elapsed < OK_TIMEOUT_S / 2, f"rank {rank}: {elapsed:.1f} s"
@@ -174,7 +161,7 @@ def test_cuda_p2p_first_ops_of_two_groups_in_opposite_orders():
 def test_cuda_p2p_batch_refused_at_issue_leaves_the_group_working():
     """A batch holding an isend refused as it is issued (non-contiguous) raises, naming it; the all-gather that
     follows moves its bytes or raises (at the call, or at the group's next call); no stream stays held."""
-    res = run(batch_refused_at_issue_body)
+    res = run(faults.batch_refused_at_issue_body)
     assert_no_rank_died(res)
     values = res.values()
     for rank, (batch, after, exact, later, released) in enumerate(values):
@@ -193,7 +180,7 @@ def _errors_in_time(rank, what, outcome, values):
 def test_cuda_p2p_sizes_differ_then_lone_call():
     """A send of 1,001 bytes met by a recv of 1,000 (uint8): both ranks raise within the group's timeout plus slack
     and neither stream stays held; the lone isend/irecv that follows is refused on both ranks, or moves its bytes."""
-    res = run(sizes_differ_then_lone_body)
+    res = run(faults.sizes_differ_then_lone_body)
     assert_no_rank_died(res)
     values = res.values()
     for rank, v in enumerate(values):
@@ -212,7 +199,7 @@ def test_cuda_p2p_halo_isend_then_irecv_on_both():
     """Both ranks isend to the other, then irecv from it (same size, not in a batch): each rank gets the right bytes,
     or errors within the group's timeout plus slack; the isend's input keeps its bytes; no stream stays held; no rank
     dies."""
-    res = run(halo_body)
+    res = run(faults.halo_body)
     assert_no_rank_died(res)
     values = res.values()
     for rank, v in enumerate(values):
@@ -230,7 +217,7 @@ def test_cuda_p2p_mixed_devices_batch_then_lone_call():
     """On a group of "sdma" for both devices, a batch mixing a CPU isend and a CUDA irecv raises on each rank that
     made it (caught); the lone CUDA isend/irecv that follows moves its bytes, or raises on both within the group's
     timeout plus slack; no stream stays held; no rank dies by a signal."""
-    res = run(mixed_devices_batch_body, init="sdma")
+    res = run(faults.mixed_devices_batch_body, init="sdma")
     assert_no_rank_died(res)
     values = res.values()
     for rank, v in enumerate(values):
@@ -248,7 +235,7 @@ def test_cuda_all_to_all_single_in_place():
     """all_to_all_single(x, x) (even splits sync and async, uneven splits): per form, every rank holds what its
     peers' inputs held before the call, or every rank raises within the group's timeout plus slack; never wrong bytes
     without an error; no stream stays held."""
-    res = run(in_place_all_to_all_body)
+    res = run(faults.in_place_all_to_all_body)
     assert_no_rank_died(res)
     values = res.values()
     forms = [name for name, *_ in values[0]]
