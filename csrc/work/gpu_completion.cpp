@@ -29,8 +29,13 @@ void EventPool::giveBack(gpu::Event event) {
 }
 
 GpuCompletion::GpuCompletion(gpu::Event end, std::shared_ptr<EventPool> pool, std::vector<at::Tensor> keepAlive,
-                             bool captured)
-    : end_(end), pool_(std::move(pool)), captured_(captured), done_(captured), keepAlive_(std::move(keepAlive)) {}
+                             bool captured, bool enqueued)
+    : end_(end),
+      pool_(std::move(pool)),
+      captured_(captured),
+      done_(captured),
+      enqueued_(enqueued),
+      keepAlive_(std::move(keepAlive)) {}
 
 GpuCompletion::~GpuCompletion() {
   pool_->giveBack(end_);
@@ -41,11 +46,26 @@ GpuCompletion::~GpuCompletion() {
 }
 
 bool GpuCompletion::pollDone() {
-  if (!done_.load(std::memory_order_acquire) && gpu::eventDone(end_)) {
+  // An event never recorded counts as fired: a call not yet enqueued has not begun.
+  if (!done_.load(std::memory_order_acquire) && enqueued() && gpu::eventDone(end_)) {
     releaseTensors();
     done_.store(true, std::memory_order_release);
   }
   return done_.load(std::memory_order_acquire);
+}
+
+void GpuCompletion::markEnqueued() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    enqueued_.store(true, std::memory_order_release);
+  }
+  settled_.notify_all();
+}
+
+std::exception_ptr GpuCompletion::waitEnqueued() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  settled_.wait(lock, [this] { return enqueued() || error_; });
+  return error_;
 }
 
 void GpuCompletion::releaseTensors() {
@@ -72,12 +92,16 @@ void GpuCompletion::fail(std::exception_ptr error, bool releaseKept) {
       keepAlive_.clear();
     }
   }
+  settled_.notify_all();
   releaseTensors();
 }
 
 void GpuCompletion::setError(std::exception_ptr error) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  error_ = error;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    error_ = error;
+  }
+  settled_.notify_all();
 }
 
 std::exception_ptr GpuCompletion::error() const {

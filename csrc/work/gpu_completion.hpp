@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -43,8 +44,10 @@ class GpuCompletion {
   // for long enough (async calls); empty when the caller's stream already orders the allocator.
   // `captured`: recorded inside a CUDA graph capture, so it never fires on its own (only replays run the copies);
   // the CPU counts it complete at once and only a stream inside the same capture waits for it.
+  // `enqueued` false: a thread of the runner's records `end` later (markEnqueued), once the call's peers let it post;
+  // until then the call is not complete and a wait on it blocks the CPU (waitEnqueued).
   GpuCompletion(gpu::Event end, std::shared_ptr<EventPool> pool, std::vector<at::Tensor> keepAlive,
-                bool captured = false);
+                bool captured = false, bool enqueued = true);
   ~GpuCompletion();
   GpuCompletion(const GpuCompletion&) = delete;
   GpuCompletion& operator=(const GpuCompletion&) = delete;
@@ -57,6 +60,13 @@ class GpuCompletion {
   }
   // Never blocks: true once the end event fired; the kept tensors are dropped then.
   bool pollDone();
+  // The end event is recorded after the call's last copy: streams may wait on it from now on.
+  void markEnqueued();
+  bool enqueued() const {
+    return enqueued_.load(std::memory_order_acquire);
+  }
+  // Blocks until markEnqueued() or an error; returns the error, if any.
+  std::exception_ptr waitEnqueued();
   // The caller's stream now waits for the copies: memory it frees from here on is reused after them.
   void releaseTensors();
 
@@ -72,7 +82,9 @@ class GpuCompletion {
   const std::shared_ptr<EventPool> pool_;
   const bool captured_;
   std::atomic<bool> done_{false};
+  std::atomic<bool> enqueued_;
   mutable std::mutex mutex_;
+  std::condition_variable settled_;  // enqueued or failed
   std::vector<at::Tensor> keepAlive_;
   std::exception_ptr error_;
 };

@@ -24,6 +24,13 @@ void GpuWork::synchronize() {
   if (std::exception_ptr e = exception()) {
     std::rethrow_exception(e);
   }
+  if (!completion_->enqueued()) {
+    // Posted by the runner's thread once the peers let it (a pair not connected yet, or a full ring of posts): no
+    // event to wait on before then. Bounded by the group's timeout, past which the call fails.
+    if (std::exception_ptr e = completion_->waitEnqueued()) {
+      std::rethrow_exception(e);
+    }
+  }
   auto current = c10::cuda::getCurrentCUDAStream(device_.index());
   // A captured collective's event exists only inside its graph; outside the capture the graph orders itself.
   if (!completion_->captured() || gpu::streamCapturing(current.stream())) {
@@ -78,6 +85,12 @@ c10::intrusive_ptr<c10::ivalue::Future> GpuWork::getFuture() {
     auto [it, made] = streams.byDevice.try_emplace(device_.index(), nullptr);
     if (made) {
       it->second = gpu::createStream();
+    }
+    if (std::exception_ptr e = completion_->waitEnqueued()) {
+      future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                         std::vector<c10::Device>{device_});
+      future_->setError(e);
+      return future_;
     }
     gpu::streamWaitEvent(it->second, completion_->endEvent());
     c10::cuda::CUDAStreamGuard guard(

@@ -1,6 +1,7 @@
 // The Work of an all-gather of CUDA tensors, like WorkNCCL: done when the event recorded after its last copy fired
 // (held in a GpuCompletion the watchdog shares); wait() makes the caller's current stream wait on that event and
-// returns at once, never blocking the CPU.
+// returns at once, never blocking the CPU on the GPU. Only a point-to-point op that its runner's thread posts later
+// (its pair not connected yet, or its ring of posts full) blocks wait() until it is enqueued or failed.
 #pragma once
 
 #include <ATen/core/ivalue.h>
