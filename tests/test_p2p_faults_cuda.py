@@ -26,14 +26,6 @@ LIMIT_S = FAIL_TIMEOUT_S + SLACK_S  # an error comes within this, and a held str
 AT_ONCE_S = 5.0  # an op that fails at once, well below the group's timeout
 ISEND_S = 5.0  # the longest an isend may block its caller
 REFUSED = "refused"
-# A pair of CUDA tensors posts on the caller's thread: an op that finds the pair's ring of 1,024 posts full waits there
-# for the peer to read (up to the group's timeout), and the pair's first op connects there, collectively over the
-# pair, so two groups' first ops in opposite orders wait for each other until the timeout. The CPU pairs queue on a
-# worker instead (test_p2p_cpu.py).
-CALLER_THREAD_POSTS = pytest.mark.xfail(
-    reason="a CUDA pair posts and connects on the caller's thread: a full ring or a crossed first op waits there",
-    strict=False)
-
 
 def run(body, pg_timeout_s=FAIL_TIMEOUT_S, init=INIT, env=ENV, kwargs=None, calls=4):
     """Runs `body` on 2 ranks, long enough for `calls` waits of the group's timeout plus slack each."""
@@ -112,7 +104,6 @@ def test_cuda_p2p_refused_op_takes_its_pair_serial(form, refuser_late):
     assert poisoned0 and poisoned1, f"a buffer of a refused or failed op got bytes: {values}"
 
 
-@CALLER_THREAD_POSTS
 def test_cuda_p2p_isends_past_the_ring_never_block():
     """1,100 isends (a pair's ring holds 1,024 posts) then an all-gather on rank 0, the all-gather then the irecvs on
     rank 1: no isend blocks its caller more than 5 s, every byte arrives, the all-gather completes."""
@@ -123,7 +114,6 @@ def test_cuda_p2p_isends_past_the_ring_never_block():
     assert total < OK_TIMEOUT_S / 2, f"{total:.1f} s"
 
 
-@CALLER_THREAD_POSTS
 def test_cuda_p2p_backlog_whose_peer_never_comes_fails_in_wait():
     """1,100 isends that rank 1 never meets: none blocks its caller more than 5 s; every one raises DistBackendError
     within the group's timeout plus slack, the first naming rank 1 as timed out; rank 0's stream is released."""
@@ -148,7 +138,6 @@ def test_cuda_p2p_first_op_does_not_wait_for_the_peer_to_connect():
         assert total < OK_TIMEOUT_S / 2, f"rank {rank}: {total:.1f} s"
 
 
-@CALLER_THREAD_POSTS
 def test_cuda_p2p_first_ops_of_two_groups_in_opposite_orders():
     """Two groups over the same ranks whose pairs' first ops come in opposite orders both complete with their bytes,
     long before the groups' timeout."""

@@ -94,6 +94,11 @@ class CopyEngineDirect {
   uint64_t lastSerial() const {
     return serial_;
   }
+  // Whether this rank's post for `serial` would find its ring slot free at once (every peer read the post `depth`
+  // serials before): a caller that must not wait for a peer posts only then.
+  bool roomFor(uint64_t serial) const {
+    return mailbox_->roomFor(serial);
+  }
   // Device memory held outside the caching allocator: the bounce area.
   size_t heldBytes() const;
   ArrivalMailbox::PairTally pairs() const {

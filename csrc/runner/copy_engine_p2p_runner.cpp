@@ -1,11 +1,17 @@
 // The point-to-point runner of CUDA tensors (docs/design.md, "Point-to-point"): per pair of ranks the direct path's
 // state of a two-member group (CopyEngineDirect: the Arrived and Done flags, the mailbox, the export of this rank's
-// buffers and the mappings of the peer's), connected at the pair's first operation; two streams of its own for a
-// batch's main lanes, which wait for the caller's stream, and a pool of stream pairs from which each peer of a batch
-// takes lanes of its own after the Arrived phase (docs/design.md, "Point-to-point"); a watchdog that names a peer that
-// never came within the timeout, fails the group, and, once this runner's lanes ran out, releases the failed peers'
-// waits on it (docs/design.md, "Failures", applied to the pairs' flags). Inside CUDA graph capture a pair's ops take
-// its captured staging instead (captured_p2p_pairs.hpp), which the watchdog never sees.
+// buffers and the mappings of the peer's); two streams of its own for a batch's main lanes, which wait for the caller's
+// stream, and a pool of stream pairs from which each peer of a batch takes lanes of its own after the Arrived phase; a
+// watchdog that names a peer that never came within the timeout, fails the group, and, once this runner's lanes ran
+// out, releases the failed peers' waits on it (docs/design.md, "Failures", applied to the pairs' flags).
+//
+// The caller never waits on a peer. A batch is posted and enqueued on the caller's thread only where every pair it
+// uses is connected, has room in its ring of posts, and no earlier batch is queued; otherwise it queues on this
+// runner's posting thread, which connects its pairs (collectively over each pair, within the group's timeout), posts
+// it and enqueues it when the peers let it, in call order, behind a fork event recorded on the caller's stream at the
+// call. Its Work is then complete only once enqueued and ended, and wait() blocks the CPU until it is enqueued or
+// failed. Inside CUDA graph capture a pair's ops take its captured staging instead (captured_p2p_pairs.hpp), connected
+// on the caller's thread, which the watchdog never sees.
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <c10/cuda/CUDAGuard.h>
@@ -37,6 +43,12 @@ namespace {
 // What a release writes, past any serial the peer may still wait for (docs/design.md, "Failures").
 constexpr uint32_t kReleaseAhead = 1u << 30;
 
+// Batches on the lanes not yet seen complete, past which the next one goes to the posting thread. Each puts a few
+// operations on the lanes, and a lane whose hardware queue fills behind a wait for a peer blocks the thread that
+// enqueues on it until the peer comes (the driver waits for room: 1,100 isends that the peer meets only after a
+// collective of its own held the caller there), which must never be the caller's.
+constexpr size_t kMaxBatchesOnLanes = 128;
+
 class CopyEngineP2pRunner : public P2pRunner {
  public:
   CopyEngineP2pRunner(c10::intrusive_ptr<c10d::Store> store, int rank, int device, CallBoard* board,
@@ -57,9 +69,19 @@ class CopyEngineP2pRunner : public P2pRunner {
           watchdogLoop();
         },
         [this](const std::string& why) { abandon(why); });
+    poster_ = GuardedThread(
+        [this] {
+          c10::cuda::CUDAGuard posterGuard(static_cast<c10::DeviceIndex>(device_));
+          // Its connects allocate and map memory, and its enqueues are not captures: neither may invalidate a capture
+          // on another thread.
+          gpu::ignoreOtherThreadsCaptures();
+          posterLoop();
+        },
+        [this](const std::string& why) { abandon("the point-to-point posting thread failed: " + why); });
   }
 
   ~CopyEngineP2pRunner() override {
+    poster_.stopAndJoin(mutex_, posterWake_, stopPoster_);
     watchdog_.stopAndJoin(mutex_, wake_, stop_);
     std::lock_guard<std::mutex> lock(mutex_);
     if (!inFlight_.empty()) {
@@ -86,48 +108,43 @@ class CopyEngineP2pRunner : public P2pRunner {
     }
   }
 
+  // Decided without the peer: the route sends only a group whose members all reach each other (agreed at its
+  // creation) here, so both members read the same answer. The eager state connects on the posting thread before the
+  // pair's first batch posts; the captured state connects here, collectively over the pair, at its first captured op.
   CollectivePath connectPair(int peer) override {
     TORCH_CHECK_WITH(DistBackendError, failedPairs_.count(peer) == 0, "torch_sdma: ", failedPairs_[peer]);
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
-    const bool capturing =
-        gpu::streamCapturing(c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream());
-    // Connecting allocates and maps memory, which a global-mode capture refuses unless this thread relaxes it.
-    std::optional<gpu::CaptureRelaxedScope> relaxed;
-    if (capturing) {
-      relaxed.emplace();
-    }
     const int lo = std::min(rank_, peer);
     const int hi = std::max(rank_, peer);
     const int me = rank_ == lo ? 0 : 1;
-    // Only this thread adds pairs or connects them: reading here needs no lock.
+    // Only this thread adds pairs: reading here needs no lock.
     auto found = pairs_.find(peer);
-    try {
-      if (found == pairs_.end()) {
-        // Collective over the pair: both members get the same answer.
-        Pair pair;
-        pair.store = c10::make_intrusive<c10d::PrefixStore>(
-            "p2p/cuda/" + std::to_string(lo) + "-" + std::to_string(hi) + "/", store_);
-        pair.whyNot = CopyEngineTransport::checkGroupReachable(*pair.store, "reach", me, 2, device_, &pair.members);
-        std::lock_guard<std::mutex> lock(mutex_);  // the watchdog reads the pairs
-        found = pairs_.emplace(peer, std::move(pair)).first;
-      }
-      Pair& pair = found->second;
-      if (!pair.whyNot.empty()) {
-        return CollectivePath::inner(pair.whyNot);
-      }
-      // The eager and the captured state connect at the pair's first op of each kind, both members together.
-      if (capturing) {
-        if (!captured_->connected(peer)) {
-          captured_->connect(peer, pair.store, pair.members);
-        }
-        return CollectivePath::dma(CollectivePath::kCaptured);
-      }
-      if (!pair.direct) {
-        auto direct = std::make_shared<CopyEngineDirect>(pair.store, me, 2, device_, pair.members, options_);
-        std::lock_guard<std::mutex> lock(mutex_);
-        pair.direct = std::move(direct);
-      }
+    if (found == pairs_.end()) {
+      Pair pair;
+      pair.store = c10::make_intrusive<c10d::PrefixStore>(
+          "p2p/cuda/" + std::to_string(lo) + "-" + std::to_string(hi) + "/", store_);
+      std::lock_guard<std::mutex> lock(mutex_);  // the watchdog and the posting thread read the pairs
+      found = pairs_.emplace(peer, std::move(pair)).first;
+    }
+    Pair& pair = found->second;
+    if (!gpu::streamCapturing(c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream())) {
       return CollectivePath::dma(CollectivePath::kDirect);
+    }
+    // Connecting allocates and maps memory, which a global-mode capture refuses unless this thread relaxes it.
+    gpu::CaptureRelaxedScope relaxed;
+    try {
+      if (!captured_->connected(peer)) {
+        if (pair.capturedMembers.empty()) {
+          const std::string whyNot = CopyEngineTransport::checkGroupReachable(*pair.store, "reach/captured", me, 2,
+                                                                              device_, &pair.capturedMembers);
+          if (!whyNot.empty()) {
+            pair.capturedMembers.clear();
+            return CollectivePath::inner(whyNot);
+          }
+        }
+        captured_->connect(peer, pair.store, pair.capturedMembers);
+      }
+      return CollectivePath::dma(CollectivePath::kCaptured);
     } catch (const std::exception& e) {
       failedPairs_[peer] = "connecting the pair of group ranks " + std::to_string(lo) + " and " + std::to_string(hi) +
                            " failed: " + messageOf(e);
@@ -137,23 +154,26 @@ class CopyEngineP2pRunner : public P2pRunner {
 
   void refuse(int peer, uint64_t directions, const std::string& why, const CollectiveInfo& info,
               uint64_t nextCollective) override {
-    const auto found = pairs_.find(peer);
+    Pair* pair = nullptr;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (found == pairs_.end() || !found->second.direct || failure_.happened()) {
-        return;  // not connected eagerly (the peer's op is not told), or failed already (the peer's ops fail too)
+      const auto found = pairs_.find(peer);
+      if (found == pairs_.end() || failure_.happened()) {
+        return;  // no op with the peer yet (the route connects the pair first), or failed already (the peer's fail too)
+      }
+      pair = &found->second;
+      if (!pair->direct || !deferred_.empty() || !pair->direct->roomFor(pair->direct->lastSerial() + 1)) {
+        // Its serial comes after the queued batches': the posting thread posts it in turn, then fails the group.
+        Deferred d;
+        d.info = info;
+        d.failAt = nextCollective;
+        d.refusal = Refusal{peer, directions, why};
+        deferred_.push_back(std::move(d));
+        posterWake_.notify_one();
+        return;
       }
     }
-    Pair& pair = found->second;
-    const uint64_t serial = pair.direct->lastSerial() + 1;
-    try {
-      // The words first: a peer that reads the post looks for them.
-      store_->set(p2pRefusalKey(rank_, peer, serial, true), why);
-      pair.direct->arriveRefused(directions, info.timeout);
-    } catch (const std::exception& e) {
-      LOG(WARNING) << "torch_sdma: " << info.describe() << ": this rank's refusal did not reach group rank " << peer
-                   << ": " << messageOf(e);
-    }
+    postRefusal(*pair, peer, directions, why, info);
     failGroup(nextCollective, info.describe() + " was refused on this rank: " + why);
   }
 
@@ -167,42 +187,114 @@ class CopyEngineP2pRunner : public P2pRunner {
                                 [&](const std::string& reason) { failGroup(nextCollective, reason); });
     }
     auto [outputs, keep] = tensorsOf(steps);
+    const at::Device device(at::kCUDA, static_cast<c10::DeviceIndex>(device_));
+    if (postableNow(steps)) {
+      auto completion = std::make_shared<GpuCompletion>(endEvents_->take(), endEvents_, std::move(keep));
+      gpu::recordEvent(fork_, caller);
+      postAndEnqueue(steps, info, nextCollective, fork_, completion, /*afterReturn=*/false);
+      return c10::make_intrusive<GpuWork>(info, device, std::move(outputs), std::move(completion));
+    }
+    Deferred d;
+    d.steps = std::move(steps);
+    d.info = info;
+    d.failAt = nextCollective;
+    // The batch's lanes wait for what the caller's stream holds now, whenever the posting thread enqueues them.
+    d.fork = endEvents_->take();
+    gpu::recordEvent(d.fork, caller);
+    d.completion = std::make_shared<GpuCompletion>(endEvents_->take(), endEvents_, std::move(keep), /*captured=*/false,
+                                                   /*enqueued=*/false);
+    auto work = c10::make_intrusive<GpuWork>(info, device, std::move(outputs), d.completion);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      deferred_.push_back(std::move(d));
+    }
+    posterWake_.notify_one();
+    return work;
+  }
+
+ private:
+  struct Refusal {
+    int peer = -1;
+    uint64_t directions = 0;
+    std::string why;
+  };
+  // A batch (or a refusal) the caller could not post without waiting on a peer: the posting thread's, in call order.
+  struct Deferred {
+    std::vector<PairStep> steps;
+    CollectiveInfo info;
+    uint64_t failAt = 0;
+    gpu::Event fork = nullptr;  // recorded on the caller's stream at the call; back to the pool once waited on
+    std::shared_ptr<GpuCompletion> completion;
+    std::optional<Refusal> refusal;
+  };
+
+  // Whether the caller may post `steps` now without waiting on a peer: nothing queued before them, every pair
+  // connected, and room in each pair's ring for the serials they take.
+  bool postableNow(const std::vector<PairStep>& steps) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!deferred_.empty() || !lanesHaveRoomLocked()) {
+      return false;
+    }
+    std::map<int, uint64_t> taken;
+    for (const PairStep& step : steps) {
+      const Pair& pair = pairs_.at(step.peer);
+      if (!pair.direct || !pair.direct->roomFor(pair.direct->lastSerial() + ++taken[step.peer])) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // Whether fewer than kMaxBatchesOnLanes batches are on the lanes, after dropping those that ended.
+  bool lanesHaveRoomLocked() {
+    while (inFlight_.size() >= kMaxBatchesOnLanes && inFlight_.front().completion->pollDone()) {
+      inFlight_.pop_front();
+    }
+    return inFlight_.size() < kMaxBatchesOnLanes;
+  }
+
+  // Posts every step in its pair's mailbox, then enqueues the batch's schedule on this runner's lanes behind `fork`
+  // and records `completion`'s end event. Where a post fails, nothing is enqueued, the batch's tensors are kept for
+  // life (a peer that read a post may copy with them until its own failure stops it), the group fails, and this
+  // throws DistBackendError. `afterReturn`: on the posting thread, after the call returned, where the default exit
+  // comes before the group's failure is on the board (async_error_exit.hpp).
+  void postAndEnqueue(const std::vector<PairStep>& steps, const CollectiveInfo& info, uint64_t failAt, gpu::Event fork,
+                      const std::shared_ptr<GpuCompletion>& completion, bool afterReturn) {
+    const auto failBatch = [&](const std::string& reason) {
+      const std::string message = "torch_sdma: " + reason;
+      completion->fail(std::make_exception_ptr(C10_BUILD_ERROR(DistBackendError, message)), /*releaseTensors=*/false);
+      if (afterReturn) {
+        exitIfStreamsMayRunOn(reason);
+      }
+      failGroup(failAt, reason);
+      C10_THROW_ERROR(DistBackendError, message);
+    };
     // Every step's post first (CopyEngineDirect compares the pair's ranges and throws RangeMismatch, naming both).
     std::vector<CopyEngineDirect::Arrival> arrivals;
     std::vector<DirectPairStep> direct;
     InFlight flight;
     for (const PairStep& step : steps) {
-      Pair& pair = pairs_.at(step.peer);
+      Pair& pair = pairOf(step.peer);
       const int me = rank_ < step.peer ? 0 : 1;
       DirectPairStep d;
       d.plan = pairPlanOf(step, me);
       try {
         arrivals.push_back(pair.direct->arriveExchange(d.plan, info.timeout));
       } catch (const PeerRefusedPost& e) {
-        keepTensorsForLife(std::move(keep));
-        const std::string reason =
-            info.describe() + " failed: " +
-            refusalOf(step.peer, e.serial, directionsOf(step), pairRangesOf(d.plan)[1 - me], e.directions);
-        failGroup(nextCollective, reason);
-        C10_THROW_ERROR(DistBackendError, "torch_sdma: " + reason);
+        failBatch(info.describe() + " failed: " +
+                  refusalOf(step.peer, e.serial, directionsOf(step), pairRangesOf(d.plan)[1 - me], e.directions));
       } catch (const std::exception& e) {
-        // Posted or not, a peer that read a post may copy with these buffers until its own failure stops it.
-        keepTensorsForLife(std::move(keep));
-        const std::string reason = info.describe() + " failed: " + messageOf(e);
-        failGroup(nextCollective, reason);
-        C10_THROW_ERROR(DistBackendError, "torch_sdma: " + reason);
+        failBatch(info.describe() + " failed: " + messageOf(e));
       }
       const CopyEngineDirect::Arrival& a = arrivals.back();
       const bool bounced = a.posted.input != d.plan.input || a.posted.outputBase != d.plan.output;
       if (bounced &&
           std::count_if(steps.begin(), steps.end(), [&](const PairStep& o) { return o.peer == step.peer; }) > 1) {
         // The pair's one bounce area would serve two steps of the batch at once.
-        keepTensorsForLife(std::move(keep));
-        const std::string reason =
-            info.describe() + " failed: a batch with several operations with group rank " + std::to_string(step.peer) +
-            " whose buffers that rank cannot map (a bounce area each) is not supported; issue them as separate batches";
-        failGroup(nextCollective, reason);
-        C10_THROW_ERROR(DistBackendError, "torch_sdma: " + reason);
+        failBatch(info.describe() + " failed: a batch with several operations with group rank " +
+                  std::to_string(step.peer) +
+                  " whose buffers that rank cannot map (a bounce area each) is not supported; issue them as separate "
+                  "batches");
       }
       d.transport = a.transport.get();
       d.serial = static_cast<uint32_t>(a.serial);
@@ -213,9 +305,8 @@ class CopyEngineP2pRunner : public P2pRunner {
     }
 
     std::unique_lock<std::mutex> lock(mutex_);
-    gpu::recordEvent(fork_, caller);
-    gpu::streamWaitEvent(push_, fork_);
-    gpu::streamWaitEvent(drain_, fork_);
+    gpu::streamWaitEvent(push_, fork);
+    gpu::streamWaitEvent(drain_, fork);
     for (auto& a : arrivals) {
       a.transport->bindLanes(push_, drain_);
     }
@@ -264,11 +355,10 @@ class CopyEngineP2pRunner : public P2pRunner {
         },
         &lanes);
     flushRecording();
-    gpu::Event end = endEvents_->take();
-    gpu::recordEvent(end, drain_);
-    flight.completion = std::make_shared<GpuCompletion>(end, endEvents_, std::move(keep));
+    gpu::recordEvent(completion->endEvent(), drain_);
+    flight.completion = completion;
     flight.info = info;
-    flight.failAt = nextCollective;
+    flight.failAt = failAt;
     flight.enqueuedAt = std::chrono::steady_clock::now();
     for (auto& a : arrivals) {
       flight.holds.push_back(a.transport);
@@ -276,20 +366,16 @@ class CopyEngineP2pRunner : public P2pRunner {
         flight.holds.push_back(std::move(h));
       }
     }
-    auto work = c10::make_intrusive<GpuWork>(info, at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_)),
-                                             std::move(outputs), flight.completion);
     inFlight_.push_back(std::move(flight));
     lock.unlock();
     wake_.notify_one();
-    return work;
   }
 
- private:
   struct Pair {
-    c10::intrusive_ptr<c10d::Store> store;     // the pair's prefix of the group's store
-    std::shared_ptr<CopyEngineDirect> direct;  // from the pair's first eager op
-    std::vector<MemberIdentity> members;       // the pair's, in group-rank order
-    std::string whyNot;                        // the pair takes the inner backend: why
+    c10::intrusive_ptr<c10d::Store> store;        // the pair's prefix of the group's store
+    std::shared_ptr<CopyEngineDirect> direct;     // connected by the posting thread before the pair's first eager post
+    std::vector<MemberIdentity> members;          // the pair's, in group-rank order, with `direct`
+    std::vector<MemberIdentity> capturedMembers;  // the same, read at the pair's first captured op
     bool released = false;
   };
   struct PeerLanes {
@@ -336,6 +422,155 @@ class CopyEngineP2pRunner : public P2pRunner {
     for (auto& f : inFlight_) {
       f.completion->setError(error);
     }
+    for (auto& d : deferred_) {
+      if (d.completion) {
+        d.completion->setError(error);
+      }
+    }
+  }
+
+  // The pair with `peer`, from any thread: the caller's thread may add pairs meanwhile, under mutex_ (a map's nodes
+  // stay where they are).
+  Pair& pairOf(int peer) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return pairs_.at(peer);
+  }
+
+  // The posting thread: the deferred batches and refusals in call order, each connected, posted and enqueued when
+  // its peers let it; the caller's calls queue behind the one being posted, which stays at the queue's front.
+  void posterLoop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (true) {
+      posterWake_.wait(lock, [this] { return stopPoster_ || !deferred_.empty(); });
+      if (deferred_.empty()) {
+        return;
+      }
+      Deferred& d = deferred_.front();
+      if (const std::string why = whyNotPostedLocked(d); !why.empty()) {
+        // Never posted: no peer reads these buffers, which go back now.
+        if (d.completion) {
+          d.completion->fail(std::make_exception_ptr(C10_BUILD_ERROR(DistBackendError, "torch_sdma: " + why)));
+        }
+      } else {
+        lock.unlock();
+        postDeferred(d);
+        lock.lock();
+      }
+      if (d.fork) {
+        endEvents_->giveBack(d.fork);
+      }
+      deferred_.pop_front();
+    }
+  }
+
+  // Why the posting thread will not post `d`, or "" while it may.
+  std::string whyNotPostedLocked(const Deferred& d) const {
+    if (failure_.happened()) {
+      return d.info.describe() + " refused: an earlier collective on this group failed: " + failure_.reason();
+    }
+    if (stopPoster_) {
+      return d.info.describe() + " failed: its group was destroyed before the operation could be posted";
+    }
+    return "";
+  }
+
+  void postDeferred(Deferred& d) {
+    const std::vector<int> peers = d.refusal ? std::vector<int>{d.refusal->peer} : peersOf(d.steps);
+    for (int peer : peers) {
+      try {
+        connectEager(peer, d.info);
+      } catch (const std::exception& e) {
+        // Nothing posted: the buffers go back.
+        const std::string reason = d.info.describe() + " failed while connecting the pair with group rank " +
+                                   std::to_string(peer) + ": " + messageOf(e);
+        if (d.completion) {
+          d.completion->fail(std::make_exception_ptr(C10_BUILD_ERROR(DistBackendError, "torch_sdma: " + reason)));
+        }
+        exitIfStreamsMayRunOn(reason);
+        failGroup(d.failAt, reason);
+        return;
+      }
+    }
+    if (d.refusal) {
+      postRefusal(pairOf(d.refusal->peer), d.refusal->peer, d.refusal->directions, d.refusal->why, d.info);
+      failGroup(d.failAt, d.info.describe() + " was refused on this rank: " + d.refusal->why);
+      return;
+    }
+    {
+      // Room on the lanes before the post: a posted batch is one the peer may copy with, so it must not wait after.
+      // The batches on the lanes end once their peers come, or the watchdog fails them at their timeout.
+      std::unique_lock<std::mutex> lock(mutex_);
+      while (!lanesHaveRoomLocked() && whyNotPostedLocked(d).empty()) {
+        posterWake_.wait_for(lock, std::chrono::milliseconds(5));
+      }
+      if (const std::string why = whyNotPostedLocked(d); !why.empty()) {
+        d.completion->fail(std::make_exception_ptr(C10_BUILD_ERROR(DistBackendError, "torch_sdma: " + why)));
+        return;
+      }
+    }
+    try {
+      postAndEnqueue(d.steps, d.info, d.failAt, d.fork, d.completion, /*afterReturn=*/true);
+      d.completion->markEnqueued();
+    } catch (const std::exception&) {
+      // The batch's completion carries the error; the group failed.
+    }
+  }
+
+  // The pair's eager state, on the posting thread: collectively over the pair, within the group's timeout (the
+  // pair's store waits that long for the peer).
+  void connectEager(int peer, const CollectiveInfo& info) {
+    Pair& pair = pairOf(peer);
+    if (pair.direct) {  // only this thread sets it
+      return;
+    }
+    const int me = rank_ < peer ? 0 : 1;
+    std::vector<MemberIdentity> members;
+    const std::string whyNot = CopyEngineTransport::checkGroupReachable(*pair.store, "reach", me, 2, device_, &members);
+    TORCH_CHECK_WITH(DistBackendError, whyNot.empty(), "torch_sdma: ", info.describe(),
+                     ": the pair cannot take the copy engines: ", whyNot);
+    auto direct = std::make_shared<CopyEngineDirect>(pair.store, me, 2, device_, members, options_);
+    std::lock_guard<std::mutex> lock(mutex_);
+    pair.members = std::move(members);
+    pair.direct = std::move(direct);
+  }
+
+  // The refused op's serial, posted with its words (docs: PeerRefusedPost). Never throws.
+  void postRefusal(Pair& pair, int peer, uint64_t directions, const std::string& why, const CollectiveInfo& info) {
+    const uint64_t serial = pair.direct->lastSerial() + 1;
+    try {
+      // The words first: a peer that reads the post looks for them.
+      store_->set(p2pRefusalKey(rank_, peer, serial, true), why);
+      pair.direct->arriveRefused(directions, info.timeout);
+    } catch (const std::exception& e) {
+      LOG(WARNING) << "torch_sdma: " << info.describe() << ": this rank's refusal did not reach group rank " << peer
+                   << ": " << messageOf(e);
+    }
+  }
+
+  // A failure found on the posting thread, after its call returned: under the default exit, where batches are in
+  // flight on this runner's lanes (streams that would run on into whatever reads their outputs once the peers release
+  // their waits), the process ends naming it before the board tells the peers. Deferred batches hold no stream: their
+  // waits raise.
+  void exitIfStreamsMayRunOn(const std::string& reason) {
+    if (!exitsOnAsyncError()) {
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!inFlight_.empty()) {
+      exitOnAsyncError(reason + ".", describeEach(inFlight_));
+    }
+  }
+
+  static std::vector<int> peersOf(const std::vector<PairStep>& steps) {
+    std::vector<int> peers;
+    for (const PairStep& step : steps) {
+      if (std::find(peers.begin(), peers.end(), step.peer) == peers.end()) {
+        peers.push_back(step.peer);
+      }
+    }
+    // In pair order, as the batch's connects (p2p_batch.hpp): a ring's connects then never wait in a cycle.
+    std::sort(peers.begin(), peers.end());
+    return peers;
   }
 
   // The words for a step whose peer refused its op of `serial` on its own arguments.
@@ -479,7 +714,13 @@ class CopyEngineP2pRunner : public P2pRunner {
   GroupFailure failure_;
   std::unique_ptr<CapturedP2pPairs> captured_;  // only the caller's thread touches it
   bool stop_ = false;
+  // Batches the caller could not post at once, in call order (under mutex_); while it is not empty the caller posts
+  // nothing itself, so the lanes, the event fork_ and the pairs' mailboxes have one thread at a time.
+  std::deque<Deferred> deferred_;
+  std::condition_variable posterWake_;
+  bool stopPoster_ = false;
   GuardedThread watchdog_;
+  GuardedThread poster_;
 };
 
 }  // namespace

@@ -29,15 +29,17 @@ class P2pRunner {
   virtual ~P2pRunner() = default;
 
   // The pair with `peer`'s path, the DMA path or the inner backend and why, alike on both members (both call it at
-  // their first operation with each other, in pair order within a batch). The copy engines connect the pair here,
-  // collectively over the pair (their eager and captured state each at the pair's first op of that kind), and throw
-  // where the peer never came within the group's timeout; the host runner decides without the peer and connects on
-  // its worker, before the pair's first batch runs.
+  // their first operation with each other, in pair order within a batch). Decided without the peer; the pair's
+  // transport connects on the runner's thread, collectively over the pair, before the pair's first batch is posted,
+  // so the caller never waits for the peer. Only the copy engines' captured state connects here, at the pair's first
+  // captured op, and throws where the peer never came within the group's timeout.
   virtual CollectivePath connectPair(int peer) = 0;
   // Enqueues `steps` (every one on a pair whose connectPair said DMA) as one batch: every step's post in its pair's
-  // mailbox first, then the batch's schedule. Throws before enqueuing anything where a step's peer posted another
-  // operation; the group has then failed. `nextCollective`: the group's next sequence number, at which a failure
-  // of this batch fails the group on the call board.
+  // mailbox first, then the batch's schedule; on the caller's thread only where nothing there waits for a peer (the
+  // pairs connected, room in their rings of posts and on the lanes, nothing queued before), else on the runner's
+  // thread in call order, the Work complete once that thread enqueued and the copies ended. Throws before enqueuing
+  // anything where a step's peer posted another operation; the group has then failed. `nextCollective`: the group's
+  // next sequence number, at which a failure of this batch fails the group on the call board.
   virtual c10::intrusive_ptr<c10d::Work> run(std::vector<PairStep> steps, const CollectiveInfo& info,
                                              uint64_t nextCollective) = 0;
   // This rank refused an op with `peer` (connectPair said DMA) on its own arguments, for `why`: the op still takes
