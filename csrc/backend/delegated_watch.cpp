@@ -6,6 +6,7 @@
 #include <c10/util/Logging.h>
 
 #include "collective/collective_info.hpp"
+#include "work/interpreter_exit.hpp"
 
 namespace sdma {
 namespace {
@@ -222,26 +223,36 @@ void DelegatedWatch::loop() {
       continue;
     }
     lastCall = now;
+    // Let go of outside the lock, and kept once the interpreter exits: a call's Work may hold the last reference to
+    // tensors whose Python objects Python dropped, and freeing them takes the GIL (interpreter_exit.hpp).
+    std::vector<Call> finished;
     std::vector<std::pair<Call, std::string>> differing;
     for (auto it = calls_.begin(); it != calls_.end();) {
       if (board_.settled(it->seq)) {
+        finished.push_back(std::move(*it));
         it = calls_.erase(it);
       } else if (const CallBoard::Differing d = board_.differing(it->seq, it->post)) {
         differing.emplace_back(std::move(*it), board_.describe(it->seq, it->post, d));
         it = calls_.erase(it);
       } else if (now > it->deadline) {
+        finished.push_back(std::move(*it));
         it = calls_.erase(it);
       } else {
         ++it;
       }
     }
-    if (!differing.empty()) {
+    const bool anyDiffering = !differing.empty();
+    if (anyDiffering || !finished.empty()) {
       lock.unlock();
       for (const auto& [call, words] : differing) {
         onDiffering_(call, words);
       }
+      InterpreterExit::drop(differing);
+      InterpreterExit::drop(finished);
       lock.lock();
-      continue;
+      if (anyDiffering) {
+        continue;
+      }
     }
     wake_.wait_for(lock, kPoll);
   }
