@@ -8,7 +8,8 @@
 // - before that call no rank ever found another call;
 // - at it at least one rank did (that rank refuses the call, so no rank can complete it), in the same words whichever
 //   rank found it (of more than two ranks, each names its pair with the odd one);
-// - every rank that found nothing there finds the other call afterwards, as its watcher does (differing());
+// - every rank that found nothing there finds the other call afterwards, as its watcher does (differing()), also a
+//   rank whose wait at that call the refuser's failure mark stopped;
 // - a rank that goes on posting past it while the refusing rank stopped is stopped by the refuser's failure mark once
 //   the ring makes it wait, long before the timeout.
 // Agreeing run (MISMATCH=0): every rank posts every call while a second thread per rank reads the peers' recent
@@ -122,9 +123,20 @@ bool mismatchTrial(int W, int calls, int depth, unsigned seed, int* refusers) {
         const CallPost mine = s == bad && r == badRank ? otherCall(s, seed) : callAt(s);
         // Now and then a call connects memory, and its rank waits for every peer's post (as staging that grows).
         const bool connects = std::uniform_int_distribution<int>(0, 4)(rng) == 0;
-        CallBoard::Differing found = board.post(s, mine, std::chrono::milliseconds(20000));
-        if (!found && connects) {
-          found = board.awaitPeers(s, mine, std::chrono::milliseconds(20000));
+        CallBoard::Differing found;
+        try {
+          found = board.post(s, mine, std::chrono::milliseconds(20000));
+          if (!found && connects) {
+            found = board.awaitPeers(s, mine, std::chrono::milliseconds(20000));
+          }
+        } catch (const CallBoard::Stopped& e) {
+          if (s != bad) {
+            fprintf(stderr, "seed %u: rank %d stopped at seq %llu, before the mismatch: %s\n", seed, r,
+                    static_cast<unsigned long long>(s), e.what());
+            _exit(3);
+          }
+          // A rank that refused the mismatch failed it while this one still waited there (for the ring, or for a
+          // slower peer's post): this rank found nothing at the call and looks on, as its watcher does.
         }
         unsigned char& o = outcome[r * (calls + 1) + s];
         if (found) {
