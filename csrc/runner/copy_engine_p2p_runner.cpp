@@ -235,10 +235,15 @@ class CopyEngineP2pRunner : public P2pRunner {
     if (!deferred_.empty() || !lanesHaveRoomLocked()) {
       return false;
     }
-    std::map<int, uint64_t> taken;
-    for (const PairStep& step : steps) {
-      const Pair& pair = pairs_.at(step.peer);
-      if (!pair.direct || !pair.direct->roomFor(pair.direct->lastSerial() + ++taken[step.peer])) {
+    // A peer's steps are side by side (pairStepsOf): the serials they take are counted along each run of them.
+    const CopyEngineDirect* direct = nullptr;
+    uint64_t taken = 0;
+    for (size_t i = 0; i < steps.size(); ++i) {
+      if (i == 0 || steps[i].peer != steps[i - 1].peer) {
+        direct = pairs_.at(steps[i].peer).direct.get();
+        taken = 0;
+      }
+      if (!direct || !direct->roomFor(direct->lastSerial() + ++taken)) {
         return false;
       }
     }
@@ -273,13 +278,17 @@ class CopyEngineP2pRunner : public P2pRunner {
     std::vector<CopyEngineDirect::Arrival> arrivals;
     std::vector<DirectPairStep> direct;
     InFlight flight;
-    for (const PairStep& step : steps) {
-      Pair& pair = pairOf(step.peer);
+    Pair* pair = nullptr;
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const PairStep& step = steps[i];
+      if (i == 0 || step.peer != steps[i - 1].peer) {  // a peer's steps are side by side (pairStepsOf)
+        pair = &pairOf(step.peer);
+      }
       const int me = rank_ < step.peer ? 0 : 1;
       DirectPairStep d;
       d.plan = pairPlanOf(step, me);
       try {
-        arrivals.push_back(pair.direct->arriveExchange(d.plan, info.timeout));
+        arrivals.push_back(pair->direct->arriveExchange(d.plan, info.timeout));
       } catch (const PeerRefusedPost& e) {
         failBatch(info.describe() + " failed: " +
                   refusalOf(step.peer, e.serial, directionsOf(step), pairRangesOf(d.plan)[1 - me], e.directions));
@@ -447,10 +456,7 @@ class CopyEngineP2pRunner : public P2pRunner {
       }
       Deferred& d = deferred_.front();
       if (const std::string why = whyNotPostedLocked(d); !why.empty()) {
-        // Never posted: no peer reads these buffers, which go back now.
-        if (d.completion) {
-          d.completion->fail(std::make_exception_ptr(C10_BUILD_ERROR(DistBackendError, "torch_sdma: " + why)));
-        }
+        failUnposted(d, why);
       } else {
         lock.unlock();
         postDeferred(d);
@@ -474,18 +480,22 @@ class CopyEngineP2pRunner : public P2pRunner {
     return "";
   }
 
+  // A deferred batch fails before its post: no peer reads its buffers, which go back now.
+  static void failUnposted(Deferred& d, const std::string& reason) {
+    if (d.completion) {
+      d.completion->fail(std::make_exception_ptr(C10_BUILD_ERROR(DistBackendError, "torch_sdma: " + reason)));
+    }
+  }
+
   void postDeferred(Deferred& d) {
     const std::vector<int> peers = d.refusal ? std::vector<int>{d.refusal->peer} : peersOf(d.steps);
     for (int peer : peers) {
       try {
         connectEager(peer, d.info);
       } catch (const std::exception& e) {
-        // Nothing posted: the buffers go back.
         const std::string reason = d.info.describe() + " failed while connecting the pair with group rank " +
                                    std::to_string(peer) + ": " + messageOf(e);
-        if (d.completion) {
-          d.completion->fail(std::make_exception_ptr(C10_BUILD_ERROR(DistBackendError, "torch_sdma: " + reason)));
-        }
+        failUnposted(d, reason);
         exitIfStreamsMayRunOn(reason);
         failGroup(d.failAt, reason);
         return;
@@ -504,7 +514,7 @@ class CopyEngineP2pRunner : public P2pRunner {
         posterWake_.wait_for(lock, std::chrono::milliseconds(5));
       }
       if (const std::string why = whyNotPostedLocked(d); !why.empty()) {
-        d.completion->fail(std::make_exception_ptr(C10_BUILD_ERROR(DistBackendError, "torch_sdma: " + why)));
+        failUnposted(d, why);
         return;
       }
     }
@@ -562,14 +572,14 @@ class CopyEngineP2pRunner : public P2pRunner {
   }
 
   static std::vector<int> peersOf(const std::vector<PairStep>& steps) {
+    // pairStepsOf puts a peer's steps side by side and the peers in pair order, the order of the batch's connects:
+    // a ring's connects then never wait in a cycle.
     std::vector<int> peers;
     for (const PairStep& step : steps) {
-      if (std::find(peers.begin(), peers.end(), step.peer) == peers.end()) {
+      if (peers.empty() || peers.back() != step.peer) {
         peers.push_back(step.peer);
       }
     }
-    // In pair order, as the batch's connects (p2p_batch.hpp): a ring's connects then never wait in a cycle.
-    std::sort(peers.begin(), peers.end());
     return peers;
   }
 
