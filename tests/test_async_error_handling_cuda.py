@@ -4,8 +4,8 @@ returns once its copies are enqueued; its watchdog finds the timeout afterwards,
 the call. Under the default the process names the failure on stderr and exits with status 75 before anything
 releases that wait, so the read queued after the call never runs; under TORCH_SDMA_ASYNC_ERROR_HANDLING=0 every rank
 gets an error (the early one from the group's next call) and later calls are refused. Both need the early rank's
-watchdog to act at the timeout, 1.5 s before the late rank calls: its read of the flags that name the peers may sit
-behind the failed call's wait on a shared hardware queue, and is given up on rather than waited for."""
+watchdog to act at the timeout, 1.5 s before the late rank calls, with nothing of the GPU's to wait on: it names the
+peers that never reached the call from their CPUs' posts (the call board, a direct call's mailbox)."""
 import os
 import shutil
 
@@ -22,7 +22,7 @@ SLACK_S = 8.0
 EXIT_STATUS = 75  # csrc/runner/async_error_exit.hpp
 # The watchdog's driver calls wait behind the main thread's blocking read of the failed call's output (a copy into
 # pageable memory, which waits for the peer): the copy-engine watchdog therefore polls a call's end through pinned
-# host memory and reads nothing of the GPU before it exits or describes a direct call.
+# host memory and reads nothing of the GPU before it exits or describes a call.
 
 
 @pytest.mark.parametrize("op", OPS)

@@ -68,7 +68,6 @@ void closeIpc(void* ptr);
 
 // A copy that runs on a DMA engine: device-to-device, local or into a peer's mapped memory.
 void copyAsync(void* dst, const void* src, size_t bytes, Stream stream);
-void copyToHostAsync(void* dst, const void* src, size_t bytes, Stream stream);
 void copyFromHostAsync(void* dst, const void* src, size_t bytes, Stream stream);
 
 // Stream memory operations: no kernel, no SM. A FlagOp either writes `value` to `flag` (after all prior work on

@@ -334,10 +334,6 @@ void copyAsync(void* dst, const void* src, size_t bytes, Stream stream) {
               " failed: ", cudaGetErrorString(err));
 }
 
-void copyToHostAsync(void* dst, const void* src, size_t bytes, Stream stream) {
-  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, raw(stream)), "cudaMemcpyAsync D2H");
-}
-
 void copyFromHostAsync(void* dst, const void* src, size_t bytes, Stream stream) {
   check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, raw(stream)), "cudaMemcpyAsync H2D");
 }

@@ -317,10 +317,6 @@ void copyAsync(void* dst, const void* src, size_t bytes, Stream stream) {
   check(hipMemcpyAsync(dst, src, bytes, deviceToDeviceKind(), raw(stream)), "hipMemcpyAsync");
 }
 
-void copyToHostAsync(void* dst, const void* src, size_t bytes, Stream stream) {
-  check(hipMemcpyAsync(dst, src, bytes, hipMemcpyDeviceToHost, raw(stream)), "hipMemcpyAsync D2H");
-}
-
 void copyFromHostAsync(void* dst, const void* src, size_t bytes, Stream stream) {
   check(hipMemcpyAsync(dst, src, bytes, hipMemcpyHostToDevice, raw(stream)), "hipMemcpyAsync H2D");
 }

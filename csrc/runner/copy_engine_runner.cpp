@@ -39,9 +39,6 @@ constexpr auto kPollInterval = std::chrono::milliseconds(5);
 // "Failures"): the peers' lanes may be waiting for this rank's release.
 constexpr auto kIdlePoll = std::chrono::milliseconds(50);
 
-// How long the watchdog waits for a read of the flags to land before it describes a failure without them: the read
-// may sit behind the very wait that failed (CopyEngineTransport::readFlags). A landed read takes microseconds.
-constexpr auto kFlagReadLimit = std::chrono::milliseconds(50);
 // Before a collective has been pending this long, peers are not checked for liveness (it costs syscalls).
 constexpr auto kLivenessCheckAfter = std::chrono::milliseconds(1000);
 // Staging grows in powers of two from here, so a group connects a handful of times at most.
@@ -694,49 +691,30 @@ bool CopyEngineRunner::ended(const InFlight& call) const {
 }
 
 std::string CopyEngineRunner::describeFailure(const InFlight& stuck, const std::string& cause) {
-  // Measured before the flags are read, which may take up to kFlagReadLimit.
   const auto waited =
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - stuck.enqueuedAt);
-  // The flags are read only where nothing else says who reached the call (staging) and the process goes on: the
-  // read's driver calls may wait behind another thread's blocking read of the failed call's output, which waits for
-  // the peers, and the exit or the failure would come only once they came. On the direct path the peers' posts say
-  // who reached it.
-  const bool readsFlags = !exitsOnAsyncError() && stuck.directSerial == 0;
-  const auto reached = readsFlags ? stuck.transport->readFlags(stuck.reached, kFlagReadLimit) : std::nullopt;
-  const auto finished = reached ? stuck.transport->readFlags(stuck.finished, kFlagReadLimit) : std::nullopt;
-  const int slots = stuck.transport->geometry().slots;
-  std::vector<int> neverArrived, stalled;
-  bool flagsUnread = false;
+  // Who reached the call is read from the peers' CPUs, never from the GPU: a read of the flags (driver calls) may wait
+  // behind another thread's blocking read of the failed call's output, which waits for the peers, and the exit or the
+  // failure would come only once they came. A direct call's peers post in its mailbox before their streams signal
+  // anything; every call posts on the call board first. Which peers stalled inside it is not read.
+  std::vector<int> neverArrived;
   if (stuck.lastSerial != stuck.firstSerial - 1) {
     for (int q = 0; q < size_; ++q) {
       if (q == rank_) {
         continue;
       }
-      // On the direct path a peer's CPU posts before its stream can signal anything: what it posted says whether it
-      // reached the collective, even where its stream has not got there yet (and also where the flags are unread).
-      std::optional<bool> arrived;
-      if (stuck.directSerial != 0) {
-        arrived = direct_->peerReached(q, stuck.directSerial);
-      } else if (reached) {
-        arrived = flagReached((*reached)[q * slots + stuck.slotOf(stuck.firstSerial, slots)], stuck.firstSerial);
-      }
-      if (arrived && !*arrived) {
+      const bool arrived = stuck.directSerial != 0 ? direct_->peerReached(q, stuck.directSerial)
+                           : stuck.info.board      ? stuck.info.board->reached(q, stuck.info.seq)
+                                                   : true;
+      if (!arrived) {
         neverArrived.push_back(groupRankOf(q));
-      } else if (!arrived || !finished) {
-        flagsUnread = true;
-      } else if (!flagReached((*finished)[q * slots + stuck.slotOf(stuck.lastSerial, slots)], stuck.lastSerial)) {
-        stalled.push_back(groupRankOf(q));
       }
     }
   }
   std::ostringstream why;
   why << stuck.info.describe() << " " << cause << " after " << waited.count()
       << " ms; peers that never reached it: " << rankList(neverArrived)
-      << "; peers that stalled inside it: " << rankList(stalled);
-  if (flagsUnread) {
-    why << (readsFlags ? " (not all known: the read of this rank's flags sat behind a wait on its GPU)"
-                       : " (which peers stalled inside it is not read from the GPU here)");
-  }
+      << " (which peers stalled inside it is not read from the GPU)";
   if (hierarchy_) {
     why << " (of this node; the gathers between nodes run on the NCCL of " << hierarchy_->railName()
         << ", whose own watchdog reports a rank missing there)";

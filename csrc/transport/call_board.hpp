@@ -263,6 +263,12 @@ class CallBoard {
     return {};
   }
 
+  // Whether `member` reached `seq`: its post for it is there, or it went past it (it overwrites the post only after
+  // every peer read it). For a watcher, from any thread, at any time.
+  bool reached(int member, uint64_t seq) const {
+    return postOf(member, seq).has_value() || headers_[member].readUpTo.load(std::memory_order_acquire) >= seq;
+  }
+
   // Every peer went past `seq`: each saw this rank's post or this rank saw its, and both were alike.
   bool settled(uint64_t seq) const {
     for (int q = 0; q < size_; ++q) {

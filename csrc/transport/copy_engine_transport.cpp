@@ -81,9 +81,6 @@ CopyEngineTransport::CopyEngineTransport(int rank, int size, int device, const S
   const size_t words = kFlagKinds * static_cast<size_t>(size) * geometry.slots;
   flagBytes_ = roundUp(words * sizeof(uint32_t), kPageBytes);
   service_ = gpu::createStream();
-  readback_ =
-      at::empty({static_cast<int64_t>(size) * geometry.slots}, at::TensorOptions().dtype(at::kInt).pinned_memory(true));
-  readbackDone_ = gpu::createEvent();
   laneJoin_ = gpu::createEvent();
   laneFork_ = gpu::createEvent();
 }
@@ -165,12 +162,6 @@ CopyEngineTransport::~CopyEngineTransport() {
     }
     gpu::freeDevice(base_);
   }
-  if (readbackPending_ && !gpu::eventDone(readbackDone_)) {
-    // The copy still lands there once the wait ahead of it is satisfied: the pinned buffer must not go back to the
-    // allocator's cache, where another tensor would get it.
-    (void)new at::Tensor(std::move(readback_));
-  }
-  gpu::destroyEvent(readbackDone_);
   gpu::destroyEvent(laneJoin_);
   gpu::destroyEvent(laneFork_);
   gpu::destroyStream(service_);
@@ -381,27 +372,6 @@ void CopyEngineTransport::joinLane(Lane into, Lane from) {
   if (into == Lane::Drain) {
     pushUnjoined_ = false;
   }
-}
-
-std::optional<std::vector<uint32_t>> CopyEngineTransport::readFlags(Flag flag, std::chrono::milliseconds limit) {
-  std::lock_guard<std::mutex> lock(readbackMutex_);
-  if (readbackPending_ && !gpu::eventDone(readbackDone_)) {
-    return std::nullopt;  // the last read still sits behind a wait, and a new one would land after it
-  }
-  readbackPending_ = false;
-  const size_t words = static_cast<size_t>(size_) * geometry_.slots;
-  auto* landed = static_cast<uint32_t*>(readback_.data_ptr());
-  gpu::copyToHostAsync(landed, base_ + flagIndex(flag, 0, 0) * sizeof(uint32_t), words * sizeof(uint32_t), service_);
-  gpu::recordEvent(readbackDone_, service_);
-  const auto until = std::chrono::steady_clock::now() + limit;
-  while (!gpu::eventDone(readbackDone_)) {
-    if (std::chrono::steady_clock::now() > until) {
-      readbackPending_ = true;
-      return std::nullopt;
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
-  }
-  return std::vector<uint32_t>(landed, landed + words);
 }
 
 void CopyEngineTransport::writeFlagsFrom(char* flags, int src, uint32_t value, bool besideStreams) {

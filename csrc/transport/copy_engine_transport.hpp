@@ -77,11 +77,6 @@ class CopyEngineTransport : public Transport, public DirectTransport {
   // (an event of the hierarchical schedule's gathers) comes after them.
   gpu::Stream laneStream(Lane lane);
 
-  // For the watchdog, on a private stream: the flags of a kind peers wrote here, flags[src][slot]; nothing where the
-  // copy has not landed within `limit`. That stream may share a hardware queue with a lane waiting on those very flags,
-  // and then runs only once the wait is satisfied: a read that blocked would hold the watchdog until the late peer
-  // comes, so that the timeout is acted on only after the stream ran on (or never, where the peer never comes).
-  std::optional<std::vector<uint32_t>> readFlags(Flag flag, std::chrono::milliseconds limit);
   // The release of a failed group (docs/design.md, "Failures"), synchronous on a private stream. Sets every flag word
   // `peer` waits on from this rank, in the peer's memory, to `value`: only once both have failed and this rank's
   // lanes have run out.
@@ -130,12 +125,6 @@ class CopyEngineTransport : public Transport, public DirectTransport {
   gpu::Stream lanes_[2] = {nullptr, nullptr};
   std::vector<gpu::FlagOp> pendingFlags_[2];
   gpu::Stream service_ = nullptr;
-  // readFlags' landing place (pinned, so that the copy does not hold the calling thread) and its end; a read that did
-  // not land keeps both until it does, since the copy still writes there.
-  std::mutex readbackMutex_;
-  at::Tensor readback_;
-  gpu::Event readbackDone_ = nullptr;
-  bool readbackPending_ = false;
   gpu::Event laneJoin_ = nullptr;
   // The peer lanes bound for this collective: streams, whether each has forked from the Push lane since the last
   // fork point, and each one's collected flag operations.

@@ -109,8 +109,8 @@ def check_errors_on_every_rank(res, ops, timeout_s, slack_s, returned_exact):
     The late rank too gets an error, not a late completion: the early rank's watchdog publishes its failure mark at
     the timeout, 1.5 s before the late rank calls, and every call's enqueue reads the marks first, so the late call
     is refused. That holds only while the watchdog waits on nothing of the GPU's between finding the timeout and
-    publishing it (docs/design.md, "The exit"): once its flag read sat behind the failed call's wait, the mark came
-    after the late rank's call had gone through, and that rank got no error from it or from its next call.
+    publishing it (docs/design.md, "The exit"): a read of the GPU's flags there sits behind the failed call's wait,
+    the mark then comes after the late rank's call went through, and that rank gets no error from it or its next call.
     `returned_exact`: a call that returned holds the right bytes (a CPU call returns only complete)."""
     problems = []
     for r in res.ranks:
