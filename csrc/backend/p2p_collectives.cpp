@@ -52,12 +52,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::recvAnysource(std::vector<at::T
   // A send of these bytes takes the DMA path, where a recv names its peer (the pair's mailbox): it would never meet a
   // recv from any source on the inner backend, and both would wait out the group's timeout. Refused at once, as NCCL
   // refuses it.
+  // The inner backend of CUDA tensors (NCCL, RCCL) refuses it as well, so there the only way is a named source.
   const CollectivePath route = p2pRoute(tensors[0]);
   TORCH_CHECK_NOT_IMPLEMENTED(
       !route.isDma(), "torch_sdma: recv without a source (recv_anysource) on group '", options_.groupName,
-      "': a send of ", bytesOf(tensors[0]),
-      " bytes takes the DMA path, which matches a recv with the rank it names; pass src=, or set "
-      "TORCH_SDMA_DELEGATE=send,recv on every rank to hand both to the inner backend, which receives from any source");
+      "': a send of ", bytesOf(tensors[0]), " bytes takes the DMA path, which matches a recv with the rank it names; ",
+      tensors[0].is_cuda() ? "pass src= (the inner NCCL refuses a recv without a source too)"
+                           : "pass src=, or set TORCH_SDMA_DELEGATE=send,recv on every rank to hand both to the inner "
+                             "backend (gloo), which receives from any source");
   return delegateP2p(kRecvAnysource, {kRecvAnysource, kNoTensors, tensors}, tensors,
                      [&](c10d::Backend& b) { return b.recvAnysource(tensors, tag); });
 }

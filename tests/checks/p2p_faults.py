@@ -126,9 +126,9 @@ def refused_batch_body(ctx, slack_s=SLACK_S):
 
 
 def any_source_body(ctx, slack_s=SLACK_S):
-    """Rank 1 receives without a source while rank 0 sends: on the DMA path the recv is refused at once, naming the
-    knob that hands both to the inner backend, and the send still meets the recv from 0 that follows; with
-    TORCH_SDMA_DELEGATE=send,recv the recv from any source gets the bytes and names its source."""
+    """Rank 1 receives without a source while rank 0 sends: the recv either gets the bytes and names its source
+    (gloo) or is refused at once with its buffer unwritten (the DMA path, NCCL), and then the send meets the recv from
+    0 that follows. Returns (refusal, seconds to it, source, TORCH_SDMA_DELEGATE)."""
     import os
 
     torch.set_num_threads(1)
