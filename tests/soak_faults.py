@@ -27,8 +27,9 @@ faults (CPU_FAULTS, GPU_FAULTS; the seed picks one per episode, the rank and the
     exit_in_flight  the rank issues an async call and exits (os._exit) with it in flight
     sigkill         the rank issues an async call and is killed by SIGKILL
     graph_destroy   (GPU) a CUDA graph of all-gathers is replayed and the group destroyed with the replay in flight
-The faults of point-to-point calls and exchanges (CPU; on GPUs only where --only names them), made at the call on
-both ranks, each with its own checks besides the rules below:
+The faults of point-to-point calls and exchanges (CPU; on GPUs only where --only names them, and but for refused_local
+always on the direct path, since off it CUDA point-to-point ops and exchanges go to NCCL), made at the call on both
+ranks, each with its own checks besides the rules below:
     p2p_size_mismatch  the rank sends n + 1 bytes where its peer receives n, by a lone isend/irecv or inside a
                     batch_isend_irecv of both directions: both ranks raise within the timeout plus SLACK_S
     send_meets_send both ranks isend, then irecv (a halo exchange posted send-first on both): right bytes on both or
@@ -41,8 +42,9 @@ both ranks, each with its own checks besides the rules below:
     refused_local   the rank's all_to_all_single (split sizes that do not sum to its input) or
                     all_gather_into_tensor (an output one byte too large) is refused on its own arguments; its
                     script catches the error and makes an all-gather: the refusal is the local ValueError or
-                    RuntimeError, the peer's call fails naming the refusing rank, and the next all-gather raises on
-                    both ranks with its output unwritten
+                    RuntimeError, the peer's call fails naming the refusing rank (on GPUs it may return first,
+                    its output undefined), and the next all-gather raises on both ranks with its output unwritten,
+                    naming the refusing rank where the peer's call returned
 After any of these fails the group, no later call of it returns on that rank (nothing pairs with a peer's other
 call).
 Checked on every rank that lives: every call returned bit-exact bytes or raised (on GPU, where a failure may surface
@@ -146,9 +148,16 @@ def pick_episode(seed, episode, faults, calls):
 
 def fit_to_device(fault, device):
     """The fault as it can run on `device`: off the direct path a CUDA broadcast goes to NCCL, which refuses two
-    ranks on one GPU."""
-    if fault["kind"] == "other_call" and device == "cuda" and os.environ.get("SDMA_TEST_SHARE_GPU") == "1":
+    ranks on one GPU; and so do CUDA point-to-point ops and exchanges, whose faults then meet NCCL's own rules (no
+    size check, a send that meets a send waits until its watchdog aborts the process), not the copy engines'. A call
+    refused on one rank's arguments fails its peers' call on any path (the call board carries the refusal), so that
+    fault keeps both."""
+    if device != "cuda":
+        return fault
+    if fault["kind"] == "other_call" and os.environ.get("SDMA_TEST_SHARE_GPU") == "1":
         return dict(fault, direct=True, inner_allgathers=False)
+    if fault["kind"] in EXCHANGE_FAULTS and fault["kind"] != "refused_local":
+        return dict(fault, direct=True)
     return fault
 
 
@@ -491,7 +500,10 @@ def episode_body(ctx, seed, episode, fault, calls, timeout_s, device_kind, mix=F
                     out = torch.full((2 * n + 1,), POISON, dtype=torch.uint8, device=device)
                     start = lambda: dist.all_gather_into_tensor(out, inp)  # noqa: E731
             dt, err = timed(start)
-            record(c, what, out, expected, dt, err, must_raise=True)
+            # A GPU call returns once enqueued: the peer's may return before the refusal is posted, its output
+            # undefined; the refusal then fails its group, and the next all-gather below raises naming it.
+            returns_early = device.type == "cuda" and not faulted
+            record(c, what, out, None if returns_early else expected, dt, err, must_raise=not returns_early)
             if err is not None and faulted and not err.startswith(("ValueError", "RuntimeError")):
                 violations.append(f"{what}: the refusal is not the local error: {err[:300]}")
             if err is not None and not faulted and (f"group rank {refuser}" not in err or "refused" not in err):
@@ -505,6 +517,9 @@ def episode_body(ctx, seed, episode, fault, calls, timeout_s, device_kind, mix=F
                 violations.append(f"{what}: the next all-gather returned without error")
             except Exception as ex:  # noqa: BLE001
                 outcomes.append(_first_line(ex))
+                if err is None and f"group rank {refuser}" not in str(ex):
+                    violations.append(f"{what}: returned, and the next all-gather's error does not name the "
+                                      f"refusing rank: {str(ex)[:300]}")
             if bool((nxt != POISON).any()):
                 violations.append(f"{what}: the next all-gather, which raised, wrote {int((nxt != POISON).sum())} "
                                   f"bytes of its output")
