@@ -2,7 +2,8 @@
 one rank posts another call (another collective, another route, another size, 0 bytes included), at least one rank
 finds it when it posts (and refuses the call, so it completes nowhere), every other rank's watcher finds it
 afterwards, all in the same words, and a rank that goes on is stopped by the refusing rank's failure mark; when all
-agree, nothing ever reports another call, also while posts are reused under the watchers' reads. Ring depths from 1
+agree, nothing ever reports another call, also while posts are reused under the watchers' reads, and whether a peer
+reached a call (what the watchdog names late peers by) is answered right throughout. Ring depths from 1
 (a rank waits for its peers at every call) to 16 (tests/cpp/call_board_stress.cpp)."""
 import subprocess
 

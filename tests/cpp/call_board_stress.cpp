@@ -13,7 +13,9 @@
 // - a rank that goes on posting past it while the refusing rank stopped is stopped by the refuser's failure mark once
 //   the ring makes it wait, long before the timeout.
 // Agreeing run (MISMATCH=0): every rank posts every call while a second thread per rank reads the peers' recent
-// posts the way a watcher does, racing their reuse; neither may ever report another call.
+// posts the way a watcher does, racing their reuse; neither may ever report another call. The same thread asks
+// whether a peer reached a sequence number (reached(), what a watchdog names peers by): yes for every number the peer
+// had posted, also once the ring reused its post, and never for one past the number it was posting.
 // Usage: call_board_stress W TRIALS CALLS DEPTH SEED MISMATCH; prints "... ok" and exits 0 on success.
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -24,6 +26,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <random>
 #include <string>
 #include <thread>
@@ -219,12 +222,23 @@ bool agreeingRun(int W, int calls, int depth, unsigned seed) {
     return false;
   }
   memset(mem, 0, boardBytes);
+  // Each rank's last posted sequence number, beside the board, for the reached() checks.
+  auto* postedOf = static_cast<std::atomic<uint64_t>*>(
+      mmap(nullptr, sizeof(std::atomic<uint64_t>) * W, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  if (postedOf == MAP_FAILED) {
+    perror("mmap");
+    return false;
+  }
+  for (int q = 0; q < W; ++q) {
+    new (&postedOf[q]) std::atomic<uint64_t>(0);
+  }
   for (int r = 0; r < W; ++r) {
     if (fork() == 0) {
       CallBoard board(mem, r, W, depth);
-      std::atomic<uint64_t> posted{0};
+      std::atomic<uint64_t>& posted = postedOf[r];
       std::atomic<bool> done{false};
       std::atomic<uint64_t> falseMismatches{0};
+      std::atomic<uint64_t> wrongReached{0};
       // The watcher's reads race the peers' reuse of their posts: a torn read must count as gone, never as a call.
       std::thread watcher([&] {
         std::mt19937 rng(seed * 7 + r);
@@ -236,6 +250,17 @@ bool agreeingRun(int W, int calls, int depth, unsigned seed) {
           const uint64_t s = upTo - std::min<uint64_t>(upTo - 1, rng() % (2 * uint64_t(depth)));
           if (board.differing(s, callAt(s))) {
             falseMismatches.fetch_add(1);
+          }
+          const int q = static_cast<int>(rng() % W);
+          if (q == r) {
+            continue;
+          }
+          const uint64_t before = postedOf[q].load();
+          const uint64_t asked = 1 + rng() % (before + 3);
+          const bool reached = board.reached(q, asked);
+          // A peer that posted `asked` reached it; one still posting before() + 1 may show it, but never a later one.
+          if ((asked <= before && !reached) || (reached && asked > postedOf[q].load() + 1)) {
+            wrongReached.fetch_add(1);
           }
         }
       });
@@ -263,10 +288,16 @@ bool agreeingRun(int W, int calls, int depth, unsigned seed) {
                 static_cast<unsigned long long>(falseMismatches.load()));
         ok = false;
       }
+      if (wrongReached.load() != 0) {
+        fprintf(stderr, "rank %d: reached() answered wrongly %llu times\n", r,
+                static_cast<unsigned long long>(wrongReached.load()));
+        ok = false;
+      }
       _exit(ok ? 0 : 1);
     }
   }
   const bool ok = forkedRanksSucceeded(W);
+  munmap(postedOf, sizeof(std::atomic<uint64_t>) * W);
   munmap(mem, boardBytes);
   return ok;
 }
