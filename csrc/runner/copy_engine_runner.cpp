@@ -509,9 +509,6 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::enqueueArrived(CopyEngineDirect
   inFlight.info = info;
   inFlight.firstSerial = inFlight.lastSerial = serial;
   inFlight.directSerial = arrival.serial;
-  inFlight.reached = Flag::Arrived;
-  inFlight.finished = Flag::Done;
-  inFlight.flagSlot = 0;
   inFlight.holds = std::move(arrival.holds);
   return track(std::move(operands), asyncOp, drain, std::move(inFlight), lock);
 }

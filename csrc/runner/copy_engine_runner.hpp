@@ -85,16 +85,7 @@ class CopyEngineRunner : public CollectiveRunner {
     // from what each peer posted. What the peers posted on the group's call board is read through `info`.
     uint64_t directSerial = 0;
     std::chrono::steady_clock::time_point enqueuedAt;
-    uint32_t endedSerial = 0;  // what its Drain lane writes into endedHost_ once it ended
-    // A peer has reached the collective when its `reached` flag for firstSerial is there, and finished it when its
-    // `finished` flag for lastSerial is: READY of the first and last chunk through staging, ARRIVED and DONE direct.
-    Flag reached = Flag::Ready;
-    Flag finished = Flag::Ready;
-    int flagSlot = -1;  // the slot of those flags: a serial's (staging), or always this one (direct: 0)
-
-    int slotOf(uint32_t serial, int slots) const {
-      return flagSlot >= 0 ? flagSlot : static_cast<int>(serial & static_cast<uint32_t>(slots - 1));
-    }
+    uint32_t endedSerial = 0;                  // what its Drain lane writes into endedHost_ once it ended
     std::vector<std::shared_ptr<void>> holds;  // the direct path's mappings of peers' buffers and its bounce area
 
     std::chrono::steady_clock::time_point deadline() const {
@@ -164,7 +155,7 @@ class CopyEngineRunner : public CollectiveRunner {
                                        std::unique_lock<std::mutex>& lock);
 
   void watchdogLoop();
-  // Why `stuck` failed, naming the peers that never reached it or stalled inside it.
+  // Why `stuck` failed, naming the peers that never reached it.
   std::string describeFailure(const InFlight& stuck, const std::string& cause);
   // Fails the group (docs/design.md, "Failures"), with mutex_ held: refuses every later call, sets an error on every
   // call in flight (their tensors stay until their lanes run out), then publishes the failure to the peers.
