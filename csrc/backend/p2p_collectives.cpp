@@ -51,8 +51,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::recvAnysource(std::vector<at::T
   TORCH_CHECK_VALUE(tensors.size() == 1, "torch_sdma: recv takes exactly one tensor, got ", tensors.size());
   // A send of these bytes takes the DMA path, where a recv names its peer (the pair's mailbox): it would never meet a
   // recv from any source on the inner backend, and both would wait out the group's timeout. Refused at once, as NCCL
-  // refuses it.
-  // The inner backend of CUDA tensors (NCCL, RCCL) refuses it as well, so there the only way is a named source.
+  // refuses it; for CUDA tensors the inner backend (NCCL, RCCL) refuses it as well, so a named source is the only way.
   const CollectivePath route = p2pRoute(tensors[0]);
   TORCH_CHECK_NOT_IMPLEMENTED(
       !route.isDma(), "torch_sdma: recv without a source (recv_anysource) on group '", options_.groupName,
