@@ -118,3 +118,53 @@ def test_inner_allgather_that_differs_is_named_on_every_rank(late):
                          kwargs={"case": "all_reduce", "warm": True, "late": late},
                          env={"TORCH_SDMA_MIN_BYTES": "1M"}, cuda=True)
     assert_named_on_every_rank(values, "all_reduce", 3, late)
+
+
+def refused_exchange_body(ctx, warm):
+    """Rank 1's all_to_all_single is refused on its own arguments (input splits past its input) while rank 0 makes a
+    valid one; with `warm`, after an all_to_all_single of both, which connected NCCL's pairs."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    dev, n = ctx.device, 1024
+    inp = torch.arange(2 * n, dtype=torch.int32, device=dev) + 7 * ctx.rank
+    out = torch.full((2 * n,), -1, dtype=torch.int32, device=dev)
+    if warm:
+        dist.all_to_all_single(out, inp)
+        torch.cuda.synchronize(dev)
+    ctx.barrier_store("refused-exchange")
+    t0 = time.monotonic()
+    try:
+        if ctx.rank == 1:
+            dist.all_to_all_single(out, inp, [n, n], [n, n + 1])
+        else:
+            dist.all_to_all_single(out, inp, [n, n], [n, n])
+        torch.cuda.synchronize(dev)
+        err = None
+    except Exception as e:  # noqa: BLE001
+        err = f"{type(e).__name__}: {e}"
+    elapsed, next_err = time.monotonic() - t0, None
+    if err is None:  # an enqueued NCCL call fails afterwards: the group's next call says so
+        try:
+            dist.all_to_all_single(out, inp)
+            torch.cuda.synchronize(dev)
+        except Exception as e:  # noqa: BLE001
+            next_err = f"{type(e).__name__}: {e}"
+    return {"error": err, "elapsed": elapsed, "next_error": next_err}
+
+
+# Off the direct path NCCL runs the exchange, and connects a pair at its first use inside the call, on the caller's CPU,
+# waiting for the peer there: a peer that refused its call must still fail this rank's at once, in the board's words.
+@pytest.mark.parametrize("warm", [False, True])
+def test_delegated_exchange_refused_on_a_peer_fails_at_once(warm):
+    if SHARE_GPU:
+        pytest.skip("NCCL refuses two ranks on one GPU")
+    v0, v1 = run_mistake(refused_exchange_body, "cpu:gloo,cuda:sdma", kwargs={"warm": warm},
+                         env={"TORCH_SDMA_DIRECT": "0", "TORCH_SDMA_ASYNC_ERROR_HANDLING": "0"}, cuda=True)
+    assert v1["error"] is not None and v1["error"].startswith(("ValueError", "RuntimeError")), v1
+    # Cold, rank 0 meets the refusal on the board before NCCL's connect; warm, its watcher fails the enqueued call.
+    words = v0["error"] if not warm else (v0["error"] or v0["next_error"])
+    assert words is not None and "group rank 1 refused" in words, v0
+    assert v0["elapsed"] < PG_TIMEOUT_S + SLACK_S, v0

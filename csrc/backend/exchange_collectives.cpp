@@ -85,6 +85,26 @@ CollectivePath ProcessGroupSDMA::exchangeRoute(const PlannedExchange& planned, C
   return CollectivePath::dma(CollectivePath::kDirect);
 }
 
+bool ProcessGroupSDMA::usesNewInnerDirections(const PlannedExchange& planned) const {
+  const ExchangePlan& p = planned.plan;
+  for (size_t q = 0; q < p.sendTo.size(); ++q) {
+    const uint8_t used = q < innerCudaDirectionsUsed_.size() ? innerCudaDirectionsUsed_[q] : 0;
+    if (static_cast<int>(q) != getRank() &&
+        ((p.sendTo[q].bytes > 0 && !(used & 1)) || (p.recvFrom[q].bytes > 0 && !(used & 2)))) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void ProcessGroupSDMA::markInnerDirectionsUsed(const PlannedExchange& planned) {
+  const ExchangePlan& p = planned.plan;
+  innerCudaDirectionsUsed_.resize(p.sendTo.size(), 0);
+  for (size_t q = 0; q < p.sendTo.size(); ++q) {
+    innerCudaDirectionsUsed_[q] |= (p.sendTo[q].bytes > 0 ? 1 : 0) | (p.recvFrom[q].bytes > 0 ? 2 : 0);
+  }
+}
+
 template <typename InnerCall>
 c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::exchangeCollective(const CollectiveNames& names, c10d::OpType opType,
                                                                     PlannedExchange planned,
@@ -124,7 +144,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::exchangeCollective(const Collec
     }
     path = device.runner ? device.runner->pathFor(planned) : device.decided;
   } else {
-    postCall(info, /*awaitPeers=*/false);
+    // NCCL runs every exchange but broadcast as sends and receives, and connects a direction with a peer at its first
+    // use inside the call, on this CPU, waiting there for the peer: a peer that refused the call on its own arguments
+    // or made another would hold this rank there, out of every watcher's sight. Such a call meets the posts first.
+    postCall(info, /*awaitPeers=*/cuda && !planned.broadcast && usesNewInnerDirections(planned));
   }
   recordOpPath(names.stats, planned.device, path.key(), bytes);
   if (path.isDma()) {
@@ -134,6 +157,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::exchangeCollective(const Collec
   auto& inner = innerFor(planned.device, names.stats);
   return runTraced(traceGroup_, getGroupDesc(), info.seq, traced, [&] {
     auto work = watchDelegated(info, inner, innerCall(*inner));
+    if (cuda && !planned.broadcast) {
+      markInnerDirectionsUsed(planned);
+    }
     return inner == innerCuda_ ? work : trackCoalesced(work);
   });
 }

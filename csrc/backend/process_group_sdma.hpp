@@ -181,6 +181,10 @@ class ProcessGroupSDMA : public c10d::Backend {
                                                     InnerCall&& innerCall);
   // From what every rank passes alike: the inner backend and why, or the DMA path (the runner may still say no).
   CollectivePath exchangeRoute(const PlannedExchange& planned, CallOp op) const;
+  // Whether the delegated CUDA exchange `planned` sends to or receives from a peer in a direction no earlier one used
+  // (innerCudaDirectionsUsed_), and marks them once its inner call returned.
+  bool usesNewInnerDirections(const PlannedExchange& planned) const;
+  void markInnerDirectionsUsed(const PlannedExchange& planned);
   // TORCH_SDMA_DELEGATE names the op (all_to_all covers both forms).
   bool delegatedByKnob(CallOp op) const;
   bool delegatedByName(const std::string& name) const;
@@ -296,6 +300,9 @@ class ProcessGroupSDMA : public c10d::Backend {
 
   DevicePath cudaPath_;
   DevicePath hostPath_;
+  // Per peer: a delegated CUDA exchange of this rank already sent to it (bit 0), received from it (bit 1). NCCL
+  // connects such a direction at its first use, on the caller's CPU, and waits there for the peer.
+  std::vector<uint8_t> innerCudaDirectionsUsed_;
 
   bool coalescing_ = false;
   std::vector<P2pOp> p2pBatch_;                       // a coalescing block's point-to-point on the DMA path
