@@ -32,6 +32,11 @@ struct PairStep {
 // (lo, hi) ascending: connecting the pairs in that order on every rank never waits in a cycle.
 std::vector<PairStep> pairStepsOf(const std::vector<P2pOp>& ops, int rank);
 
+// Whether steps[i] opens its peer's run of steps (pairStepsOf puts a peer's steps side by side).
+inline bool opensPeerRun(const std::vector<PairStep>& steps, size_t i) {
+  return i == 0 || steps[i].peer != steps[i - 1].peer;
+}
+
 // The tensors of a batch's steps: what its Work returns (every recv) and what its copies touch (every send and recv).
 struct StepTensors {
   std::vector<at::Tensor> outputs;

@@ -235,11 +235,11 @@ class CopyEngineP2pRunner : public P2pRunner {
     if (!deferred_.empty() || !lanesHaveRoomLocked()) {
       return false;
     }
-    // A peer's steps are side by side (pairStepsOf): the serials they take are counted along each run of them.
+    // The serials a peer's steps take are counted along its run of them.
     const CopyEngineDirect* direct = nullptr;
     uint64_t taken = 0;
     for (size_t i = 0; i < steps.size(); ++i) {
-      if (i == 0 || steps[i].peer != steps[i - 1].peer) {
+      if (opensPeerRun(steps, i)) {
         direct = pairs_.at(steps[i].peer).direct.get();
         taken = 0;
       }
@@ -281,7 +281,7 @@ class CopyEngineP2pRunner : public P2pRunner {
     Pair* pair = nullptr;
     for (size_t i = 0; i < steps.size(); ++i) {
       const PairStep& step = steps[i];
-      if (i == 0 || step.peer != steps[i - 1].peer) {  // a peer's steps are side by side (pairStepsOf)
+      if (opensPeerRun(steps, i)) {
         pair = &pairOf(step.peer);
       }
       const int me = rank_ < step.peer ? 0 : 1;
@@ -575,9 +575,9 @@ class CopyEngineP2pRunner : public P2pRunner {
     // pairStepsOf puts a peer's steps side by side and the peers in pair order, the order of the batch's connects:
     // a ring's connects then never wait in a cycle.
     std::vector<int> peers;
-    for (const PairStep& step : steps) {
-      if (peers.empty() || peers.back() != step.peer) {
-        peers.push_back(step.peer);
+    for (size_t i = 0; i < steps.size(); ++i) {
+      if (opensPeerRun(steps, i)) {
+        peers.push_back(steps[i].peer);
       }
     }
     return peers;
