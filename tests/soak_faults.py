@@ -31,14 +31,17 @@ The faults of point-to-point calls and exchanges (CPU; on GPUs only where --only
 always on the direct path, since off it CUDA point-to-point ops and exchanges go to NCCL), made at the call on both
 ranks, each with its own checks besides the rules below:
     p2p_size_mismatch  the rank sends n + 1 bytes where its peer receives n, by a lone isend/irecv or inside a
-                    batch_isend_irecv of both directions: both ranks raise within the timeout plus SLACK_S
+                    batch_isend_irecv of both directions: both ranks raise within the timeout plus SLACK_S (on
+                    GPUs the rank whose watchdog finds the peer's post may return first, its output undefined, and
+                    a later call of the group raises)
     send_meets_send both ranks isend, then irecv (a halo exchange posted send-first on both): right bytes on both or
                     an error on both, within the timeout plus SLACK_S
     p2p_backlog     the rank isends 50 to 200 buffers before its peer, asleep for part of the timeout, posts the
                     irecvs; then an all-gather: every one bit-exact, no call of the episode raises
     late_sync_exchange  the rank reaches a synchronous all_to_all_single, broadcast, scatter or gather later than
-                    the timeout: the early rank's call raises (on CPU, from the call), naming the late rank; the
-                    late rank gets the right bytes or a refusal
+                    the timeout: the early rank's call raises (on CPU, from the call), naming the late rank, or
+                    (on GPUs) returns with its output undefined and a later call of the group raises; the late
+                    rank gets the right bytes or a refusal
     refused_local   the rank's all_to_all_single (split sizes that do not sum to its input) or
                     all_gather_into_tensor (an output one byte too large) is refused on its own arguments; its
                     script catches the error and makes an all-gather: the refusal is the local ValueError or
@@ -396,16 +399,28 @@ def episode_body(ctx, seed, episode, fault, calls, timeout_s, device_kind, mix=F
         except Exception as e:  # noqa: BLE001
             return time.monotonic() - t0, _full_error(e)
 
-    def record(c, what, out, expected, dt, err, must_raise=False, limit_s=timeout_s + SLACK_S):
-        """The fault's call on this rank: its outcome, its bytes where it returned, canaries where it raised."""
+    def record(c, what, out, expected, dt, err, must_raise=False, limit_s=timeout_s + SLACK_S, fails_later=False):
+        """The fault's call on this rank: its outcome, its bytes where it returned, canaries where it raised.
+        `fails_later`: a GPU call whose failure may be found after it returned (a peer's post read by the watchdog,
+        a timeout): under TORCH_SDMA_ASYNC_ERROR_HANDLING=0 its output is undefined and the group's next call says
+        so, so there it may return with wrong bytes, or without the error `must_raise` wants, if a later call raises."""
         fault_result.update(what=what, seconds=round(dt, 2), error=err)
+        later = fails_later and device.type == "cuda"
         if err is None:
             outcomes.append("ok")
             if must_raise:
-                violations.append(f"{what}: returned without error")
+                found = f"{what}: returned without error"
+                if later:
+                    suspects.append((c, len(outcomes), found))
+                else:
+                    violations.append(found)
             if expected is not None:
                 fault_result["exact"] = torch.equal(out.cpu(), expected.cpu())
-                check(out, expected, what)
+                check(out, expected, what, call=c if later else None)
+            # Returned, failed or not: nothing may write into its output from now on (a late peer's copies above
+            # all, once a timeout released this rank).
+            out.fill_(CANARY)
+            done_outputs.append((c, out))
             return
         outcomes.append(err.splitlines()[0][:300])
         if dt > limit_s:
@@ -431,8 +446,9 @@ def episode_body(ctx, seed, episode, fault, calls, timeout_s, device_kind, mix=F
             else:
                 start = (lambda: [dist.isend(send, peer)]) if faulted else (lambda: [dist.irecv(got, peer)])
             dt, err = timed(start)
+            # The rank that reads the other's post raises from the call; on GPUs the other's watchdog finds it.
             record(c, f"p2p_size_mismatch ({fault['variant']}, {'sends' if faulted else 'receives'} of "
-                      f"{n + 1 if faulted else n} B)", got, None, dt, err, must_raise=True)
+                      f"{n + 1 if faulted else n} B)", got, None, dt, err, must_raise=True, fails_later=True)
         elif kind == "send_meets_send":
             # A halo exchange posted send-first on both ranks: NCCL completes it; here it may raise, on both.
             send = _data(seed, episode, c, me, n, device)
@@ -478,7 +494,7 @@ def episode_body(ctx, seed, episode, fault, calls, timeout_s, device_kind, mix=F
                     violations.append(f"{what}: neither the right bytes nor a refusal: {err[:300]}")
             else:
                 # A CPU call's failure is the call's exception (docs/api.md); a GPU call's may come later.
-                record(c, what, out, expected, dt, err, must_raise=device.type == "cpu")
+                record(c, what, out, expected, dt, err, must_raise=True, fails_later=True)
                 # "peers that never reached it: [1]", or "waiting for group ranks [1]" at a pair's first call
                 if err is not None and f"[{late}]" not in err:
                     violations.append(f"{what}: the error does not name the late rank: {err[:300]}")
