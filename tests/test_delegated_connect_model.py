@@ -9,11 +9,10 @@ where an aborted communicator raises at its next call instead of connecting. Eac
 connect), a wait on the group's first call only, a wait on the peers the call moves bytes with only, no watcher."""
 
 import re
-import subprocess
 
 import pytest
 
-from cpp_build import build_cpp_test
+from cpp_build import build_cpp_test, caught_kinds, run_model
 
 
 @pytest.fixture(scope="module")
@@ -21,31 +20,18 @@ def simulation(tmp_path_factory):
     return build_cpp_test(tmp_path_factory, "delegated_connect_simulation", [])
 
 
-def _run(simulation, *args):
-    return subprocess.run([str(simulation), *map(str, args)], capture_output=True, text=True, timeout=120)
-
-
-def _caught(p, cases):
-    assert p.returncode == 1, p.stdout + p.stderr
-    m = re.match(rf"caught (\d+) of {cases} cases:((?: [A-Za-z][A-Za-z ']+ \d+;)*)$", p.stdout.strip())
-    assert m, p.stdout + p.stderr
-    counts = {kind: int(n) for kind, n in re.findall(r" ([A-Za-z][A-Za-z ']+) (\d+);", m.group(2))}
-    assert sum(counts.values()) == int(m.group(1)), p.stdout
-    return int(m.group(1)), counts
-
-
 @pytest.mark.parametrize("aborted", [False, True])
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_design_holds_no_rank_in_the_connect(simulation, seed, aborted):
-    p = _run(simulation, seed, 10000, *(["--aborted-skips-connect"] if aborted else []))
+    p = run_model(simulation, seed, 10000, *(["--aborted-skips-connect"] if aborted else []))
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.strip() == "ok 10000", p.stdout
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_without_the_wait_a_refusal_holds_its_peers_in_the_connect(simulation, seed):
-    p = _run(simulation, seed, 2000, "--no-await", "--every-case")
-    total, counts = _caught(p, 2000)
+    p = run_model(simulation, seed, 2000, "--no-await", "--every-case")
+    total, counts = caught_kinds(p, 2000)
     assert total >= 400 and counts == {"hang in NCCL's connect": total}, counts
     # The soak's case among them: two ranks, the group's first exchange refused by one.
     found = re.search(r"\(2 ranks, \d calls, rank \d refuses call 0\): hang in NCCL.s connect", p.stderr)
@@ -54,17 +40,17 @@ def test_without_the_wait_a_refusal_holds_its_peers_in_the_connect(simulation, s
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_a_wait_at_the_first_call_only_misses_later_first_uses(simulation, seed):
-    total, counts = _caught(_run(simulation, seed, 2000, "--await-first-call-only"), 2000)
+    total, counts = caught_kinds(run_model(simulation, seed, 2000, "--await-first-call-only"), 2000)
     assert total >= 200 and counts == {"hang in NCCL's connect": total}, counts
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_a_wait_on_the_pair_peers_only_is_held_by_a_peer_that_failed_on_a_third(simulation, seed):
-    total, counts = _caught(_run(simulation, seed, 2000, "--await-pair-peers-only"), 2000)
+    total, counts = caught_kinds(run_model(simulation, seed, 2000, "--await-pair-peers-only"), 2000)
     assert total >= 50 and counts.get("hang in NCCL's connect", 0) >= total // 2, counts
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_without_the_watcher_a_fault_leaves_streams_held(simulation, seed):
-    total, counts = _caught(_run(simulation, seed, 2000, "--no-watcher"), 2000)
+    total, counts = caught_kinds(run_model(simulation, seed, 2000, "--no-watcher"), 2000)
     assert total >= 200 and set(counts) <= {"held stream", "fault not named"} and counts.get("held stream"), counts

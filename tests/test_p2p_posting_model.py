@@ -11,12 +11,10 @@ variant is caught: the caller connecting and posting itself hangs, lanes without
 block a caller, a caller posting past the queued batches posts serials out of call order. And the two limits the model
 found are pinned: a batch of more than R + B steps with one peer met by lone calls, and a pair's first use behind B
 batches on the lanes that wait for it, hang until the group's timeout."""
-import re
-import subprocess
 
 import pytest
 
-from cpp_build import build_cpp_test
+from cpp_build import build_cpp_test, caught_kinds, run_model
 
 
 @pytest.fixture(scope="module")
@@ -24,23 +22,9 @@ def simulation(tmp_path_factory):
     return build_cpp_test(tmp_path_factory, "p2p_posting_simulation", [])
 
 
-def _run(simulation, *args):
-    return subprocess.run([str(simulation), *map(str, args)], capture_output=True, text=True, timeout=120)
-
-
-def _caught(p, cases):
-    """The total and the count per kind of a run that must catch something."""
-    assert p.returncode == 1, p.stdout + p.stderr
-    m = re.match(rf"caught (\d+) of {cases} cases:((?: [a-z][a-z ']+ \d+;)*)$", p.stdout.strip())
-    assert m, p.stdout + p.stderr
-    counts = {kind: int(n) for kind, n in re.findall(r" ([a-z][a-z ']+) (\d+);", m.group(2))}
-    assert sum(counts.values()) == int(m.group(1)), p.stdout
-    return int(m.group(1)), counts
-
-
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_design_completes_every_case(simulation, seed):
-    p = _run(simulation, seed, 10000)
+    p = run_model(simulation, seed, 10000)
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.strip() == "ok 10000", p.stdout
 
@@ -49,7 +33,7 @@ def test_design_completes_every_case(simulation, seed):
 def test_caller_that_connects_and_posts_itself_hangs(simulation, seed):
     """The caller waits on the peer to connect or for ring room while the peer waits for it in a collective or in a
     connect of the other group: about half the cases hang."""
-    total, counts = _caught(_run(simulation, seed, 2000, "--caller-posts-always"), 2000)
+    total, counts = caught_kinds(run_model(simulation, seed, 2000, "--caller-posts-always"), 2000)
     assert total >= 400 and counts == {"hang": total}, counts
 
 
@@ -57,7 +41,7 @@ def test_caller_that_connects_and_posts_itself_hangs(simulation, seed):
 def test_lanes_without_bound_fill_the_device_queue_under_the_caller(simulation, seed):
     """Without B the caller posts isends until the device queue is full and blocks in its next enqueue, before the
     all-gather its peer waits in: every case caught is a caller blocked on the device queue (about 3%)."""
-    total, counts = _caught(_run(simulation, seed, 2000, "--unbounded-lanes"), 2000)
+    total, counts = caught_kinds(run_model(simulation, seed, 2000, "--unbounded-lanes"), 2000)
     assert counts.get("hang with a caller on a full device queue", 0) >= 20, counts
     assert set(counts) <= {"hang with a caller on a full device queue", "unbounded block"}, counts
 
@@ -66,7 +50,7 @@ def test_lanes_without_bound_fill_the_device_queue_under_the_caller(simulation, 
 def test_caller_posting_past_queued_batches_breaks_call_order(simulation, seed):
     """A postable batch posted by the caller while earlier ones wait on the posting thread takes their serials
     (about half the cases)."""
-    total, counts = _caught(_run(simulation, seed, 2000, "--caller-posts-past-queue"), 2000)
+    total, counts = caught_kinds(run_model(simulation, seed, 2000, "--caller-posts-past-queue"), 2000)
     assert total >= 400 and counts.get("serial order", 0) >= total // 2, counts
 
 
@@ -74,8 +58,8 @@ def test_caller_posting_past_queued_batches_breaks_call_order(simulation, seed):
 def test_batch_longer_than_ring_and_lanes_hangs(simulation, seed):
     """A known limit: a batch whose steps with one peer pass R + B, met by the peer's lone calls, waits for ring room
     while the peer's lanes hold B batches that wait for it."""
-    p = _run(simulation, seed, 2000, "--long-batches")
-    total, counts = _caught(p, 2000)
+    p = run_model(simulation, seed, 2000, "--long-batches")
+    total, counts = caught_kinds(p, 2000)
     assert total >= 100 and counts == {"hang": total}, counts
     assert "waits on ring room" in p.stderr and "waits on lanes' room" in p.stderr, p.stderr
 
@@ -84,7 +68,7 @@ def test_batch_longer_than_ring_and_lanes_hangs(simulation, seed):
 def test_first_use_behind_full_lanes_hangs(simulation, seed):
     """A known limit: a pair's first use behind B batches on the lanes (or R serials of a pair) that wait for a rank
     whose posting thread waits to connect with this one (a few cases in a thousand)."""
-    p = _run(simulation, seed, 3000, "--late-first-uses")
-    total, counts = _caught(p, 3000)
+    p = run_model(simulation, seed, 3000, "--late-first-uses")
+    total, counts = caught_kinds(p, 3000)
     assert total > 0 and counts == {"hang": total}, counts
     assert "waits on connect" in p.stderr, p.stderr

@@ -49,12 +49,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "model_cases.hpp"
 
 namespace {
 
@@ -433,38 +435,15 @@ int main(int argc, char** argv) {
             argv[0]);
     return 2;
   }
-  const bool mustPass = variant == Variant::kDesign;
   const uint64_t seed = strtoull(argv[1], nullptr, 10);
-  const int cases = atoi(argv[2]);
-  std::map<std::string, int> caught;
-  int total = 0;
-  for (int i = 0; i < cases; ++i) {
-    Rng rng(seed * 1000003u + static_cast<uint64_t>(i));
-    const Case c = makeCase(rng);
-    const std::string f = Simulation(c, variant, abortedSkipsConnect, rng).run();
-    if (f.empty()) {
-      continue;
-    }
-    const std::string line =
-        "seed " + std::to_string(seed) + " case " + std::to_string(i) + " (" + describe(c) + "): " + f;
-    if (mustPass) {
-      fprintf(stderr, "FAIL: %s\n", line.c_str());
-      return 1;
-    }
-    const std::string kind = f.substr(0, f.find(':'));
-    if (caught[kind]++ == 0 || everyCase) {
-      fprintf(stderr, "FAIL: %s\n", line.c_str());
-    }
-    ++total;
-  }
-  if (mustPass) {
-    printf("ok %d\n", cases);
-    return 0;
-  }
-  printf("caught %d of %d cases:", total, cases);
-  for (const auto& [kind, count] : caught) {
-    printf(" %s %d;", kind.c_str(), count);
-  }
-  printf("\n");
-  return total > 0 ? 1 : 0;
+  return model::reportCases(seed, atoi(argv[2]), variant == Variant::kDesign, everyCase,
+                            [&](int i) -> std::optional<model::CaseFailure> {
+                              Rng rng(seed * 1000003u + static_cast<uint64_t>(i));
+                              const Case c = makeCase(rng);
+                              const std::string f = Simulation(c, variant, abortedSkipsConnect, rng).run();
+                              if (f.empty()) {
+                                return std::nullopt;
+                              }
+                              return model::CaseFailure{f.substr(0, f.find(':')), "(" + describe(c) + "): " + f};
+                            });
 }

@@ -64,12 +64,14 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "collective/pair_steps.hpp"
+#include "model_cases.hpp"
 
 namespace {
 
@@ -1251,35 +1253,13 @@ int main(int argc, char** argv) {
   // Every case must pass only for the design within its reach; anything else counts what it catches.
   const bool mustPass = variant == Variant::kDesign && !limits.longBatches && !limits.lateFirstUses;
   const uint64_t seed = strtoull(argv[1], nullptr, 10);
-  const int cases = atoi(argv[2]);
-  std::map<std::string, int> caught;
-  int total = 0;
-  for (int i = 0; i < cases; ++i) {
+  return model::reportCases(seed, atoi(argv[2]), mustPass, false, [&](int i) -> std::optional<model::CaseFailure> {
     Rng rng(seed * 1000003u + static_cast<uint64_t>(i));
     const Case c = makeCase(rng, variant, limits);
     const Failure f = Simulation(c, variant, rng).run();
     if (f.kind.empty()) {
-      continue;
+      return std::nullopt;
     }
-    const std::string line = "seed " + std::to_string(seed) + " case " + std::to_string(i) + " (" + describe(c) +
-                             "): " + f.kind + ": " + f.what;
-    if (mustPass) {
-      fprintf(stderr, "FAIL: %s\n", line.c_str());
-      return 1;
-    }
-    if (caught[f.kind]++ == 0) {
-      fprintf(stderr, "FAIL: %s\n", line.c_str());
-    }
-    ++total;
-  }
-  if (mustPass) {
-    printf("ok %d\n", cases);
-    return 0;
-  }
-  printf("caught %d of %d cases:", total, cases);
-  for (const auto& [kind, count] : caught) {
-    printf(" %s %d;", kind.c_str(), count);
-  }
-  printf("\n");
-  return total > 0 ? 1 : 0;
+    return model::CaseFailure{f.kind, "(" + describe(c) + "): " + f.kind + ": " + f.what};
+  });
 }
