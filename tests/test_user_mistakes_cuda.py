@@ -120,9 +120,9 @@ def test_inner_allgather_that_differs_is_named_on_every_rank(late):
     assert_named_on_every_rank(values, "all_reduce", 3, late)
 
 
-def refused_exchange_body(ctx, warm):
+def refused_exchange_body(ctx, before):
     """Rank 1's all_to_all_single is refused on its own arguments (input splits past its input) while rank 0 makes a
-    valid one; with `warm`, after an all_to_all_single of both, which connected NCCL's pairs."""
+    valid one; `before`, the collective both made first, if any."""
     import time
 
     import torch
@@ -131,9 +131,11 @@ def refused_exchange_body(ctx, warm):
     dev, n = ctx.device, 1024
     inp = torch.arange(2 * n, dtype=torch.int32, device=dev) + 7 * ctx.rank
     out = torch.full((2 * n,), -1, dtype=torch.int32, device=dev)
-    if warm:
+    if before == "all_to_all_single":
         dist.all_to_all_single(out, inp)
-        torch.cuda.synchronize(dev)
+    elif before == "all_gather":
+        dist.all_gather_into_tensor(torch.empty(4 * n, dtype=torch.int32, device=dev), inp)
+    torch.cuda.synchronize(dev)
     ctx.barrier_store("refused-exchange")
     t0 = time.monotonic()
     try:
@@ -155,16 +157,27 @@ def refused_exchange_body(ctx, warm):
     return {"error": err, "elapsed": elapsed, "next_error": next_err}
 
 
-# Off the direct path NCCL runs the exchange, and connects a pair at its first use inside the call, on the caller's CPU,
-# waiting for the peer there: a peer that refused its call must still fail this rank's at once, in the board's words.
-@pytest.mark.parametrize("warm", [False, True])
-def test_delegated_exchange_refused_on_a_peer_fails_at_once(warm):
+# NCCL connects a direction with a peer at its first use inside the call, on the caller's CPU, waiting for the peer
+# there: a peer that refused its call must still fail this rank's at once, in the board's words. The exchange goes to
+# NCCL by the route (below TORCH_SDMA_MIN_BYTES) or by the runner (the direct path off); its NCCL directions are new
+# (after nothing, or after an all-gather, on the copy engines or NCCL), or connected (after an all_to_all_single: the
+# watcher of delegated collectives then aborts NCCL's communicator, and the error may come with the next call).
+@pytest.mark.parametrize(
+    "env,before",
+    [
+        ({"TORCH_SDMA_DIRECT": "0"}, "nothing"),
+        ({"TORCH_SDMA_DIRECT": "0"}, "all_gather"),
+        ({"TORCH_SDMA_MIN_BYTES": "1G"}, "all_gather"),
+        ({"TORCH_SDMA_DIRECT": "0"}, "all_to_all_single"),
+    ],
+    ids=["direct_off-first", "direct_off-after_all_gather", "below_min_bytes-after_all_gather", "direct_off-warm"],
+)
+def test_delegated_exchange_refused_on_a_peer_fails_at_once(env, before):
     if SHARE_GPU:
         pytest.skip("NCCL refuses two ranks on one GPU")
-    v0, v1 = run_mistake(refused_exchange_body, "cpu:gloo,cuda:sdma", kwargs={"warm": warm},
-                         env={"TORCH_SDMA_DIRECT": "0", "TORCH_SDMA_ASYNC_ERROR_HANDLING": "0"}, cuda=True)
+    v0, v1 = run_mistake(refused_exchange_body, "cpu:gloo,cuda:sdma", kwargs={"before": before},
+                         env={**env, "TORCH_SDMA_ASYNC_ERROR_HANDLING": "0"}, cuda=True)
     assert v1["error"] is not None and v1["error"].startswith(("ValueError", "RuntimeError")), v1
-    # Cold, rank 0 meets the refusal on the board before NCCL's connect; warm, its watcher fails the enqueued call.
-    words = v0["error"] if not warm else (v0["error"] or v0["next_error"])
+    words = v0["error"] if before != "all_to_all_single" else (v0["error"] or v0["next_error"])
     assert words is not None and "group rank 1 refused" in words, v0
     assert v0["elapsed"] < PG_TIMEOUT_S + SLACK_S, v0

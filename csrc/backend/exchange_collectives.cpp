@@ -85,7 +85,10 @@ CollectivePath ProcessGroupSDMA::exchangeRoute(const PlannedExchange& planned, C
   return CollectivePath::dma(CollectivePath::kDirect);
 }
 
-bool ProcessGroupSDMA::usesNewInnerDirections(const PlannedExchange& planned) const {
+bool ProcessGroupSDMA::connectsInnerDirections(const PlannedExchange& planned, const CollectivePath& path) const {
+  if (!planned.device.is_cuda() || planned.broadcast || !path.isInner()) {
+    return false;  // gloo connects every pair at its creation; NCCL runs broadcast as a collective
+  }
   const ExchangePlan& p = planned.plan;
   for (size_t q = 0; q < p.sendTo.size(); ++q) {
     const uint8_t used = q < innerCudaDirectionsUsed_.size() ? innerCudaDirectionsUsed_[q] : 0;
@@ -143,11 +146,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::exchangeCollective(const Collec
       }
     }
     path = device.runner ? device.runner->pathFor(planned) : device.decided;
+    // The runner may hand the call to NCCL (the direct path off, a tensor on another GPU): see below.
+    if (!connects && connectsInnerDirections(planned, path)) {
+      awaitPostedPeers(info);
+    }
   } else {
-    // NCCL runs every exchange but broadcast as sends and receives, and connects a direction with a peer at its first
-    // use inside the call, on this CPU, waiting there for the peer: a peer that refused the call on its own arguments
-    // or made another would hold this rank there, out of every watcher's sight. Such a call meets the posts first.
-    postCall(info, /*awaitPeers=*/cuda && !planned.broadcast && usesNewInnerDirections(planned));
+    // NCCL connects a direction with a peer at its first use inside the call, on this CPU, waiting there for the
+    // peer: a peer that refused the call on its own arguments or made another would hold this rank there, out of
+    // every watcher's sight. Such a call meets every peer's post first (a pair peer that finds a third rank's refusal
+    // fails and never connects).
+    postCall(info, /*awaitPeers=*/connectsInnerDirections(planned, path));
   }
   recordOpPath(names.stats, planned.device, path.key(), bytes);
   if (path.isDma()) {

@@ -183,13 +183,21 @@ CollectiveInfo ProcessGroupSDMA::describeCall(const char* op, c10d::OpType opTyp
 
 void ProcessGroupSDMA::postCall(const CollectiveInfo& info, bool awaitPeers) {
   refuseIfCallsDiffered(info);
+  meetPeersOnBoard(info, /*post=*/true, awaitPeers);
+}
+
+void ProcessGroupSDMA::awaitPostedPeers(const CollectiveInfo& info) {
+  meetPeersOnBoard(info, /*post=*/false, /*awaitPeers=*/true);
+}
+
+void ProcessGroupSDMA::meetPeersOnBoard(const CollectiveInfo& info, bool post, bool awaitPeers) {
   if (!board_) {
     return;
   }
   std::string reason;
   try {
     const auto stop = [this] { return boardStopReason(); };
-    CallBoard::Differing d = board_->post(info.seq, info.post, info.timeout, stop);
+    CallBoard::Differing d = post ? board_->post(info.seq, info.post, info.timeout, stop) : CallBoard::Differing{};
     if (!d && awaitPeers) {
       d = board_->awaitPeers(info.seq, info.post, info.timeout, stop);
     }

@@ -181,9 +181,10 @@ class ProcessGroupSDMA : public c10d::Backend {
                                                     InnerCall&& innerCall);
   // From what every rank passes alike: the inner backend and why, or the DMA path (the runner may still say no).
   CollectivePath exchangeRoute(const PlannedExchange& planned, CallOp op) const;
-  // Whether the delegated CUDA exchange `planned` sends to or receives from a peer in a direction no earlier one used
-  // (innerCudaDirectionsUsed_), and marks them once its inner call returned.
-  bool usesNewInnerDirections(const PlannedExchange& planned) const;
+  // Whether the exchange `planned`, on `path`, is one NCCL runs as sends and receives with a direction (to or from a
+  // peer) that no earlier one used (innerCudaDirectionsUsed_): NCCL connects it inside the call, on this CPU, waiting
+  // there for the peer. Its directions are marked once its inner call returned.
+  bool connectsInnerDirections(const PlannedExchange& planned, const CollectivePath& path) const;
   void markInnerDirectionsUsed(const PlannedExchange& planned);
   // TORCH_SDMA_DELEGATE names the op (all_to_all covers both forms).
   bool delegatedByKnob(CallOp op) const;
@@ -253,6 +254,9 @@ class ProcessGroupSDMA : public c10d::Backend {
   // Posts the call; with `awaitPeers` waits for every peer's post too. Throws, naming both calls, where a peer posted
   // another; the group then makes no further collectives.
   void postCall(const CollectiveInfo& info, bool awaitPeers);
+  // After postCall: waits for every peer's post of the call, with postCall's errors.
+  void awaitPostedPeers(const CollectiveInfo& info);
+  void meetPeersOnBoard(const CollectiveInfo& info, bool post, bool awaitPeers);
   // Runs a collective's `call`. Where it throws before the call took its sequence number (this rank refused it on
   // its own arguments), the refusal takes the number: it is posted on the call board, so that the peers' call of
   // that number fails naming this rank instead of meeting this rank's next call; then the error goes on.
