@@ -45,6 +45,16 @@ at::Tensor apartFromOutput(const at::Tensor& input, const at::Tensor& output) {
   return at::get_overlap_status(input, output) == at::MemOverlapStatus::No ? input : input.clone();
 }
 
+// NCCL runs every CUDA exchange but broadcast as sends and receives (gloo connects every pair at its creation).
+bool runsAsInnerSendsAndReceives(const PlannedExchange& planned) {
+  return planned.device.is_cuda() && !planned.broadcast;
+}
+
+// The directions `planned` moves bytes in with group rank q: bit 0 sends to it, bit 1 receives from it.
+uint8_t directionsWith(const ExchangePlan& p, size_t q) {
+  return (p.sendTo[q].bytes > 0 ? 1 : 0) | (p.recvFrom[q].bytes > 0 ? 2 : 0);
+}
+
 }  // namespace
 
 bool ProcessGroupSDMA::delegatedByKnob(CallOp op) const {
@@ -86,14 +96,13 @@ CollectivePath ProcessGroupSDMA::exchangeRoute(const PlannedExchange& planned, C
 }
 
 bool ProcessGroupSDMA::connectsInnerDirections(const PlannedExchange& planned, const CollectivePath& path) const {
-  if (!planned.device.is_cuda() || planned.broadcast || !path.isInner()) {
-    return false;  // gloo connects every pair at its creation; NCCL runs broadcast as a collective
+  if (!runsAsInnerSendsAndReceives(planned) || !path.isInner()) {
+    return false;
   }
   const ExchangePlan& p = planned.plan;
   for (size_t q = 0; q < p.sendTo.size(); ++q) {
     const uint8_t used = q < innerCudaDirectionsUsed_.size() ? innerCudaDirectionsUsed_[q] : 0;
-    if (static_cast<int>(q) != getRank() &&
-        ((p.sendTo[q].bytes > 0 && !(used & 1)) || (p.recvFrom[q].bytes > 0 && !(used & 2)))) {
+    if (static_cast<int>(q) != getRank() && (directionsWith(p, q) & ~used) != 0) {
       return true;
     }
   }
@@ -101,10 +110,13 @@ bool ProcessGroupSDMA::connectsInnerDirections(const PlannedExchange& planned, c
 }
 
 void ProcessGroupSDMA::markInnerDirectionsUsed(const PlannedExchange& planned) {
+  if (!runsAsInnerSendsAndReceives(planned)) {
+    return;
+  }
   const ExchangePlan& p = planned.plan;
   innerCudaDirectionsUsed_.resize(p.sendTo.size(), 0);
   for (size_t q = 0; q < p.sendTo.size(); ++q) {
-    innerCudaDirectionsUsed_[q] |= (p.sendTo[q].bytes > 0 ? 1 : 0) | (p.recvFrom[q].bytes > 0 ? 2 : 0);
+    innerCudaDirectionsUsed_[q] |= directionsWith(p, q);
   }
 }
 
@@ -165,9 +177,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::exchangeCollective(const Collec
   auto& inner = innerFor(planned.device, names.stats);
   return runTraced(traceGroup_, getGroupDesc(), info.seq, traced, [&] {
     auto work = watchDelegated(info, inner, innerCall(*inner));
-    if (cuda && !planned.broadcast) {
-      markInnerDirectionsUsed(planned);
-    }
+    markInnerDirectionsUsed(planned);
     return inner == innerCuda_ ? work : trackCoalesced(work);
   });
 }
