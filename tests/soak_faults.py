@@ -518,8 +518,7 @@ def episode_body(ctx, seed, episode, fault, calls, timeout_s, device_kind, mix=F
             dt, err = timed(start)
             # A GPU call returns once enqueued: the peer's may return before the refusal is posted, its output
             # undefined; the refusal then fails its group, and the next all-gather below raises naming it.
-            returns_early = device.type == "cuda" and not faulted
-            record(c, what, out, None if returns_early else expected, dt, err, must_raise=not returns_early)
+            record(c, what, out, expected, dt, err, must_raise=True, fails_later=not faulted)
             if err is not None and faulted and not err.startswith(("ValueError", "RuntimeError")):
                 violations.append(f"{what}: the refusal is not the local error: {err[:300]}")
             if err is not None and not faulted and (f"group rank {refuser}" not in err or "refused" not in err):
