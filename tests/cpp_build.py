@@ -1,5 +1,4 @@
 """Builds the C++ test programs of tests/cpp/ against csrc/ with the system compiler (no torch, no GPU)."""
-
 import re
 import shutil
 import subprocess
@@ -16,19 +15,8 @@ def build_cpp_test(tmp_path_factory, name, sources):
     if cxx is None:
         pytest.skip("no C++ compiler")
     out = tmp_path_factory.mktemp(name) / name
-    cmd = [
-        cxx,
-        "-O2",
-        "-std=c++17",
-        "-Wall",
-        "-Werror",
-        "-pthread",
-        f"-I{ROOT / 'csrc'}",
-        str(ROOT / "tests" / "cpp" / f"{name}.cpp"),
-        *(str(ROOT / s) for s in sources),
-        "-o",
-        str(out),
-    ]
+    cmd = [cxx, "-O2", "-std=c++17", "-Wall", "-Werror", "-pthread", f"-I{ROOT / 'csrc'}",
+           str(ROOT / "tests" / "cpp" / f"{name}.cpp"), *(str(ROOT / s) for s in sources), "-o", str(out)]
     subprocess.run(cmd, check=True)
     return out
 
