@@ -428,6 +428,7 @@ CALLS_DIFFER_WORDS = {
     ("all_reduce", True, 1),  # rank 0's all-gather is on the worker: its waits fail it
     ("all_reduce", False, None),  # the group's first all-gather, which connects the transport
     ("all_reduce_on_0", False, None),
+    ("all_reduce_on_0", False, 1),  # rank 0 is inside gloo's first all_reduce when rank 1 posts the all-gather
     ("broadcast", True, 0),
     ("zero", True, 1),
     ("zero", False, 0),

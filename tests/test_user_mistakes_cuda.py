@@ -92,7 +92,8 @@ def test_peer_missing_at_the_first_call_is_named():
     ("all_reduce", True, 0),
     ("all_reduce", True, 1),
     ("all_reduce", False, None),
-    ("all_reduce_on_0", False, None),  # rank 0 starts NCCL's connect; rank 1 never joins it
+    ("all_reduce_on_0", False, None),  # rank 0's all_reduce creates NCCL's communicator; rank 1 never joins it
+    ("all_reduce_on_0", False, 1),  # rank 0 posts first, so it reads rank 1's post only by waiting for it
     ("broadcast", True, 0),
     ("zero", True, 1),
     ("zero", False, 0),

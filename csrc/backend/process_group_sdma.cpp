@@ -411,11 +411,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::delegate(const CollectiveNames&
     post.op = names.call;
     post.route = inner == innerCuda_ ? CallPost::kInnerCuda : CallPost::kInnerCpu;
     info = describeCall(callOpName(names.call), c10d::OpType::UNKNOWN, options_.timeout, post);
-    postCall(info, /*awaitPeers=*/false);
+  }
+  const bool connects = collective && connectsInnerCollective(names.call, inner);
+  if (collective) {
+    postCall(info, /*awaitPeers=*/connects);
   }
   recordPath(std::string("delegated:") + names.stats, bytes);
   return runTraced(traceGroup_, getGroupDesc(), collective ? info.seq : ++p2pSeq_, traced, [&] {
     auto work = innerCall(*inner);
+    if (connects) {
+      markInnerCollectiveRan(names.call);
+    }
     if (collective) {
       work = watchDelegated(info, inner, std::move(work));
     }
@@ -512,10 +518,24 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::barrier(const c10d::BarrierOpti
   post.op = CallOp::kBarrier;
   post.route = onGpu ? CallPost::kInnerCuda : CallPost::kInnerCpu;
   const CollectiveInfo info = describeCall("barrier", c10d::OpType::BARRIER, options_.timeout, post);
-  postCall(info, /*awaitPeers=*/false);
+  const bool connects = connectsInnerCollective(CallOp::kBarrier, inner);
+  postCall(info, /*awaitPeers=*/connects);
   recordPath("delegated:barrier", 0);
-  return runTraced(traceGroup_, getGroupDesc(), info.seq, {kBarrier, kNoTensors, kNoTensors},
-                   [&] { return watchDelegated(info, inner, inner->barrier(opts)); });
+  return runTraced(traceGroup_, getGroupDesc(), info.seq, {kBarrier, kNoTensors, kNoTensors}, [&] {
+    auto work = inner->barrier(opts);
+    if (connects) {
+      markInnerCollectiveRan(CallOp::kBarrier);
+    }
+    return watchDelegated(info, inner, std::move(work));
+  });
+}
+
+bool ProcessGroupSDMA::connectsInnerCollective(CallOp op, const c10::intrusive_ptr<c10d::Backend>& inner) const {
+  return inner && inner == innerCuda_ && !innerCudaOpsUsed_.test(static_cast<size_t>(op));
+}
+
+void ProcessGroupSDMA::markInnerCollectiveRan(CallOp op) {
+  innerCudaOpsUsed_.set(static_cast<size_t>(op));
 }
 
 void ProcessGroupSDMA::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
@@ -694,11 +714,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::allgatherCollective(const Colle
     return trackCoalesced(work);
   }
   auto& inner = innerFor(planned.device, names.stats);
+  const bool connects = connectsInnerCollective(names.call, inner);
+  if (connects) {
+    awaitPostedPeers(info);
+  }
   recordPath(path.key(), bytes);
   // Watched like every delegated collective: a peer that made another call fails it in the board's words, where
   // the inner backend would wait for that peer until its own timeout (NCCL's watchdog then ends the process).
   return runTraced(traceGroup_, getGroupDesc(), info.seq, traced, [&] {
-    return watchDelegated(info, inner, innerCall(*inner, InnerOperands(planned.innerGathersBytes)));
+    auto work = innerCall(*inner, InnerOperands(planned.innerGathersBytes));
+    if (connects) {
+      markInnerCollectiveRan(names.call);
+    }
+    return watchDelegated(info, inner, std::move(work));
   });
 }
 

@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <atomic>
+#include <bitset>
 #include <functional>
 #include <map>
 #include <memory>
@@ -186,6 +187,11 @@ class ProcessGroupSDMA : public c10d::Backend {
   // there for the peer. Its directions are marked once its inner call returned.
   bool connectsInnerDirections(const PlannedExchange& planned, const CollectivePath& path) const;
   void markInnerDirectionsUsed(const PlannedExchange& planned);
+  // Whether a delegated collective `op` on `inner` is NCCL's first of its kind in this group (innerCudaOpsUsed_): a
+  // peer that refused it or made another would hold this rank in NCCL's connect, where no watcher sees it, so such a
+  // call meets every peer's post first. Marked once its inner call returned.
+  bool connectsInnerCollective(CallOp op, const c10::intrusive_ptr<c10d::Backend>& inner) const;
+  void markInnerCollectiveRan(CallOp op);
   // TORCH_SDMA_DELEGATE names the op (all_to_all covers both forms).
   bool delegatedByKnob(CallOp op) const;
   bool delegatedByName(const std::string& name) const;
@@ -307,6 +313,9 @@ class ProcessGroupSDMA : public c10d::Backend {
   // Per peer: a delegated CUDA exchange of this rank already sent to it (bit 0), received from it (bit 1). NCCL
   // connects such a direction at its first use, on the caller's CPU, and waits there for the peer.
   std::vector<uint8_t> innerCudaDirectionsUsed_;
+  // The delegated collectives NCCL already ran for this group, by op. Its first call creates the communicator and a
+  // collective connects its channels at its first use, both on the caller's CPU, waiting there for every peer.
+  std::bitset<static_cast<size_t>(CallOp::kCount)> innerCudaOpsUsed_;
 
   bool coalescing_ = false;
   std::vector<P2pOp> p2pBatch_;                       // a coalescing block's point-to-point on the DMA path
