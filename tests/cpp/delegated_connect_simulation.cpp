@@ -1,28 +1,34 @@
-// Model check of how a CUDA exchange that torch_sdma hands to NCCL meets its peers (csrc/backend/
-// exchange_collectives.cpp, docs/design.md "The call board"): NCCL runs an all-to-all, scatter or gather as sends and
+// Model check of how a CUDA call that torch_sdma hands to NCCL meets its peers (csrc/backend/exchange_collectives.cpp
+// and process_group_sdma.cpp, docs/design.md "The call board"): NCCL runs an all-to-all, scatter or gather as sends and
 // receives, and connects each direction with a peer at its first use, inside the call, on the caller's CPU, waiting
-// there for the peer to connect the other end; no watcher sees a rank held there. Each rank has a caller thread, a
-// watcher thread and a GPU; a random scheduler interleaves them.
+// there for the peer to connect the other end; its collectives (all_reduce, reduce_scatter, ...) connect their own
+// channels with every peer at the first call of their kind (the group's first NCCL call creates the communicator, the
+// same wait). No watcher sees a rank held there. Each rank has a caller thread, a watcher thread and a GPU; a random
+// scheduler interleaves them.
 //
 // What the model covers:
 // - The call board: each call posts what it is (or "refused", where the rank refused it on its own arguments, or
 //   another call where the rank made another); a post reads the peers' posts of that number already there and fails
 //   the rank's group on one unlike its own.
-// - The design's rule: a call that sends to or receives from a peer in a direction no earlier call of the rank used
-//   (the directions are marked once the inner call returned) first waits until every peer posted the number or failed
-//   its group, and fails on a post unlike its own. Other calls go to NCCL at once.
-// - NCCL's connect: a rank's direction (send to q, or receive from q) connects once q is inside a connect that needs
-//   the other end (q's receive from it, or send to it), whatever call each is in; the call returns once every
-//   direction it needs is connected, and its GPU work is enqueued. Nothing ends a connect but the peer. A rank whose
-//   communicator the watcher aborted still connects at its next call (it has posted that call), or, with
-//   --aborted-skips-connect, raises there at once and never connects: the design must hold either way.
+// - The design's rule: an exchange that sends to or receives from a peer in a direction no earlier exchange of the
+//   rank used, and a collective of a kind NCCL has not run for the group (both marked once the inner call returned),
+//   first waits until every peer posted the number or failed its group, and fails on a post unlike its own. Other calls
+//   go to NCCL at once.
+// - NCCL's connect: a rank's direction (send to q, or receive from q, on the exchanges' connections or on the channels
+//   of one kind of collective, which need both directions with every peer) connects once q is inside a connect that
+//   needs the other end (q's receive from it, or send to it, on the same connections), whatever call each is in; the
+//   call returns once every direction it needs is connected, and its GPU work is enqueued. Nothing ends a connect but
+//   the peer. A rank whose communicator the watcher aborted still connects at its next call (it has posted that call),
+//   or, with --aborted-skips-connect, raises there at once and never connects: the design must hold either way.
 // - The GPU: a call's work completes once every peer it moves bytes with enqueued that peer's work of the same number
 //   and the same call; aborting the rank's communicator ends its works not complete.
 // - The watcher of delegated collectives: a call whose peers had not all posted its number when it posted is watched
 //   from its return; once every peer posted the number or failed its group, the watcher drops it (all alike) or fails
 //   the group and aborts the communicator.
-// - Programs of 2 to 4 ranks and up to 8 exchanges, each a random pattern of who sends to whom, the same on every
-//   rank; faults, in two thirds of the cases: one rank refuses one call, or makes another exchange in its place.
+// - Programs of 2 to 4 ranks and up to 8 calls, each a collective of one of two kinds or an exchange of a random
+//   pattern of who sends to whom, the same on every rank; faults, in two thirds of the cases: one rank refuses one
+//   call, or makes another in its place (an exchange, a collective, or a call on the copy engines, which connects
+//   nothing of NCCL's).
 //
 // Checks, per case, once nothing can move: no caller held in NCCL's connect or on the board, no GPU work left that
 // nothing completes or aborts (a held stream), without a fault every call complete on every rank, and with a fault
@@ -37,7 +43,8 @@
 // --every-case). The wrong variants:
 // --no-await (every call goes to NCCL at once), --await-first-call-only (only the group's first delegated call waits),
 // --await-pair-peers-only (the wait reads only the peers the call moves bytes with), --no-watcher (no watcher of
-// delegated collectives).
+// delegated collectives), --exchanges-only (collectives never wait: a peer's other call at the first all_reduce held
+// rank 0 in NCCL's communicator creation on two GPUs).
 //
 // Why the await reads every peer: a peer that finds a third rank's refusal (or other call) fails and never connects,
 // so a rank that waited only for the peers it moves bytes with can be held in NCCL's connect by one of them. And why
@@ -53,6 +60,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -60,18 +68,30 @@
 
 namespace {
 
-enum class Variant { kDesign, kNoAwait, kAwaitFirstCallOnly, kAwaitPairPeersOnly, kNoWatcher };
+enum class Variant { kDesign, kNoAwait, kAwaitFirstCallOnly, kAwaitPairPeersOnly, kNoWatcher, kExchangesOnly };
 
 using Rng = std::mt19937_64;
 using Pattern = std::vector<std::vector<bool>>;  // [a][b]: rank a sends to rank b
 
+// The connections a call needs: the exchanges' (kExchange), or the channels of one kind of collective.
+constexpr int kExchange = 0;
+constexpr int kCollectiveKinds = 2;
+
+struct Call {
+  int connections = kExchange;
+  Pattern pattern;  // a collective's: every rank with every other, both ways; a copy-engine call's: empty
+  bool operator==(const Call& o) const {
+    return connections == o.connections && pattern == o.pattern;
+  }
+};
+
 struct Case {
   int ranks = 2;
-  std::vector<Pattern> calls;
+  std::vector<Call> calls;
   enum class Fault { kNone, kRefused, kOtherCall } fault = Fault::kNone;
   int faultRank = -1;
   int faultCall = -1;
-  Pattern other;  // the faulted rank's exchange in place of call faultCall, for kOtherCall
+  Call other;  // the faulted rank's call in place of call faultCall, for kOtherCall
 };
 
 Pattern randomPattern(Rng& rng, int ranks) {
@@ -85,12 +105,25 @@ Pattern randomPattern(Rng& rng, int ranks) {
   return p;
 }
 
+Call collective(int kind, int ranks) {
+  Call call{1 + kind, Pattern(ranks, std::vector<bool>(ranks, true))};
+  for (int a = 0; a < ranks; ++a) {
+    call.pattern[a][a] = false;
+  }
+  return call;
+}
+
+Call randomCall(Rng& rng, int ranks) {
+  const int k = std::uniform_int_distribution<int>(0, 2 * kCollectiveKinds)(rng);
+  return k < kCollectiveKinds ? collective(k, ranks) : Call{kExchange, randomPattern(rng, ranks)};
+}
+
 Case makeCase(Rng& rng) {
   Case c;
   c.ranks = std::uniform_int_distribution<int>(2, 4)(rng);
   const int calls = std::uniform_int_distribution<int>(1, 8)(rng);
   for (int i = 0; i < calls; ++i) {
-    c.calls.push_back(randomPattern(rng, c.ranks));
+    c.calls.push_back(randomCall(rng, c.ranks));
   }
   const int f = std::uniform_int_distribution<int>(0, 2)(rng);
   if (f > 0) {
@@ -98,10 +131,28 @@ Case makeCase(Rng& rng) {
     c.faultRank = std::uniform_int_distribution<int>(0, c.ranks - 1)(rng);
     c.faultCall = std::uniform_int_distribution<int>(0, calls - 1)(rng);
     do {
-      c.other = randomPattern(rng, c.ranks);
+      c.other = std::bernoulli_distribution(0.2)(rng)
+                    ? Call{kExchange, Pattern(c.ranks, std::vector<bool>(c.ranks, false))}  // on the copy engines
+                    : randomCall(rng, c.ranks);
     } while (c.other == c.calls[c.faultCall]);
   }
   return c;
+}
+
+// "exchange", "collective 1" (its kind), or, for a call that needs no NCCL connection, "copy engines" (the faulted
+// rank's other call) or "empty exchange".
+std::string kindOf(const Call& call, bool other = false) {
+  if (call.connections != kExchange) {
+    return "collective " + std::to_string(call.connections);
+  }
+  for (const auto& row : call.pattern) {
+    for (bool sends : row) {
+      if (sends) {
+        return "exchange";
+      }
+    }
+  }
+  return other ? "copy engines" : "empty exchange";
 }
 
 std::string describe(const Case& c) {
@@ -109,13 +160,21 @@ std::string describe(const Case& c) {
   if (c.fault != Case::Fault::kNone) {
     s += std::string(c.fault == Case::Fault::kRefused ? ", rank " : ", another call on rank ") +
          std::to_string(c.faultRank) + (c.fault == Case::Fault::kRefused ? " refuses call " : " at call ") +
-         std::to_string(c.faultCall);
+         std::to_string(c.faultCall) + " (" + kindOf(c.calls[c.faultCall]) +
+         (c.fault == Case::Fault::kOtherCall ? " vs " + kindOf(c.other, true) : "") + ")";
   }
   return s;
 }
 
-// A direction of a rank: with `peer`, sending (or receiving).
-using Direction = std::pair<int, bool>;
+// A direction of a rank: with a peer, sending (or receiving), on a call's connections.
+struct Direction {
+  int peer = 0;
+  bool send = false;
+  int connections = kExchange;
+  bool operator<(const Direction& o) const {
+    return std::tie(peer, send, connections) < std::tie(o.peer, o.send, o.connections);
+  }
+};
 
 constexpr int kRefusedPost = -1;
 constexpr int kOtherPost = -2;
@@ -162,7 +221,7 @@ class Simulation {
     bool sawEveryPost = false;  // at its post of the current call
   };
 
-  const Pattern& patternOf(int r, int call) const {
+  const Call& callOf(int r, int call) const {
     return c_.fault == Case::Fault::kOtherCall && r == c_.faultRank && call == c_.faultCall ? c_.other : c_.calls[call];
   }
   int postOf(int r, int call) const {
@@ -172,14 +231,14 @@ class Simulation {
     return call;
   }
   std::set<Direction> directionsOf(int r, int call) const {
-    const Pattern& p = patternOf(r, call);
+    const Call& c = callOf(r, call);
     std::set<Direction> d;
     for (int q = 0; q < c_.ranks; ++q) {
-      if (p[r][q]) {
-        d.insert({q, true});
+      if (c.pattern[r][q]) {
+        d.insert({q, true, c.connections});
       }
-      if (p[q][r]) {
-        d.insert({q, false});
+      if (c.pattern[q][r]) {
+        d.insert({q, false, c.connections});
       }
     }
     return d;
@@ -194,7 +253,7 @@ class Simulation {
     *unlike = false;
     std::set<int> pairPeers;
     for (const Direction& d : directionsOf(r, call)) {
-      pairPeers.insert(d.first);
+      pairPeers.insert(d.peer);
     }
     for (int q = 0; q < c_.ranks; ++q) {
       if (q == r || (pairPeersOnly && !pairPeers.count(q))) {
@@ -231,6 +290,11 @@ class Simulation {
         return false;
       case Variant::kAwaitFirstCallOnly:
         return call == 0;
+      case Variant::kExchangesOnly:
+        if (callOf(r, call).connections != kExchange) {
+          return false;
+        }
+        [[fallthrough]];
       default:
         for (const Direction& d : directionsOf(r, call)) {
           if (!ranks_[r].used.count(d)) {
@@ -299,9 +363,9 @@ class Simulation {
             continue;
           }
           all = false;
-          const int q = d.first;
+          const int q = d.peer;
           const Rank& peer = ranks_[q];
-          const Direction otherEnd{r, !d.second};
+          const Direction otherEnd{r, !d.send, d.connections};
           if (peer.phase == Phase::kConnect && !peer.connected.count(otherEnd) &&
               directionsOf(q, static_cast<int>(peer.pc)).count(otherEnd)) {
             moves.push_back([this, r, q, d, otherEnd] {
@@ -360,7 +424,7 @@ class Simulation {
       bool met = true;
       for (const Direction& d : directionsOf(r, w.call)) {
         bool peerEnqueued = false;
-        for (const Work& o : ranks_[d.first].works) {
+        for (const Work& o : ranks_[d.peer].works) {
           peerEnqueued = peerEnqueued || (o.call == w.call && o.post == w.post);
         }
         met = met && peerEnqueued;
@@ -420,6 +484,8 @@ int main(int argc, char** argv) {
       variant = Variant::kAwaitPairPeersOnly;
     } else if (designSoFar && strcmp(argv[a], "--no-watcher") == 0) {
       variant = Variant::kNoWatcher;
+    } else if (designSoFar && strcmp(argv[a], "--exchanges-only") == 0) {
+      variant = Variant::kExchangesOnly;
     } else if (strcmp(argv[a], "--aborted-skips-connect") == 0) {
       abortedSkipsConnect = true;
     } else if (strcmp(argv[a], "--every-case") == 0) {
@@ -430,8 +496,8 @@ int main(int argc, char** argv) {
   }
   if (usage) {
     fprintf(stderr,
-            "usage: %s SEED CASES [--no-await | --await-first-call-only | --await-pair-peers-only | --no-watcher] "
-            "[--aborted-skips-connect] [--every-case]\n",
+            "usage: %s SEED CASES [--no-await | --await-first-call-only | --await-pair-peers-only | --no-watcher | "
+            "--exchanges-only] [--aborted-skips-connect] [--every-case]\n",
             argv[0]);
     return 2;
   }
