@@ -96,7 +96,13 @@ CollectivePath ProcessGroupSDMA::exchangeRoute(const PlannedExchange& planned, C
 }
 
 bool ProcessGroupSDMA::connectsInnerDirections(const PlannedExchange& planned, const CollectivePath& path) const {
-  if (!runsAsInnerSendsAndReceives(planned) || !path.isInner()) {
+  if (!path.isInner()) {
+    return false;
+  }
+  if (planned.broadcast) {
+    return planned.device.is_cuda() && connectsInnerCollective(CallOp::kBroadcast, innerCuda_);
+  }
+  if (!runsAsInnerSendsAndReceives(planned)) {
     return false;
   }
   const ExchangePlan& p = planned.plan;
@@ -110,6 +116,9 @@ bool ProcessGroupSDMA::connectsInnerDirections(const PlannedExchange& planned, c
 }
 
 void ProcessGroupSDMA::markInnerDirectionsUsed(const PlannedExchange& planned) {
+  if (planned.broadcast && planned.device.is_cuda()) {
+    markInnerCollectiveRan(CallOp::kBroadcast);
+  }
   if (!runsAsInnerSendsAndReceives(planned)) {
     return;
   }

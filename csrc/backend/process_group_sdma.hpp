@@ -183,8 +183,9 @@ class ProcessGroupSDMA : public c10d::Backend {
   // From what every rank passes alike: the inner backend and why, or the DMA path (the runner may still say no).
   CollectivePath exchangeRoute(const PlannedExchange& planned, CallOp op) const;
   // Whether the exchange `planned`, on `path`, is one NCCL runs as sends and receives with a direction (to or from a
-  // peer) that no earlier one used (innerCudaDirectionsUsed_): NCCL connects it inside the call, on this CPU, waiting
-  // there for the peer. Its directions are marked once its inner call returned.
+  // peer) that no earlier one used (innerCudaDirectionsUsed_), or a broadcast, which NCCL runs as a collective, of
+  // the group's first on NCCL (connectsInnerCollective): NCCL connects it inside the call, on this CPU, waiting there
+  // for the peers. Its directions (a broadcast's kind) are marked once its inner call returned.
   bool connectsInnerDirections(const PlannedExchange& planned, const CollectivePath& path) const;
   void markInnerDirectionsUsed(const PlannedExchange& planned);
   // Whether a delegated collective `op` on `inner` is NCCL's first of its kind in this group (innerCudaOpsUsed_): a
