@@ -406,14 +406,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::delegate(const CollectiveNames&
   auto& inner = innerFor(tensors, names.stats);
   const bool collective = names.call != CallOp::kNone;
   CollectiveInfo info{};
+  bool connects = false;
   if (collective) {
     CallPost post;
     post.op = names.call;
     post.route = inner == innerCuda_ ? CallPost::kInnerCuda : CallPost::kInnerCpu;
     info = describeCall(callOpName(names.call), c10d::OpType::UNKNOWN, options_.timeout, post);
-  }
-  const bool connects = collective && connectsInnerCollective(names.call, inner);
-  if (collective) {
+    connects = connectsInnerCollective(names.call, inner);
     postCall(info, /*awaitPeers=*/connects);
   }
   recordPath(std::string("delegated:") + names.stats, bytes);
