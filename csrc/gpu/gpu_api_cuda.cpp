@@ -383,9 +383,14 @@ Stream createStream() {
 }
 
 int hardwareQueues() {
-  const char* raw = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
-  const int queues = raw ? std::atoi(raw) : 0;
-  return queues > 0 ? queues : 8;  // the driver's default
+  // Read once: the driver reads it when the context is created, so a later change moves nothing, and every direct
+  // collective asks.
+  static const int queues = [] {
+    const char* raw = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    const int set = raw ? std::atoi(raw) : 0;
+    return set > 0 ? set : 8;  // the driver's default
+  }();
+  return queues;
 }
 
 bool streamCapturing(Stream stream) {
