@@ -228,44 +228,37 @@ std::string ProcessGroupSDMA::refusalKey(uint64_t seq, int groupRank) const {
   return "refused/" + std::to_string(seq) + "/" + std::to_string(groupRank);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupSDMA::refusalTakesItsNumber(
-    CallOp op, const std::function<c10::intrusive_ptr<c10d::Work>()>& call) {
-  const uint64_t before = seq_;
+void ProcessGroupSDMA::postRefusal(CallOp op, const std::exception& e) {
+  if (!board_ || destroyed_ || !board_->failure().empty()) {
+    return;  // no peer waits for this rank's post
+  }
+  CallPost post;
+  post.op = op;
+  post.route = CallPost::kRefused;
+  const CollectiveInfo info = describeCall(callOpName(op), c10d::OpType::UNKNOWN, options_.timeout, post);
+  std::string why = messageOf(e);
+  if (const auto nl = why.find('\n'); nl != std::string::npos) {
+    why.resize(nl);  // the first line: c10's errors append the C++ frames below it
+  }
   try {
-    return call();
-  } catch (const std::exception& e) {
-    if (seq_ != before || !board_ || destroyed_ || !board_->failure().empty()) {
-      throw;  // the call posted itself (its own failure is on the board), or no peer waits for this rank's post
+    sdmaStore_->set(refusalKey(info.seq, getRank()), why);
+    const auto stop = [this] { return boardStopReason(); };
+    CallBoard::Differing d = board_->post(info.seq, post, info.timeout, stop);
+    if (!d) {
+      // Until every peer posted this number too: one that called validly fails its call and its group, and this
+      // rank's next call, on a path that may not read the peers' failure marks, would wait for it until the timeout.
+      d = board_->awaitPeers(info.seq, post, info.timeout, stop);
     }
-    CallPost post;
-    post.op = op;
-    post.route = CallPost::kRefused;
-    const CollectiveInfo info = describeCall(callOpName(op), c10d::OpType::UNKNOWN, options_.timeout, post);
-    std::string why = messageOf(e);
-    if (const auto nl = why.find('\n'); nl != std::string::npos) {
-      why.resize(nl);  // the first line: c10's errors append the C++ frames below it
+    if (d) {
+      // A peer posted the call itself and may have enqueued it: its watcher finds this post and fails it. This rank
+      // fails the group too, so that its next call does not wait for a peer that no longer goes on.
+      board_->fail(info.seq,
+                   info.describe() + " failed: " + board_->describe(info.seq, post, d) + "; its error: " + why);
     }
-    try {
-      sdmaStore_->set(refusalKey(info.seq, getRank()), why);
-      const auto stop = [this] { return boardStopReason(); };
-      CallBoard::Differing d = board_->post(info.seq, post, info.timeout, stop);
-      if (!d) {
-        // Until every peer posted this number too: one that called validly fails its call and its group, and this
-        // rank's next call, on a path that may not read the peers' failure marks, would wait for it until the timeout.
-        d = board_->awaitPeers(info.seq, post, info.timeout, stop);
-      }
-      if (d) {
-        // A peer posted the call itself and may have enqueued it: its watcher finds this post and fails it. This rank
-        // fails the group too, so that its next call does not wait for a peer that no longer goes on.
-        board_->fail(info.seq,
-                     info.describe() + " failed: " + board_->describe(info.seq, post, d) + "; its error: " + why);
-      }
-    } catch (const std::exception& posting) {
-      LOG(WARNING) << "torch_sdma: " << info.describe()
-                   << ": this rank's refusal did not meet every peer's call: " << messageOf(posting);
-      board_->fail(info.seq, info.describe() + " was refused on this rank: " + why);
-    }
-    throw;
+  } catch (const std::exception& posting) {
+    LOG(WARNING) << "torch_sdma: " << info.describe()
+                 << ": this rank's refusal did not meet every peer's call: " << messageOf(posting);
+    board_->fail(info.seq, info.describe() + " was refused on this rank: " + why);
   }
 }
 

@@ -267,8 +267,22 @@ class ProcessGroupSDMA : public c10d::Backend {
   // Runs a collective's `call`. Where it throws before the call took its sequence number (this rank refused it on
   // its own arguments), the refusal takes the number: it is posted on the call board, so that the peers' call of
   // that number fails naming this rank instead of meeting this rank's next call; then the error goes on.
-  c10::intrusive_ptr<c10d::Work> refusalTakesItsNumber(CallOp op,
-                                                       const std::function<c10::intrusive_ptr<c10d::Work>()>& call);
+  // A template, not a std::function: every collective passes through it, and a lambda with its captures would cost
+  // each call an allocation.
+  template <typename Call>
+  c10::intrusive_ptr<c10d::Work> refusalTakesItsNumber(CallOp op, Call&& call) {
+    const uint64_t before = seq_;
+    try {
+      return call();
+    } catch (const std::exception& e) {
+      if (seq_ == before) {  // otherwise the call posted itself (its own failure is on the board)
+        postRefusal(op, e);
+      }
+      throw;
+    }
+  }
+  // Posts the refusal `e` of a call of `op` that took no sequence number, in its place.
+  void postRefusal(CallOp op, const std::exception& e);
   // Where the peers' calls learn why a rank refused its call `seq` (the group's store).
   std::string refusalKey(uint64_t seq, int groupRank) const;
   // Throws once a collective of this group differed across ranks (or the board could not go on).
