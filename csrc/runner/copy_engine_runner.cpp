@@ -410,7 +410,7 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::track(Operands planned, bool as
                                                        InFlight inFlight, std::unique_lock<std::mutex>& lock) {
   gpu::Event end = endEvents_->take();
   gpu::recordEvent(end, drain);
-  if (endedHost_) {
+  if (endedHost_ && inFlight.endedSerial == 0) {  // not written with the schedule's flag operations
     inFlight.endedSerial = ++endedSerial_;
     const gpu::FlagOp ended{true, static_cast<uint32_t*>(endedDevice_), inFlight.endedSerial};
     gpu::flagOps(drain, &ended, 1);
@@ -498,17 +498,23 @@ c10::intrusive_ptr<c10d::Work> CopyEngineRunner::enqueueArrived(CopyEngineDirect
   while (static_cast<int>(peerLanes_.size()) < lanes) {
     peerLanes_.push_back(gpu::createStream());
   }
-  const std::vector<gpu::Stream> bound(peerLanes_.begin(), peerLanes_.begin() + std::max(lanes, 0));
   CopyEngineTransport& transport = *arrival.transport;
-  transport.bindLanes(pushStream_, drain, lanes > 1 ? &bound : nullptr);
+  transport.bindLanes(pushStream_, drain, lanes > 1 ? peerLanes_.data() : nullptr, lanes);
   const auto serial = static_cast<uint32_t>(arrival.serial);
   schedule(transport, serial);
+  uint32_t endedSerial = 0;
+  if (endedHost_) {
+    // With the Drain lane's last flag operations, after everything of the call on it: no driver call of its own.
+    endedSerial = ++endedSerial_;
+    transport.writeAfter(Lane::Drain, static_cast<uint32_t*>(endedDevice_), endedSerial);
+  }
   transport.flush();
   InFlight inFlight;
   inFlight.transport = std::move(arrival.transport);
   inFlight.info = info;
   inFlight.firstSerial = inFlight.lastSerial = serial;
   inFlight.directSerial = arrival.serial;
+  inFlight.endedSerial = endedSerial;
   inFlight.holds = std::move(arrival.holds);
   return track(std::move(operands), asyncOp, drain, std::move(inFlight), lock);
 }

@@ -179,14 +179,12 @@ char* CopyEngineTransport::packSegment(int slot) {
   return base_ + flagBytes_ + geometry_.packSegmentOffset(slot);
 }
 
-void CopyEngineTransport::bindLanes(gpu::Stream push, gpu::Stream drain, const std::vector<gpu::Stream>* peerLanes) {
+void CopyEngineTransport::bindLanes(gpu::Stream push, gpu::Stream drain, const gpu::Stream* peerLanes,
+                                    int peerLaneCount) {
   flush();
   lanes_[0] = push;
   lanes_[1] = drain;
-  peerLanes_.clear();
-  if (peerLanes) {
-    peerLanes_ = *peerLanes;
-  }
+  peerLanes_.assign(peerLanes, peerLanes + (peerLanes ? peerLaneCount : 0));
   peerLaneForked_.assign(peerLanes_.size(), 0);
   peerPending_.resize(peerLanes_.size());
   forkCurrent_ = false;
@@ -275,6 +273,10 @@ gpu::Stream CopyEngineTransport::issuePeerPending(size_t i) {
     pending.clear();
   }
   return peerLanes_[i];
+}
+
+void CopyEngineTransport::writeAfter(Lane lane, uint32_t* word, uint32_t value) {
+  pendingFor(lane).push_back({true, word, value});
 }
 
 void CopyEngineTransport::flush() {

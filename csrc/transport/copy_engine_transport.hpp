@@ -64,13 +64,16 @@ class CopyEngineTransport : public Transport, public DirectTransport {
   void waitPeer(Lane lane, int peer, Flag flag, int slot, uint32_t value) override;
   void waitPeerOnLaneOf(Lane lane, int lanePeer, int peer, Flag flag, int slot, uint32_t value) override;
   void joinLane(Lane into, Lane from) override;
-  // The streams the next collective's lanes run on (they may be the same stream), and its peer lanes (none: every
-  // Push operation on `push`). A Push operation that names a peer runs on the peer lane of that peer's distance from
-  // this rank, peerLanes[(distance - 1) % peerLanes.size()], which forks from `push` at its first use and after each
-  // joinLane(Push, Drain), and joins into the Drain lane at joinLane(Drain, Push): different peers' copies may run at
-  // once, on as many copy engines, while each peer's stay in order. The runner binds the same peer lanes for every
-  // call of a group, so one peer's operations of consecutive calls stay in order too.
-  void bindLanes(gpu::Stream push, gpu::Stream drain, const std::vector<gpu::Stream>* peerLanes = nullptr);
+  // The streams the next collective's lanes run on (they may be the same stream), and its `peerLaneCount` peer lanes
+  // at `peerLanes` (none: every Push operation on `push`). A Push operation that names a peer runs on the peer lane of
+  // that peer's distance from this rank, peerLanes[(distance - 1) % peerLaneCount], which forks from `push` at its
+  // first use and after each joinLane(Push, Drain), and joins into the Drain lane at joinLane(Drain, Push): different
+  // peers' copies may run at once, on as many copy engines, while each peer's stay in order. The runner binds the same
+  // peer lanes for every call of a group, so one peer's operations of consecutive calls stay in order too.
+  void bindLanes(gpu::Stream push, gpu::Stream drain, const gpu::Stream* peerLanes = nullptr, int peerLaneCount = 0);
+  // Writes `value` into `word`, pinned host memory this rank's device writes through stream memory operations, on
+  // `lane` after everything enqueued on it so far: collected with the lane's flag operations, issued in their batch.
+  void writeAfter(Lane lane, uint32_t* word, uint32_t value);
   // Issues the flag operations still collected on either lane; call after scheduling a collective.
   void flush();
   // The lane's stream, with the flag operations collected on it issued, so that what is enqueued on the stream next
