@@ -6,7 +6,9 @@ Each rank times `--calls` async calls in batches of 20 (each batch waited on and
 up and throttles the calls being timed), for all_gather_into_tensor on the direct path, the same on staging
 (TORCH_SDMA_DIRECT off, through pg_options) and the list form, an isend (rank 0) met by an irecv (rank 1) of the same
 bytes, and all_to_all_single; rank 0 prints the median and p90 in microseconds and writes them as JSON. `--forms`
-picks some of them.
+picks some of them. Beside the wall clock of each call, each batch's CPU time on the calling thread per call: it does
+not count the time the thread waits descheduled, which moves the wall clock when two ranks and their threads share
+the cores.
 """
 import argparse
 import json
@@ -62,14 +64,18 @@ def main():
     picked = a.forms.split(",")
     forms = {k: v for k, v in forms.items() if k in picked}
     samples = {name: [] for name in forms}
+    cpu_us = {name: [] for name in forms}
     for rnd in range(max(1, a.calls // BATCH) + 1):
         for name, call in forms.items():
             works = []
+            cpu0 = time.thread_time_ns()
             for _ in range(BATCH):
                 t0 = time.perf_counter_ns()
                 works.append(call(group_of[name]))
                 if rnd > 0:  # the first round warms up
                     samples[name].append((time.perf_counter_ns() - t0) / 1e3)
+            if rnd > 0:
+                cpu_us[name].append((time.thread_time_ns() - cpu0) / 1e3 / BATCH)
             for w in works:
                 if w is not None:
                     w.wait()
@@ -78,11 +84,13 @@ def main():
     for name, s in samples.items():
         s.sort()
         result["paths"][name] = {"calls": len(s), "median_us": statistics.median(s),
-                                 "p90_us": s[int(0.9 * (len(s) - 1))]}
+                                 "p90_us": s[int(0.9 * (len(s) - 1))],
+                                 "thread_cpu_median_us": statistics.median(cpu_us[name])}
     result["stats"] = {k: v for k, v in torch_sdma.stats(groups["direct"]).items() if k.startswith("dma")}
     if rank == 0:
         for name, r in result["paths"].items():
-            print(f"{a.label}: {name}: median {r['median_us']:.2f} us, p90 {r['p90_us']:.2f} us ({r['calls']} calls)")
+            print(f"{a.label}: {name}: median {r['median_us']:.2f} us, p90 {r['p90_us']:.2f} us, thread CPU "
+                  f"{r['thread_cpu_median_us']:.2f} us per call ({r['calls']} calls)")
         if a.out:
             a.out.parent.mkdir(parents=True, exist_ok=True)
             a.out.write_text(json.dumps(result, indent=1))
