@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from soak_faults import describe, run_episode
+from test_soak_faults_cpu import LATE_GATHER_THEN_P2P
 from test_user_mistakes_cpu import run_mistake
 
 from checks.data import expected_concat, poison_, rand, raw
@@ -112,6 +113,18 @@ def test_a_late_peer_gets_right_bytes_or_an_error(form, late):
         assert v["canaries_intact"], f"rank {rank}: memory allocated after the failure was written: {v}"
         assert v["other_group_exact"], f"rank {rank}: the other group stopped gathering right: {v}"
     assert any(r.startswith("error") for r in values[0]["results"]), f"the early rank did not time out: {values}"
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="a collective failed by the copy-engine watchdog does not fail the group's point-to-point "
+                          "pairs, whose later ops run (docs/errors.md, a peer later than the group's timeout)")
+def test_point_to_point_after_a_late_sync_gather_is_refused():
+    """The fault soak's episode 3 of seed 67 (test_soak_faults_cpu.py, LATE_GATHER_THEN_P2P) on the direct path: rank 1
+    reaches a synchronous gather past the timeout, and each of the 55 later calls of both ranks, the point-to-point ones
+    among them, must be refused, since the group failed."""
+    fault = dict(LATE_GATHER_THEN_P2P, direct=True)
+    problems, outcomes, _ = run_episode(67, 3, fault, calls=100, timeout_s=2.5, device="cuda", mix=True)
+    assert not problems, f"{describe(fault)}:\n" + "\n".join(problems)
 
 
 # Episodes of the fault soak (seed 41, 200 calls) in which the survivor's streams stayed held: the peer's process ends

@@ -70,3 +70,18 @@ def test_fault_keeps_the_rules(fault):
             # In the board's words on both ranks, whichever path each call took (an inner all-gather too).
             first = next(o for o in seen if not o.startswith("ok"))
             assert "the ranks called different collectives" in first, f"rank {rank}: {first}"
+
+
+# A fault soak episode (seed 67, episode 3 of `--only p2p_size_mismatch,send_meets_send,p2p_backlog,late_sync_exchange,
+# refused_local --mix on --calls 100`) whose 11 point-to-point calls after a synchronous gather that rank 1 reaches past
+# the timeout returned on CUDA tensors (two ranks on one H200) instead of being refused; its GPU twin is in
+# test_fault_release_cuda.py.
+LATE_GATHER_THEN_P2P = {"kind": "late_sync_exchange", "rank": 1, "at": 45, "direct": False, "inner_allgathers": False,
+                        "op": "gather"}
+
+
+def test_point_to_point_after_a_late_sync_gather_is_refused():
+    problems, outcomes, _ = run_episode(67, 3, LATE_GATHER_THEN_P2P, calls=100, timeout_s=2.5, mix=True)
+    # Among the problems the soak finds: a call of either rank that returned after the fault's call.
+    assert not problems, f"{describe(LATE_GATHER_THEN_P2P)}:\n" + "\n".join(problems)
+    assert len(outcomes) == 2, outcomes
