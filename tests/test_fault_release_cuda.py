@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from soak_faults import describe, run_episode
+from soak_faults import describe, fit_to_device, run_episode
 from test_soak_faults_cpu import LATE_GATHER_THEN_P2P
 from test_user_mistakes_cpu import run_mistake
 
@@ -122,7 +122,7 @@ def test_point_to_point_after_a_late_sync_gather_is_refused():
     """The fault soak's episode 3 of seed 67 (test_soak_faults_cpu.py, LATE_GATHER_THEN_P2P) on the direct path: rank 1
     reaches a synchronous gather past the timeout, and each of the 55 later calls of both ranks, the point-to-point ones
     among them, must be refused, since the group failed."""
-    fault = dict(LATE_GATHER_THEN_P2P, direct=True)
+    fault = fit_to_device(LATE_GATHER_THEN_P2P, "cuda")  # as the soak ran it: on the direct path
     problems, outcomes, _ = run_episode(67, 3, fault, calls=100, timeout_s=2.5, device="cuda", mix=True)
     assert not problems, f"{describe(fault)}:\n" + "\n".join(problems)
 
